@@ -1,0 +1,3 @@
+from crowdgrad.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""The ``crowdgrad`` command line.
+
+Each subcommand lives in its own module under ``crowdgrad.commands`` and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` to a callable
+taking the parsed namespace and returning an exit code. Adding a subcommand is
+one module plus one entry in ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from crowdgrad import __version__
+
+#: Subcommand modules, in the order ``--help`` lists them.
+COMMANDS: tuple[str, ...] = ()
+
+
+class UsageError(Exception):
+    """A CLI argument or input file is wrong; the message says which and why."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="crowdgrad",
+        description="Train neural networks on volunteer compute.",
+    )
+    parser.add_argument("--version", action="version", version=f"crowdgrad {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"crowdgrad.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, ValueError) as exc:
+        print(f"crowdgrad {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

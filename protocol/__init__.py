@@ -1,0 +1,1 @@
+"""crowdgrad protocol package."""
