@@ -1,0 +1,231 @@
+"""Train-step throughput: crowdgrad's numba core vs the numpy reference vs PyTorch CPU.
+
+Every contender trains the same widths (ReLU hidden layers, MSE, plain SGD,
+float32) at the same batch size with the same thread count (2 by default:
+numba, both BLAS libraries via threadpoolctl, and torch). Contenders alternate
+within one run, several rounds each, and each figure is the median of its
+rounds, so a noisy neighbour hits all of them alike; the ratios are the result.
+The machine's float32 GEMM rate (numpy matmul) is the anchor for the
+GEMM-bound rate of a step, ``6 · weights · batch`` FLOPs.
+
+    python benchmarks/nn_core.py              # table
+    python benchmarks/nn_core.py --json       # {"gemm_gflops": x, "rows": [...]}
+    python benchmarks/nn_core.py --quick      # fewer rounds, for a smoke run
+
+torch is the ``bench`` extra (``pip install -e '.[bench]'``); without it the
+torch column is empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "nn"))
+
+CONFIGS = [
+    ("tiny", 16),
+    ("tiny", 128),
+    ("small", 16),
+    ("small", 128),
+    ("medium", 16),
+    ("medium", 128),
+    ("large", 16),
+    ("large", 128),
+    ("huge", 16),
+]
+N_ROWS = 2048  # rows of the synthetic dataset each contender samples from
+
+
+def gemm_gflops(n: int = 2048, reps: int = 5) -> float:
+    """Best-of-``reps`` float32 matmul rate (GFLOP/s) through numpy's BLAS."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+class Contender:
+    """One implementation: ``run(steps)`` trains that many steps."""
+
+    def __init__(self, name: str, run: Callable[[int], None]) -> None:
+        self.name = name
+        self.run = run
+        self.rates: list[float] = []
+        self.steps = 1
+
+    def calibrate(self, target_s: float) -> None:
+        self.run(1)  # warm-up: compile, allocate, fault pages in
+        steps = 1
+        while True:
+            t = time.perf_counter()
+            self.run(steps)
+            dt = time.perf_counter() - t
+            if dt >= target_s / 4 or steps >= 1 << 16:
+                break
+            steps *= 4
+        self.steps = max(1, int(steps * target_s / max(dt, 1e-9)))
+
+    def measure(self) -> None:
+        t = time.perf_counter()
+        self.run(self.steps)
+        self.rates.append(self.steps / (time.perf_counter() - t))
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+
+def crowdgrad_contender(widths, X, Y, batch: int) -> Contender:
+    from nn.optim import Optimizer, OptState
+    from nn.spec import ModelSpec
+    from nn.train import train_steps
+
+    spec = ModelSpec(widths=widths, loss="mse")
+    params = spec.init_params(0)
+    state = OptState.init(Optimizer(kind="sgd", lr=1e-3), spec)
+    rng = np.random.default_rng(0)
+    return Contender("crowdgrad", lambda s: train_steps(params, state, X, Y, s, batch, rng))
+
+
+def numpy_contender(widths, X, Y, batch: int) -> Contender:
+    import nn_reference
+
+    from nn.spec import ModelSpec
+
+    params = ModelSpec(widths=widths, loss="mse").init_params(0)
+    Ws = [W.copy() for W in params.W]
+    bs = [b.copy() for b in params.b]
+    return Contender("numpy", lambda s: nn_reference.train_steps_per_second(Ws, bs, X, Y, batch, s))
+
+
+def torch_contender(widths, X, Y, batch: int) -> Contender | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    layers: list = []
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(widths) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.MSELoss()
+    Xt, Yt = torch.from_numpy(X), torch.from_numpy(Y)
+    n = len(X) - batch + 1
+
+    def run(steps: int) -> None:
+        for s in range(steps):
+            r0 = (s * batch) % n
+            opt.zero_grad()
+            loss = loss_fn(model(Xt[r0 : r0 + batch]), Yt[r0 : r0 + batch])
+            loss.backward()
+            opt.step()
+
+    return Contender("torch", run)
+
+
+def bench_config(preset: str, batch: int, rounds: int, target_s: float, gflops: float) -> dict:
+    from nn.spec import PRESETS, ModelSpec
+
+    widths = PRESETS[preset]
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((N_ROWS, widths[0]), dtype=np.float32)
+    Y = rng.standard_normal((N_ROWS, widths[-1]), dtype=np.float32)
+    contenders = [
+        c
+        for c in (
+            crowdgrad_contender(widths, X, Y, batch),
+            torch_contender(widths, X, Y, batch),
+            numpy_contender(widths, X, Y, batch),
+        )
+        if c is not None
+    ]
+    for c in contenders:
+        c.calibrate(target_s)
+    for _ in range(rounds):
+        for c in contenders:
+            c.measure()
+    rates = {c.name: c.rate for c in contenders}
+    flops = ModelSpec(widths=widths).flops_per_sample() * batch
+    cg, th = rates["crowdgrad"], rates.get("torch")
+    return {
+        "preset": preset,
+        "batch": batch,
+        "crowdgrad_steps_s": cg,
+        "torch_steps_s": th,
+        "numpy_steps_s": rates["numpy"],
+        "ratio_vs_torch": cg / th if th else None,
+        "crowdgrad_gemm_fraction": cg * flops / (gflops * 1e9),
+        "torch_gemm_fraction": th * flops / (gflops * 1e9) if th else None,
+    }
+
+
+def set_threads(n: int) -> None:
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    numba.set_num_threads(n)
+    threadpool_limits(limits=n)
+    try:
+        import torch
+
+        torch.set_num_threads(n)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every contender")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per config")
+    ap.add_argument("--target", type=float, default=0.15, help="seconds per round")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 0.05 s")
+    ap.add_argument("--only", help="comma-separated presets to run")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rounds, args.target = 2, 0.05
+    set_threads(args.threads)
+    gflops = gemm_gflops()
+    only = set(args.only.split(",")) if args.only else None
+    rows = [
+        bench_config(p, b, args.rounds, args.target, gflops)
+        for p, b in CONFIGS
+        if only is None or p in only
+    ]
+    if args.json:
+        print(json.dumps({"gemm_gflops": gflops, "threads": args.threads, "rows": rows}))
+        return 0
+    print(f"float32 GEMM: {gflops:.1f} GFLOP/s   threads: {args.threads}   (train steps/s)")
+    head = f"{'preset':8} {'batch':>5} {'crowdgrad':>10} {'torch':>9} {'numpy':>9} {'ratio':>7}"
+    print(head + f" {'cg %gemm':>9} {'torch %gemm':>11}")
+    for r in rows:
+        th = r["torch_steps_s"]
+        print(
+            f"{r['preset']:8} {r['batch']:5d} {r['crowdgrad_steps_s']:10.1f} "
+            f"{th if th else float('nan'):9.1f} {r['numpy_steps_s']:9.1f} "
+            f"{r['ratio_vs_torch'] or float('nan'):7.2f} "
+            f"{100 * r['crowdgrad_gemm_fraction']:8.1f}% "
+            f"{100 * (r['torch_gemm_fraction'] or float('nan')):10.1f}%"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

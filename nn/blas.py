@@ -1,0 +1,127 @@
+"""Row-major GEMM for numba kernels: BLAS ``sgemm`` for float32, loops otherwise.
+
+Why bind sgemm ourselves: numba's ``np.dot`` allocates its result and has no
+``beta``, so a weight update ``W := W - lr * dZᵀ A`` would need a gradient buffer
+and a second pass. Calling ``sgemm`` with ``alpha=-lr, beta=1`` writes the update
+straight into ``W``. The function pointer comes from scipy's Cython BLAS capsule
+and is registered with LLVM under a fixed symbol name, so kernels that call it
+can still be cached on disk (a ctypes pointer would make them uncachable).
+
+The loop fallback serves float64 (the finite-difference check path) and very
+small products, where a BLAS call costs more than the arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import binding as _llvm
+from numba import njit, types
+from numba.extending import get_cython_function_address
+
+_SYMBOL = "crowdgrad_scipy_sgemm"
+_llvm.add_symbol(_SYMBOL, get_cython_function_address("scipy.linalg.cython_blas", "sgemm"))
+_sgemm = types.ExternalFunction(_SYMBOL, types.void(*([types.voidptr] * 13)))
+
+#: Below this many multiply-adds (M·N·K) the loops beat a BLAS call.
+BLAS_MIN_MACS = 4096
+
+_N = np.uint8(ord("N"))
+_T = np.uint8(ord("T"))
+
+
+@njit(cache=True, nogil=True)
+def _sgemm_rm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
+    # Row-major C[M,N] = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the
+    # operands, keep each one's transpose flag, and every leading dimension is the
+    # stored row length.
+    M, N = C.shape
+    K = A.shape[0] if ta else A.shape[1]
+    ch = np.empty(2, np.uint8)
+    ch[0] = _T if tb else _N
+    ch[1] = _T if ta else _N
+    ints = np.empty(6, np.int32)
+    ints[0] = N
+    ints[1] = M
+    ints[2] = K
+    ints[3] = B.shape[1]
+    ints[4] = A.shape[1]
+    ints[5] = N
+    fl = np.empty(2, np.float32)
+    fl[0] = alpha
+    fl[1] = beta
+    _sgemm(
+        ch[0:].ctypes,
+        ch[1:].ctypes,
+        ints[0:].ctypes,
+        ints[1:].ctypes,
+        ints[2:].ctypes,
+        fl[0:].ctypes,
+        B.ctypes,
+        ints[3:].ctypes,
+        A.ctypes,
+        ints[4:].ctypes,
+        fl[1:].ctypes,
+        C.ctypes,
+        ints[5:].ctypes,
+    )
+
+
+@njit(cache=True, nogil=True)
+def _scale_(C, beta):  # pragma: no cover - compiled
+    if beta == 1.0:
+        return
+    M, N = C.shape
+    for m in range(M):
+        for n in range(N):
+            C[m, n] = 0.0 if beta == 0.0 else C[m, n] * beta
+
+
+@njit(cache=True, nogil=True)
+def _loops_nt(alpha, A, B, C):  # pragma: no cover - compiled
+    # C[m,n] += alpha * <A[m,:], B[n,:]>  (the forward pass: X·Wᵀ)
+    M, N = C.shape
+    K = A.shape[1]
+    for m in range(M):
+        for n in range(N):
+            acc = A[m, 0] * B[n, 0]
+            for k in range(1, K):
+                acc += A[m, k] * B[n, k]
+            C[m, n] += alpha * acc
+
+
+@njit(cache=True, nogil=True)
+def _loops_axpy(ta, tb, alpha, A, B, C):  # pragma: no cover - compiled
+    # C[m,:] += alpha * op(A)[m,k] * op(B)[k,:]  (dZ·W and dZᵀ·A: contiguous rows of B)
+    M, N = C.shape
+    K = A.shape[0] if ta else A.shape[1]
+    for m in range(M):
+        for k in range(K):
+            a = alpha * (A[k, m] if ta else A[m, k])
+            if tb:
+                for n in range(N):
+                    C[m, n] += a * B[n, k]
+            else:
+                Bk = B[k]
+                Cm = C[m]
+                for n in range(N):
+                    Cm[n] += a * Bk[n]
+
+
+@njit(cache=True, nogil=True)
+def gemm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
+    """``C := alpha·op(A)·op(B) + beta·C`` on C-contiguous row-major 2-D arrays.
+
+    ``beta == 0`` ignores what C held (even NaN), as BLAS does. Shapes are the
+    caller's contract: kernels derive them from one layout, so they are not
+    re-checked here.
+    """
+    M, N = C.shape
+    K = A.shape[0] if ta else A.shape[1]
+    if C.itemsize == 4 and M * N * K >= BLAS_MIN_MACS:
+        _sgemm_rm(ta, tb, alpha, A, B, beta, C)
+        return
+    _scale_(C, beta)
+    if not ta and tb:
+        _loops_nt(alpha, A, B, C)
+    else:
+        _loops_axpy(ta, tb, alpha, A, B, C)

@@ -1,0 +1,154 @@
+"""Datasets for training and tests: digits, teacher tasks, and client shards.
+
+Nothing here downloads: digits is bundled with scikit-learn, and a teacher task
+is generated from a seed. A teacher task exists so that the seed's presets
+([10, ..., 10] regressors with no dataset of their own) learn something
+measurable: a fixed random MLP of the same widths labels random inputs, and
+accuracy is agreement of the argmax with the teacher's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from nn.spec import ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dataset:
+    """Train and test arrays; ``num_classes`` is None for regression targets."""
+
+    name: str
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int | None
+
+    @property
+    def num_features(self) -> int:
+        return int(self.X_train.shape[1])
+
+
+def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded shuffle cut into (train, test) index arrays, both sorted."""
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test = max(1, round(n * test_fraction))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def load_digits(*, test_fraction: float = 0.25, seed: int = 0) -> Dataset:
+    """scikit-learn's 8x8 digits (1,797 images): X float32 in [0, 1], y int32."""
+    from sklearn.datasets import load_digits as _sk_digits  # sklearn import is slow
+
+    d = _sk_digits()
+    X = (d.data / 16.0).astype(np.float32)
+    y = d.target.astype(np.int32)
+    tr, te = split_indices(len(y), test_fraction, seed)
+    return Dataset(
+        name="digits", X_train=X[tr], y_train=y[tr], X_test=X[te], y_test=y[te], num_classes=10
+    )
+
+
+def teacher_task(spec: ModelSpec, *, n_train: int, n_test: int, seed: int) -> Dataset:
+    """Inputs ~ N(0, 1); targets are a fixed random tanh MLP of ``spec``'s widths.
+
+    The teacher uses tanh so that its outputs stay bounded and vary with every
+    input direction; targets are standardised per output so an mse near 1 means
+    "learned nothing" for every preset.
+    """
+    from nn.params import Params
+    from nn.train import forward_outputs
+
+    if n_train < 1 or n_test < 1:
+        raise ValueError(f"teacher task: n_train and n_test must be >= 1, got {n_train}, {n_test}")
+    n_layers = spec.num_layers
+    teacher_spec = ModelSpec(
+        widths=spec.widths,
+        activations=("tanh",) * (n_layers - 1) + ("identity",),
+        loss="mse",
+        init="xavier",
+    )
+    teacher: Params = teacher_spec.init_params(seed)
+    rng = np.random.default_rng([seed, 1])
+    X = rng.standard_normal((n_train + n_test, spec.widths[0]), dtype=np.float32)
+    Y = forward_outputs(teacher, X).astype(np.float64)
+    Y = ((Y - Y.mean(axis=0)) / (Y.std(axis=0) + 1e-12)).astype(np.float32)
+    return Dataset(
+        name=f"teacher:{'-'.join(map(str, spec.widths))}",
+        X_train=X[:n_train],
+        y_train=Y[:n_train],
+        X_test=X[n_train:],
+        y_test=Y[n_train:],
+        num_classes=None,
+    )
+
+
+def load_dataset(name: str, *, seed: int = 0, **kw: object) -> Dataset:
+    """``"digits"`` or ``"teacher:<preset>"`` (kw go to the loader; teacher sizes
+    default to 4,096 train and 1,024 test rows)."""
+    if name == "digits":
+        return load_digits(seed=seed, **kw)  # type: ignore[arg-type]
+    if name.startswith("teacher:"):
+        spec = ModelSpec.preset(name.removeprefix("teacher:"))
+        n_train = int(kw.pop("n_train", 4096))  # type: ignore[call-overload]
+        n_test = int(kw.pop("n_test", 1024))  # type: ignore[call-overload]
+        if kw:
+            raise ValueError(f"dataset {name!r}: unknown option(s) {sorted(kw)}")
+        ds = teacher_task(spec, n_train=n_train, n_test=n_test, seed=seed)
+        return replace(ds, name=name)
+    raise ValueError(f"dataset: unknown dataset {name!r}; expected 'digits' or 'teacher:<preset>'")
+
+
+def shard(
+    y: np.ndarray, k: int, *, kind: str = "iid", seed: int = 0, classes_per_shard: int = 2
+) -> list[np.ndarray]:
+    """Split sample indices into ``k`` client shards; each sample in exactly one.
+
+    ``iid``: a seeded shuffle cut into near-equal parts. ``label_skew``: each shard
+    is dealt ``classes_per_shard`` classes (round-robin over a shuffled class
+    order) and each class is divided among the shards that hold it, the usual
+    pathological non-iid split. Float targets use their argmax as the label.
+    """
+    y = np.asarray(y)
+    n = y.shape[0] if y.ndim else 0
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise ValueError(f"shard: k must be an integer >= 1, got {k!r}")
+    if k > n:
+        raise ValueError(f"shard: cannot split {n} samples into {k} non-empty shards")
+    rng = np.random.default_rng(seed)
+    if kind == "iid":
+        return [np.sort(part) for part in np.array_split(rng.permutation(n), k)]
+    if kind != "label_skew":
+        raise ValueError(f"shard: unknown kind {kind!r}; expected 'iid' or 'label_skew'")
+    labels = y.argmax(axis=1) if y.ndim == 2 else y
+    classes = rng.permutation(np.unique(labels))
+    if classes_per_shard < 1:
+        raise ValueError(f"shard: classes_per_shard must be >= 1, got {classes_per_shard}")
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    slot = 0
+    for s in range(k):
+        for _ in range(classes_per_shard):
+            holders[int(classes[slot % len(classes)])].append(s)
+            slot += 1
+    # A class nobody drew (k * classes_per_shard < classes) goes to shards in turn.
+    for hs in holders.values():
+        if not hs:
+            hs.append(slot % k)
+            slot += 1
+    parts: list[list[np.ndarray]] = [[] for _ in range(k)]
+    for c, hs in holders.items():
+        members = rng.permutation(np.flatnonzero(labels == c))
+        for s, chunk in zip(hs, np.array_split(members, len(hs)), strict=True):
+            parts[s].append(chunk)
+    shards = [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+    if any(s.size == 0 for s in shards):
+        raise ValueError(
+            f"shard: label_skew left a shard empty ({k} shards, {len(classes)} classes, "
+            f"{classes_per_shard} per shard); use fewer shards or more classes per shard"
+        )
+    return shards

@@ -1,0 +1,286 @@
+"""numba kernels of the MLP: forward, backward, losses and the fused train loop.
+
+Theory of operation. A model is a flat parameter buffer plus a *layout*: per
+layer ``shapes[l] = (out, in)`` and ``offs[l] = (w_start, b_start)`` into the
+buffer (``Params`` uses the same layout, so kernels see its ``data`` directly).
+Activations are stored after the nonlinearity for every layer, because each
+supported derivative is a function of the output (relu: ``a > 0``, tanh:
+``1 - a²``, sigmoid: ``a(1 - a)``), so no pre-activation buffer is needed.
+
+A train step is forward (GEMM, then a fused bias + activation pass), the loss
+gradient, and backward layer by layer from the top. In backward, ``dA_prev =
+dZ·W`` is computed with the old ``W`` *before* that layer's update; with plain
+SGD the update is then folded into the weight-gradient GEMM (``W := W -
+lr·dZᵀA``, ``beta = 1``), so no gradient buffer is written or read. Momentum and
+Adam write the gradient into a scratch buffer ``G`` and update in one
+elementwise pass. ``train_loop`` runs all steps inside one compiled call, with
+the batch indices drawn by the caller, so Python is entered once per call.
+
+Every kernel is ``nogil`` (clients run it off their IO thread) and generic over
+float32/float64: float64 goes through loops, which is the finite-difference
+check path. Codes for activations, losses and optimizers are the tuples below.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from nn.blas import gemm
+
+ACT_CODES = ("identity", "relu", "tanh", "sigmoid")
+LOSS_CODES = ("mse", "softmax_ce")
+OPT_CODES = ("sgd", "momentum", "adam")
+
+_IDENTITY, _RELU, _TANH, _SIGMOID = 0, 1, 2, 3
+_MSE, _CE = 0, 1
+_SGD, _MOMENTUM, _ADAM = 0, 1, 2
+#: ``mode`` of ``backward``: write the gradient into G, or apply SGD in place.
+MODE_GRAD, MODE_SGD = 0, 1
+
+
+def code_of(name: str, table: tuple[str, ...], what: str) -> int:
+    """Kernel code of a name; unknown names are a ValueError naming the name."""
+    try:
+        return table.index(name)
+    except ValueError:
+        raise ValueError(f"{what}: unknown {what} {name!r}; expected one of {table}") from None
+
+
+# -- layer pieces: forward and backward side by side ----------------------------------
+
+
+@njit(cache=True, nogil=True)
+def bias_act_(Z, b, act):  # pragma: no cover - compiled
+    """``Z := act(Z + b)`` in one pass over Z."""
+    B, O = Z.shape
+    for r in range(B):
+        for j in range(O):
+            z = Z[r, j] + b[j]
+            if act == _RELU:
+                z = z if z > 0 else z * 0
+            elif act == _TANH:
+                z = np.tanh(z)
+            elif act == _SIGMOID:
+                z = 1 / (1 + np.exp(-z))
+            Z[r, j] = z
+
+
+@njit(cache=True, nogil=True)
+def act_grad_(D, A, act):  # pragma: no cover - compiled
+    """``D := D * act'(.)`` where the derivative is read from the output ``A``."""
+    B, O = D.shape
+    if act == _IDENTITY:
+        return
+    for r in range(B):
+        for j in range(O):
+            a = A[r, j]
+            if act == _RELU:
+                if not a > 0:
+                    D[r, j] = 0
+            elif act == _TANH:
+                D[r, j] *= 1 - a * a
+            else:
+                D[r, j] *= a * (1 - a)
+
+
+@njit(cache=True, nogil=True)
+def loss_grad_(out, loss, T, labels, idx, D):  # pragma: no cover - compiled
+    """Mean loss over the batch (float64) and ``D := dLoss/dout``.
+
+    ``idx[r]`` is the dataset row of batch row ``r``: ``T`` (mse targets) and
+    ``labels`` (softmax_ce) are indexed through it, so targets are never gathered.
+    mse is the mean over all elements (as torch's ``MSELoss``); softmax_ce the mean
+    over rows of ``logsumexp(z) - z[label]``.
+    """
+    B, K = out.shape
+    total = 0.0
+    if loss == _MSE:
+        scale = 2.0 / (B * K)
+        for r in range(B):
+            t = idx[r]
+            for j in range(K):
+                e = out[r, j] - T[t, j]
+                total += float(e) * float(e)
+                D[r, j] = scale * e
+        return total / (B * K)
+    for r in range(B):
+        m = out[r, 0]
+        for j in range(1, K):
+            if out[r, j] > m:
+                m = out[r, j]
+        s = 0.0
+        for j in range(K):
+            e = np.exp(out[r, j] - m)
+            D[r, j] = e
+            s += e
+        lab = labels[idx[r]]
+        total += math.log(s) + m - out[r, lab]
+        inv = 1.0 / s
+        for j in range(K):
+            D[r, j] = D[r, j] * inv / B
+        D[r, lab] -= 1.0 / B
+    return total / B
+
+
+@njit(cache=True, nogil=True)
+def forward(data, shapes, offs, acts, Xb, abuf, aoff):  # pragma: no cover - compiled
+    """Fill every layer's activations (``abuf`` at ``aoff[l]``) for the batch ``Xb``."""
+    B = Xb.shape[0]
+    prev = Xb
+    for l in range(shapes.shape[0]):
+        o, i = shapes[l, 0], shapes[l, 1]
+        w0, b0 = offs[l, 0], offs[l, 1]
+        W = data[w0 : w0 + o * i].reshape(o, i)
+        Z = abuf[aoff[l] : aoff[l] + B * o].reshape(B, o)
+        gemm(False, True, 1.0, prev, W, 0.0, Z)
+        bias_act_(Z, data[b0 : b0 + o], acts[l])
+        prev = Z
+    return prev
+
+
+@njit(cache=True, nogil=True)
+def backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, lr):  # pragma: no cover
+    """Backpropagate ``dLoss/dout`` (the first ``B·K`` values of D1) to every layer.
+
+    ``mode == MODE_GRAD`` writes the gradient into the flat ``G`` (same layout as
+    ``data``); ``MODE_SGD`` applies ``data -= lr·grad`` as it goes and leaves G alone.
+    D1 and D2 are ping-pong scratch of ``B·max(width)`` values.
+    """
+    B = Xb.shape[0]
+    L = shapes.shape[0]
+    cur, other = D1, D2
+    for l in range(L - 1, -1, -1):
+        o, i = shapes[l, 0], shapes[l, 1]
+        w0, b0 = offs[l, 0], offs[l, 1]
+        W = data[w0 : w0 + o * i].reshape(o, i)
+        dZ = cur[: B * o].reshape(B, o)
+        act_grad_(dZ, abuf[aoff[l] : aoff[l] + B * o].reshape(B, o), acts[l])
+        prev = Xb if l == 0 else abuf[aoff[l - 1] : aoff[l - 1] + B * i].reshape(B, i)
+        if l > 0:
+            gemm(False, False, 1.0, dZ, W, 0.0, other[: B * i].reshape(B, i))
+        if mode == MODE_SGD:
+            gemm(True, False, -lr, dZ, prev, 1.0, W)
+            bvec = data[b0 : b0 + o]
+            for r in range(B):
+                for j in range(o):
+                    bvec[j] -= lr * dZ[r, j]
+        else:
+            gemm(True, False, 1.0, dZ, prev, 0.0, G[w0 : w0 + o * i].reshape(o, i))
+            gb = G[b0 : b0 + o]
+            for j in range(o):
+                gb[j] = 0
+            for r in range(B):
+                for j in range(o):
+                    gb[j] += dZ[r, j]
+        cur, other = other, cur
+
+
+@njit(cache=True, nogil=True)
+def _gather(X, idx, Xb):  # pragma: no cover - compiled
+    # Explicit loops: numba's slice assignment costs seconds of compile time.
+    for r in range(Xb.shape[0]):
+        src = idx[r]
+        for k in range(Xb.shape[1]):
+            Xb[r, k] = X[src, k]
+
+
+@njit(cache=True, nogil=True)
+def _workspace(shapes, B, dtype_like):  # pragma: no cover - compiled
+    L = shapes.shape[0]
+    aoff = np.empty(L, np.int64)
+    pos = 0
+    widest = shapes[0, 1]
+    for l in range(L):
+        aoff[l] = pos
+        pos += B * shapes[l, 0]
+        widest = max(widest, shapes[l, 0])
+    abuf = np.empty(pos, dtype_like.dtype)
+    D1 = np.empty(B * widest, dtype_like.dtype)
+    D2 = np.empty(B * widest, dtype_like.dtype)
+    Xb = np.empty((B, shapes[0, 1]), dtype_like.dtype)
+    return aoff, abuf, D1, D2, Xb
+
+
+@njit(cache=True, nogil=True)
+def loss_and_grad(data, shapes, offs, acts, loss, X, T, labels, G):  # pragma: no cover
+    """Mean loss over all rows of X; the gradient goes into G (same layout as data)."""
+    n = X.shape[0]
+    idx = np.arange(n)
+    aoff, abuf, D1, D2, Xb = _workspace(shapes, n, data)
+    _gather(X, idx, Xb)
+    out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
+    value = loss_grad_(out, loss, T, labels, idx, D1[: out.size].reshape(out.shape))
+    backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0)
+    return value
+
+
+@njit(cache=True, nogil=True)
+def predict_rows(data, shapes, offs, acts, X, out):  # pragma: no cover - compiled
+    """Output activations for every row of X into ``out``, in blocks of 256 rows."""
+    n = X.shape[0]
+    for s in range(0, n, 256):
+        e = min(n, s + 256)
+        aoff, abuf, _, _, Xb = _workspace(shapes, e - s, data)
+        _gather(X, np.arange(s, e), Xb)
+        res = forward(data, shapes, offs, acts, Xb, abuf, aoff)
+        for r in range(e - s):
+            for j in range(res.shape[1]):
+                out[s + r, j] = res[r, j]
+
+
+@njit(cache=True, nogil=True)
+def optimizer_update_(
+    data, G, opt, lr, mu, nesterov, b1, b2, eps, t, buf1, buf2
+):  # pragma: no cover
+    """One elementwise update from the gradient G (torch's formulas).
+
+    momentum: ``v = mu·v + g``; ``p -= lr·(g + mu·v)`` (Nesterov) or ``lr·v``.
+    adam (step ``t`` from 1): ``m, v`` moments; ``p -= lr/bc1 · m / (√v/√bc2 + eps)``.
+    """
+    n = data.shape[0]
+    if opt == _SGD:
+        for k in range(n):
+            data[k] -= lr * G[k]
+    elif opt == _MOMENTUM:
+        for k in range(n):
+            v = mu * buf1[k] + G[k]
+            buf1[k] = v
+            data[k] -= lr * (G[k] + mu * v) if nesterov else lr * v
+    else:
+        bc1 = 1.0 - b1**t
+        bc2 = math.sqrt(1.0 - b2**t)
+        step = lr / bc1
+        for k in range(n):
+            g = G[k]
+            m = b1 * buf1[k] + (1 - b1) * g
+            v = b2 * buf2[k] + (1 - b2) * g * g
+            buf1[k] = m
+            buf2[k] = v
+            data[k] -= step * m / (np.sqrt(v) / bc2 + eps)
+
+
+@njit(cache=True, nogil=True)
+def train_loop(  # pragma: no cover - compiled
+    data, shapes, offs, acts, loss, X, T, labels, idx, batch,
+    opt, lr, mu, nesterov, b1, b2, eps, t0, buf1, buf2, G, losses,
+):  # fmt: skip
+    """``len(losses)`` train steps; step s uses rows ``idx[s·batch:(s+1)·batch]``.
+
+    ``t0`` is the optimizer's step count before the call (Adam's bias correction).
+    ``losses[s]`` receives step s's mean batch loss, measured before its update.
+    """
+    aoff, abuf, D1, D2, Xb = _workspace(shapes, batch, data)
+    K = shapes[shapes.shape[0] - 1, 0]
+    for s in range(losses.shape[0]):
+        bidx = idx[s * batch : (s + 1) * batch]
+        _gather(X, bidx, Xb)
+        out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
+        losses[s] = loss_grad_(out, loss, T, labels, bidx, D1[: batch * K].reshape(batch, K))
+        if opt == _SGD:
+            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_SGD, lr)
+        else:
+            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0)
+            optimizer_update_(data, G, opt, lr, mu, nesterov, b1, b2, eps, t0 + s + 1, buf1, buf2)

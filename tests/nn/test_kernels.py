@@ -1,0 +1,119 @@
+"""Kernels: gradients against finite differences, numba against the numpy oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nn import kernels
+from nn.spec import ModelSpec
+from nn.train import layout_of
+from tests.nn import nn_reference as ref
+
+ACTS = ("identity", "relu", "tanh", "sigmoid")
+
+
+def _problem(spec: ModelSpec, n: int, dtype, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    data = spec.init_params(seed).data.astype(dtype)
+    data += rng.standard_normal(data.size).astype(dtype) * dtype(0.1)  # nonzero biases
+    X = rng.standard_normal((n, spec.widths[0])).astype(dtype)
+    k = spec.widths[-1]
+    if spec.loss == "mse":
+        T = rng.standard_normal((n, k)).astype(dtype)
+        labels = np.zeros(0, np.int64)
+    else:
+        T = np.zeros((0, k), dtype)
+        labels = rng.integers(0, k, n).astype(np.int64)
+    return data, X, T, labels
+
+
+def _kernel_loss_grad(spec, data, X, T, labels):
+    lay = layout_of(spec)
+    G = np.zeros_like(data)
+    value = kernels.loss_and_grad(data, lay.shapes, lay.offs, lay.acts, lay.loss, X, T, labels, G)
+    return value, G
+
+
+def _ref_layers(spec, data):
+    Ws, bs = [], []
+    for (w0, b0, end), (o, i) in zip(spec.layer_offsets(), spec.layer_shapes, strict=True):
+        Ws.append(data[w0:b0].reshape(o, i).copy())
+        bs.append(data[b0:end].copy())
+    return Ws, bs
+
+
+def _flat(Ws, bs):
+    return np.concatenate([np.concatenate([W.ravel(), b]) for W, b in zip(Ws, bs, strict=True)])
+
+
+@pytest.mark.parametrize("loss", ["mse", "softmax_ce"])
+@pytest.mark.parametrize("act", ACTS)
+def test_gradient_equals_central_differences_float64(act: str, loss: str) -> None:
+    # The activation is on every layer, output included, so each one meets the loss.
+    spec = ModelSpec(widths=(4, 6, 5, 3), activations=(act,) * 3, loss=loss)
+    data, X, T, labels = _problem(spec, 7, np.float64)
+    _, G = _kernel_loss_grad(spec, data, X, T, labels)
+    h = 1e-6
+    fd = np.empty_like(data)
+    for k in range(data.size):
+        up, down = data.copy(), data.copy()
+        up[k] += h
+        down[k] -= h
+        lu = _kernel_loss_grad(spec, up, X, T, labels)[0]
+        ld = _kernel_loss_grad(spec, down, X, T, labels)[0]
+        fd[k] = (lu - ld) / (2 * h)
+    np.testing.assert_allclose(G, fd, rtol=1e-5, atol=1e-8)
+    # and the oracle's own gradient agrees, so the two share no mistake
+    Ws, bs = _ref_layers(spec, data)
+    y = T if loss == "mse" else labels
+    _, dWs, dbs = ref.loss_and_grad(Ws, bs, spec.activations, loss, X, y)
+    np.testing.assert_allclose(_flat(dWs, dbs), fd, rtol=1e-5, atol=1e-8)
+
+
+def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
+
+
+@pytest.mark.parametrize(
+    "widths",
+    [(5, 5, 5, 5, 3), (20, 64, 48, 5)],  # the second is big enough for the sgemm path
+    ids=["loops", "blas"],
+)
+@pytest.mark.parametrize("loss", ["mse", "softmax_ce"])
+@pytest.mark.parametrize("act", ACTS)
+def test_float32_gradient_matches_reference(widths, loss: str, act: str) -> None:
+    n = len(widths) - 1
+    spec = ModelSpec(widths=widths, activations=(act,) * (n - 1) + ("identity",), loss=loss)
+    data, X, T, labels = _problem(spec, 32, np.float32, seed=3)
+    value, G = _kernel_loss_grad(spec, data, X, T, labels)
+    Ws, bs = _ref_layers(spec, data.astype(np.float64))
+    y = T.astype(np.float64) if loss == "mse" else labels
+    rvalue, dWs, dbs = ref.loss_and_grad(Ws, bs, spec.activations, loss, X.astype(np.float64), y)
+    assert abs(value - rvalue) <= 1e-5 * abs(rvalue)
+    assert _rel_err(G, _flat(dWs, dbs)) <= 1e-5
+
+
+def test_forward_matches_reference_beyond_one_block() -> None:
+    spec = ModelSpec(widths=(20, 64, 7), activations=("tanh", "sigmoid"), loss="mse")
+    data, X, _, _ = _problem(spec, 600, np.float32)  # 600 rows = three predict blocks
+    lay = layout_of(spec)
+    out = np.empty((600, 7), np.float32)
+    kernels.predict_rows(data, lay.shapes, lay.offs, lay.acts, X, out)
+    Ws, bs = _ref_layers(spec, data.astype(np.float64))
+    want = ref.forward(Ws, bs, spec.activations, X.astype(np.float64))[-1]
+    assert _rel_err(out, want) <= 1e-5
+
+
+def test_softmax_ce_is_stable_for_large_logits() -> None:
+    out = np.array([[1000.0, 0.0, -1000.0]], np.float32)
+    D = np.empty_like(out)
+    idx = np.zeros(1, np.int64)
+    value = kernels.loss_grad_(out, 1, np.zeros((0, 3), np.float32), np.array([0]), idx, D)
+    assert value == pytest.approx(0.0, abs=1e-6)
+    assert np.isfinite(D).all()
+
+
+def test_code_of_names_unknown_activation() -> None:
+    with pytest.raises(ValueError, match="'swish'"):
+        kernels.code_of("swish", kernels.ACT_CODES, "activation")
