@@ -1,1 +1,85 @@
-"""crowdgrad protocol package."""
+"""The wire protocol shared by coordinator, clients, storage and simulator.
+
+Sans-IO: nothing here touches a socket, asyncio or a clock. Spec: docs/protocol.md.
+"""
+
+from protocol.chunking import (
+    Block,
+    Piece,
+    Reassembler,
+    chunk_named,
+    chunk_params,
+    encode_params,
+    iter_chunks,
+    named_layout,
+    params_layout,
+    plan_chunks,
+)
+from protocol.errors import (
+    CLOSE_NORMAL,
+    CLOSE_UNSUPPORTED_DATA,
+    ErrorCode,
+    ProtocolError,
+    close_code,
+)
+from protocol.limits import PROFILES, LinkLimits, Pacer, RateMeter, negotiate, profile
+from protocol.messages import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    TASK_KINDS,
+    Ack,
+    Bye,
+    Chunk,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    Result,
+    Task,
+    Welcome,
+    choose_version,
+    decode,
+    encode,
+)
+
+__all__ = [
+    "CLOSE_NORMAL",
+    "CLOSE_UNSUPPORTED_DATA",
+    "MESSAGE_TYPES",
+    "PROFILES",
+    "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS",
+    "TASK_KINDS",
+    "Ack",
+    "Block",
+    "Bye",
+    "Chunk",
+    "Error",
+    "ErrorCode",
+    "Heartbeat",
+    "Hello",
+    "LinkLimits",
+    "Message",
+    "Pacer",
+    "Piece",
+    "ProtocolError",
+    "RateMeter",
+    "Reassembler",
+    "Result",
+    "Task",
+    "Welcome",
+    "choose_version",
+    "chunk_named",
+    "chunk_params",
+    "close_code",
+    "decode",
+    "encode",
+    "encode_params",
+    "iter_chunks",
+    "named_layout",
+    "negotiate",
+    "params_layout",
+    "plan_chunks",
+    "profile",
+]

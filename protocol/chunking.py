@@ -1,0 +1,412 @@
+"""Chunking: split Params (or any named set of float32 arrays) into frames that fit.
+
+Theory of operation (docs/protocol.md §5). What is sent is a *layout*: an ordered
+list of blocks, each a float32 array of shape ``(rows,)`` or ``(rows, cols)``
+named ``(layer, part)``. Params has per layer a ``W`` block (out × in) and a ``b``
+block (out,). A chunk carries whole rows ``[row_start, row_end)`` of one block,
+encoded by one codec, so a neuron row is never split; the number of rows per chunk
+is the largest whose encoded frame fits ``max_message_bytes``, computed up front
+from the codec's exact ``encoded_size`` plus the worst-case msgpack envelope. A
+block whose single row cannot fit is a ValueError before anything is sent. Chunks
+come in layout order (layer 0 first), so a receiver can start early.
+
+The receiver's :class:`Reassembler` takes chunks in any order and rejects, with a
+ProtocolError, anything that does not fit: another transfer, a different total,
+a duplicate seq, rows outside the block or overlapping rows already received, an
+unknown codec, a bad checksum or a payload the codec refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from compression import codecs
+from nn.params import Params
+from nn.spec import ModelSpec
+from protocol.checksum import crc32
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import U32, Chunk, encode
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One named float32 array of a layout; chunks split it by rows."""
+
+    layer: int
+    part: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shape) not in (1, 2) or min(self.shape) < 1:
+            raise ValueError(f"block ({self.layer}, {self.part!r}): bad shape {self.shape}")
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.layer, self.part)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    def rows_shape(self, r0: int, r1: int) -> tuple[int, ...]:
+        return (r1 - r0, *self.shape[1:])
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Rows ``[row_start, row_end)`` of one block: what one chunk will carry."""
+
+    block: Block
+    row_start: int
+    row_end: int
+
+
+Layout = tuple[Block, ...]
+
+
+def params_layout(spec: ModelSpec) -> Layout:
+    """Per layer ``(l, "W")`` then ``(l, "b")``: the order a forward pass needs them."""
+    out: list[Block] = []
+    for li, (o, i) in enumerate(spec.layer_shapes):
+        out += [Block(li, "W", (o, i)), Block(li, "b", (o,))]
+    return tuple(out)
+
+
+def named_layout(arrays: Mapping[str, np.ndarray]) -> Layout:
+    """A named set of arrays (optimizer state, a dict of deltas): block ``i`` is
+    ``(i, name)`` in mapping order, so names must be unique (they are)."""
+    return tuple(Block(i, name, tuple(np.shape(a))) for i, (name, a) in enumerate(arrays.items()))
+
+
+def _overhead(transfer: str, part: str) -> int:
+    """Worst-case frame bytes of a chunk besides its payload (every int at max)."""
+    probe = Chunk(
+        transfer=transfer,
+        seq=(1 << 24) - 2,
+        total=(1 << 24) - 1,
+        layer=65535,
+        part=part,
+        row_start=U32 - 1,
+        row_end=U32,
+        codec=255,
+        crc=U32,
+        payload=b"",
+    )
+    return len(encode(probe)) - 2 + 5  # empty bin8 header -> worst bin32 header
+
+
+def plan_chunks(
+    layout: Sequence[Block], *, max_message_bytes: int, codec: str | int = "fp32", transfer: str
+) -> list[Piece]:
+    """The pieces (in send order) whose frames all fit ``max_message_bytes``.
+
+    Raises ValueError when one row of a block cannot fit: a configuration error
+    to fix before anything is sent (raise the limit or use a smaller codec).
+    """
+    c = codecs.get(codec)
+    pieces: list[Piece] = []
+    for blk in layout:
+        budget = max_message_bytes - _overhead(transfer, blk.part)
+        if c.encoded_size(blk.rows_shape(0, 1)) > budget:
+            raise ValueError(
+                f"block ({blk.layer}, {blk.part!r}): one row of shape {blk.shape[1:] or (1,)} "
+                f"encodes to {c.encoded_size(blk.rows_shape(0, 1))} bytes with codec {c.name}, "
+                f"more than the {budget} payload bytes a {max_message_bytes}-byte frame "
+                "allows; raise max_message_bytes or use a smaller codec"
+            )
+        r0 = 0
+        while r0 < blk.rows:
+            lo, hi = 1, blk.rows - r0  # largest n in [lo, hi] that fits
+            if c.encoded_size(blk.rows_shape(r0, r0 + hi)) <= budget:
+                lo = hi
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if c.encoded_size(blk.rows_shape(r0, r0 + mid)) <= budget:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            pieces.append(Piece(blk, r0, r0 + lo))
+            r0 += lo
+    if len(pieces) > 1 << 24:
+        raise ValueError(f"transfer {transfer!r}: {len(pieces)} chunks, more than 2**24")
+    return pieces
+
+
+def _payload(c: codecs.Codec, block: np.ndarray, rng: np.random.Generator | None) -> bytes:
+    if c.id == codecs.CodecId.FP32 and block.dtype == np.dtype("<f4") and block.flags.c_contiguous:
+        return memoryview(block).cast("B")  # type: ignore[return-value]  # zero-copy fast path
+    return c.encode(np.ascontiguousarray(block), rng=rng)
+
+
+def iter_chunks(
+    layout: Sequence[Block],
+    arrays: Sequence[np.ndarray],
+    *,
+    max_message_bytes: int,
+    codec: str | int = "fp32",
+    transfer: str,
+    rng: np.random.Generator | None = None,
+    copy: bool = True,
+) -> Iterator[Chunk]:
+    """Chunks of ``arrays`` (one per layout block). ``copy=False`` lets fp32
+    payloads be views into ``arrays``: encode each chunk before the arrays change."""
+    if len(arrays) != len(layout):
+        raise ValueError(f"chunking: {len(arrays)} arrays for {len(layout)} blocks")
+    for blk, a in zip(layout, arrays, strict=True):
+        if a.shape != blk.shape or a.dtype != np.float32:
+            raise ValueError(
+                f"block ({blk.layer}, {blk.part!r}): expected float32 {blk.shape}, "
+                f"got {a.dtype} {a.shape}"
+            )
+    c = codecs.get(codec)
+    index = {blk.key: a for blk, a in zip(layout, arrays, strict=True)}
+    pieces = plan_chunks(
+        layout, max_message_bytes=max_message_bytes, codec=codec, transfer=transfer
+    )
+    for seq, p in enumerate(pieces):
+        payload = _payload(c, index[p.block.key][p.row_start : p.row_end], rng)
+        if copy and isinstance(payload, memoryview):
+            payload = payload.tobytes()
+        yield Chunk(
+            transfer=transfer,
+            seq=seq,
+            total=len(pieces),
+            layer=p.block.layer,
+            part=p.block.part,
+            row_start=p.row_start,
+            row_end=p.row_end,
+            codec=int(c.id),
+            crc=crc32(payload),
+            payload=payload,
+        )
+
+
+def chunk_params(
+    params: Params,
+    *,
+    max_message_bytes: int,
+    codec: str | int = "fp32",
+    transfer: str,
+    rng: np.random.Generator | None = None,
+) -> list[Chunk]:
+    """A model or a delta as chunks, layer 0 first (payloads are copies)."""
+    arrays = [a for W, b in zip(params.W, params.b, strict=True) for a in (W, b)]
+    return list(
+        iter_chunks(
+            params_layout(params.spec),
+            arrays,
+            max_message_bytes=max_message_bytes,
+            codec=codec,
+            transfer=transfer,
+            rng=rng,
+        )
+    )
+
+
+def encode_params(
+    params: Params,
+    *,
+    max_message_bytes: int,
+    codec: str | int = "fp32",
+    transfer: str,
+    rng: np.random.Generator | None = None,
+) -> list[bytes]:
+    """Frames of ``chunk_params``: the fast path, one copy of the data in all."""
+    arrays = [a for W, b in zip(params.W, params.b, strict=True) for a in (W, b)]
+    chunks = iter_chunks(
+        params_layout(params.spec),
+        arrays,
+        max_message_bytes=max_message_bytes,
+        codec=codec,
+        transfer=transfer,
+        rng=rng,
+        copy=False,
+    )
+    return [encode(ch) for ch in chunks]
+
+
+def chunk_named(
+    arrays: Mapping[str, np.ndarray],
+    *,
+    max_message_bytes: int,
+    codec: str | int = "fp32",
+    transfer: str,
+    rng: np.random.Generator | None = None,
+) -> list[Chunk]:
+    """Any named set of float32 1-D/2-D arrays as chunks (see ``named_layout``)."""
+    return list(
+        iter_chunks(
+            named_layout(arrays),
+            list(arrays.values()),
+            max_message_bytes=max_message_bytes,
+            codec=codec,
+            transfer=transfer,
+            rng=rng,
+        )
+    )
+
+
+class Reassembler:
+    """Collects the chunks of one transfer, in any order, into float32 arrays.
+
+    Call order: ``add`` each chunk (ProtocolError on anything that does not fit;
+    the reassembler is unchanged then), ``missing()`` any time, and once ``done``
+    ``arrays()`` / ``params()``. ``total`` is what the announcing message said
+    (task.num_chunks / result.num_chunks); None takes it from the first chunk. A
+    ``total`` no layout could need raises ProtocolError(BAD_FIELD) right away.
+    """
+
+    def __init__(
+        self,
+        layout: Sequence[Block],
+        *,
+        transfer: str,
+        total: int | None = None,
+        spec: ModelSpec | None = None,
+        out: Params | None = None,
+    ) -> None:
+        self.layout = tuple(layout)
+        self.transfer = transfer
+        self.total = total
+        self._params: Params | None = None
+        if out is not None and (spec is None or out.spec.widths != spec.widths):
+            raise ValueError("reassembler: out must be Params of the given spec")
+        if spec is not None:
+            if self.layout != params_layout(spec):
+                raise ValueError("reassembler: layout is not the params layout of spec")
+            self._params = out if out is not None else Params.zeros(spec)
+            views = [a for W, b in zip(self._params.W, self._params.b, strict=True) for a in (W, b)]
+        else:
+            views = [np.zeros(b.shape, dtype=np.float32) for b in self.layout]
+        self._blocks = {b.key: (b, v) for b, v in zip(self.layout, views, strict=True)}
+        self._have = {b.key: np.zeros(b.rows, dtype=bool) for b in self.layout}
+        self._seqs: set[int] = set()
+        self._rows_total = self._rows_left = sum(b.rows for b in self.layout)
+        if total is not None and not 1 <= total <= self._rows_total:
+            # ``total`` comes from the peer's task/result: its fault, not ours.
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"num_chunks: {total} outside 1..{self._rows_total} (rows of the layout)",
+            )
+
+    @classmethod
+    def for_params(
+        cls,
+        spec: ModelSpec,
+        *,
+        transfer: str,
+        total: int | None = None,
+        out: Params | None = None,
+    ) -> Reassembler:
+        """``out`` reuses a caller's buffer (a client keeps one model): rows not yet
+        received keep their old values, so check ``done`` before using it."""
+        return cls(params_layout(spec), transfer=transfer, total=total, spec=spec, out=out)
+
+    @classmethod
+    def for_named(
+        cls, shapes: Mapping[str, tuple[int, ...]], *, transfer: str, total: int | None = None
+    ) -> Reassembler:
+        layout = tuple(Block(i, n, tuple(s)) for i, (n, s) in enumerate(shapes.items()))
+        return cls(layout, transfer=transfer, total=total)
+
+    def add(self, chunk: Chunk) -> None:
+        """Validate and place one chunk; see the class docstring for what is refused."""
+        where = f"chunk {chunk.seq} of {chunk.transfer!r}"
+        if chunk.transfer != self.transfer:
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_TASK, f"{where}: expected transfer {self.transfer!r}"
+            )
+        if self.total is None:
+            if chunk.total > self._rows_total:  # every chunk carries at least one row
+                raise ProtocolError(
+                    ErrorCode.BAD_CHUNK,
+                    f"{where}: total {chunk.total} exceeds the {self._rows_total} rows",
+                )
+            self.total = chunk.total
+        elif chunk.total != self.total:
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK, f"{where}: total {chunk.total}, expected {self.total}"
+            )
+        if chunk.seq in self._seqs:
+            raise ProtocolError(ErrorCode.DUPLICATE, f"{where}: seq received twice")
+        entry = self._blocks.get((chunk.layer, chunk.part))
+        if entry is None:
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK, f"{where}: no block (layer {chunk.layer}, {chunk.part!r})"
+            )
+        blk, target = entry
+        r0, r1 = chunk.row_start, chunk.row_end
+        if r1 > blk.rows:
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK,
+                f"{where}: rows [{r0}, {r1}) out of range for block "
+                f"({blk.layer}, {blk.part!r}) with {blk.rows} rows",
+            )
+        have = self._have[blk.key]
+        if have[r0:r1].any():
+            raise ProtocolError(
+                ErrorCode.CONFLICT, f"{where}: rows [{r0}, {r1}) overlap rows already received"
+            )
+        try:
+            codec = codecs.get(chunk.codec)
+        except codecs.CodecError as exc:
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"{where}: {exc}") from None
+        if crc32(chunk.payload) != chunk.crc:
+            raise ProtocolError(ErrorCode.CHECKSUM, f"{where}: crc32 mismatch")
+        try:
+            values = codec.decode(chunk.payload, blk.rows_shape(r0, r1))
+        except codecs.CodecError as exc:
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"{where}: {exc}") from None
+        target[r0:r1] = values
+        have[r0:r1] = True
+        self._seqs.add(chunk.seq)
+        self._rows_left -= r1 - r0
+
+    @property
+    def received(self) -> int:
+        return len(self._seqs)
+
+    @property
+    def done(self) -> bool:
+        """Every row of every block arrived and so did ``total`` chunks."""
+        return self._rows_left == 0 and self.total is not None and len(self._seqs) == self.total
+
+    def missing(self) -> list[tuple[int, str, int, int]]:
+        """Row ranges not yet received, as ``(layer, part, row_start, row_end)``."""
+        out = []
+        for blk in self.layout:
+            have = self._have[blk.key]
+            if have.all():
+                continue
+            edges = np.flatnonzero(np.diff(np.concatenate(([True], have, [True])).astype(np.int8)))
+            for s, e in zip(edges[::2], edges[1::2], strict=True):
+                out.append((blk.layer, blk.part, int(s), int(e)))
+        return out
+
+    def missing_seqs(self) -> list[int]:
+        """Sequence numbers not yet received (empty until ``total`` is known)."""
+        if self.total is None:
+            return []
+        return [s for s in range(self.total) if s not in self._seqs]
+
+    def _check_done(self) -> None:
+        if not self.done:
+            raise ValueError(
+                f"reassembler {self.transfer!r}: not done; missing {self.missing()[:5]} "
+                f"seqs {self.missing_seqs()[:5]}"
+            )
+
+    def arrays(self) -> dict[tuple[int, str], np.ndarray]:
+        """The reassembled blocks by ``(layer, part)``; call once ``done``."""
+        self._check_done()
+        return {k: v for k, (_, v) in self._blocks.items()}
+
+    def params(self) -> Params:
+        """The reassembled Params (only for a reassembler made ``for_params``)."""
+        self._check_done()
+        if self._params is None:
+            raise ValueError("reassembler: not a params transfer; use arrays()")
+        return self._params

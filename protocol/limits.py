@@ -1,0 +1,227 @@
+"""Link limits, named profiles, a sans-IO send pacer and a receive-side meter.
+
+Theory of operation (docs/protocol.md §8). A link has a byte rate, a message
+rate, a maximum frame size and a burst (seconds of rate that may be spent at
+once). Both rates are token buckets holding at most ``burst`` seconds of tokens.
+A frame of ``n`` bytes may go when the byte bucket holds ``min(n, capacity)``
+tokens and the message bucket one token; sending takes ``n`` tokens, so a frame
+larger than the bucket leaves a debt that must be repaid before the next frame.
+Hence over ANY window of length T the sender puts out at most
+``bytes_per_s·T + max(burst·bytes_per_s, max_message_bytes)`` bytes and
+``messages_per_s·T + max(1, burst·messages_per_s)`` messages.
+
+Nothing here reads a clock or sleeps: every call takes ``now`` (seconds, any
+monotonic origin), so the websocket driver and the simulator drive the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from protocol.errors import ErrorCode, ProtocolError
+
+KIB = 1024
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkLimits:
+    """Per-direction limits of one link; ``math.inf`` rates mean no rate limit."""
+
+    bytes_per_s: float
+    messages_per_s: float
+    max_message_bytes: int
+    burst: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("bytes_per_s", "messages_per_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise ValueError(f"link limits: {name} must be > 0 (inf allowed), got {v!r}")
+            object.__setattr__(self, name, float(v))
+        m = self.max_message_bytes
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1024:
+            raise ValueError(f"link limits: max_message_bytes must be an int >= 1024, got {m!r}")
+        b = self.burst
+        if isinstance(b, bool) or not isinstance(b, int | float) or not 0 < b < math.inf:
+            raise ValueError(f"link limits: burst must be finite seconds > 0, got {b!r}")
+        object.__setattr__(self, "burst", float(b))
+
+    @property
+    def burst_bytes(self) -> float:
+        """Byte bucket capacity; a frame above it goes only from a full bucket."""
+        return self.bytes_per_s * self.burst
+
+    @property
+    def burst_messages(self) -> float:
+        return max(1.0, self.messages_per_s * self.burst)
+
+    def transfer_seconds(self, nbytes: int, messages: int = 1) -> float:
+        """Lower bound on the time to push ``nbytes`` in ``messages`` frames at rate."""
+        return max(nbytes / self.bytes_per_s, messages / self.messages_per_s)
+
+
+#: Named profiles (brief, "Limits are first-class"). ``roblox`` is the seed's game
+#: engine: 50 kB/s, 30 msg/s, about 4 M float32 per message.
+PROFILES: dict[str, LinkLimits] = {
+    "roblox": LinkLimits(bytes_per_s=50_000, messages_per_s=30, max_message_bytes=16 * MIB),
+    "mobile": LinkLimits(bytes_per_s=250_000, messages_per_s=20, max_message_bytes=1 * MIB),
+    "lan": LinkLimits(bytes_per_s=125_000_000, messages_per_s=10_000, max_message_bytes=64 * MIB),
+    "unlimited": LinkLimits(
+        bytes_per_s=math.inf, messages_per_s=math.inf, max_message_bytes=256 * MIB
+    ),
+}
+
+
+def profile(name: str) -> LinkLimits:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"link profile: unknown profile {name!r}; expected one of {tuple(PROFILES)}"
+        ) from None
+
+
+def negotiate(asked: LinkLimits | None, server_max: LinkLimits) -> LinkLimits:
+    """Grant the tighter of what the client asked for and what the server allows."""
+    if asked is None:
+        return server_max
+    return LinkLimits(
+        bytes_per_s=min(asked.bytes_per_s, server_max.bytes_per_s),
+        messages_per_s=min(asked.messages_per_s, server_max.messages_per_s),
+        max_message_bytes=min(asked.max_message_bytes, server_max.max_message_bytes),
+        burst=min(asked.burst, server_max.burst),
+    )
+
+
+class _Bucket:
+    """Token bucket allowing one debt-making take from a full bucket."""
+
+    __slots__ = ("capacity", "level", "rate", "t")
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate = rate
+        self.capacity = capacity
+        self.level = capacity
+        self.t = -math.inf
+
+    def refill(self, now: float) -> None:
+        if now < self.t:
+            raise ValueError(f"pacer: time went backwards ({now} < {self.t})")
+        if self.rate == math.inf:
+            self.level = self.capacity
+        elif self.t != -math.inf:
+            self.level = min(self.capacity, self.level + (now - self.t) * self.rate)
+        self.t = now
+
+    def ready_at(self, need: float, now: float) -> float:
+        """When the level reaches ``need`` (``need`` <= capacity), given no takes."""
+        short = need - self.level
+        if short <= 0:
+            return now
+        return now + short / self.rate
+
+
+class Pacer:
+    """Send-side pacing for one link (see the module docstring for the guarantee).
+
+    Call order: ``next_send_time(n, now)`` says when a frame of ``n`` bytes may go;
+    at (or after) that time call ``consume(n, now)``. ``consume`` before the frame
+    is due raises ValueError: it is the driver's bug, not the peer's.
+    """
+
+    __slots__ = ("_bytes", "_msgs", "limits")
+
+    def __init__(self, limits: LinkLimits) -> None:
+        self.limits = limits
+        cap = limits.burst_bytes if limits.bytes_per_s < math.inf else math.inf
+        self._bytes = _Bucket(limits.bytes_per_s, cap)
+        self._msgs = _Bucket(limits.messages_per_s, limits.burst_messages)
+
+    def _check(self, nbytes: int) -> None:
+        if nbytes < 0 or nbytes > self.limits.max_message_bytes:
+            raise ValueError(
+                f"pacer: frame of {nbytes} bytes outside 0..{self.limits.max_message_bytes}"
+            )
+
+    def next_send_time(self, nbytes: int, now: float) -> float:
+        """Earliest time >= ``now`` at which a frame of ``nbytes`` may be sent."""
+        self._check(nbytes)
+        self._bytes.refill(now)
+        self._msgs.refill(now)
+        need = min(float(nbytes), self._bytes.capacity)
+        return max(self._bytes.ready_at(need, now), self._msgs.ready_at(1.0, now))
+
+    def consume(self, nbytes: int, now: float) -> None:
+        """Record that a frame of ``nbytes`` went out at ``now``."""
+        due = self.next_send_time(nbytes, now)
+        # Allow float round-off: a driver that waited exactly until ``due`` may see
+        # a level a few ulps short.
+        if due - now > 1e-9 * max(1.0, abs(now)):
+            raise ValueError(f"pacer: frame of {nbytes} bytes sent at {now}, not due before {due}")
+        if self._bytes.rate < math.inf:
+            self._bytes.level -= nbytes
+        if self._msgs.rate < math.inf:
+            self._msgs.level -= 1.0
+
+    def try_consume(self, nbytes: int, now: float) -> bool:
+        """Consume if the frame is due now; say whether it was."""
+        if self.next_send_time(nbytes, now) > now:
+            return False
+        self.consume(nbytes, now)
+        return True
+
+
+class RateMeter:
+    """Receive-side check that a peer stays within the limits it was granted.
+
+    A sender that follows :class:`Pacer` puts out at most ``rate·T + max(burst
+    bytes, max_message_bytes)`` in any window, so a plain token bucket of that
+    capacity (no debt) accepts it. Arrivals bunch up on a real network (queues,
+    retransmits), so the capacity is ``slack`` times that. ``observe`` returns the
+    violation (or None) rather than raising, so a core can turn it into a Close.
+    """
+
+    __slots__ = ("_bytes", "_msgs", "limits", "slack")
+
+    def __init__(self, limits: LinkLimits, *, slack: float = 2.0) -> None:
+        if not slack >= 1.0:
+            raise ValueError(f"rate meter: slack must be >= 1, got {slack!r}")
+        self.limits = limits
+        self.slack = slack
+        cap = max(limits.burst_bytes, float(limits.max_message_bytes)) * slack
+        self._bytes = _Bucket(
+            limits.bytes_per_s, cap if limits.bytes_per_s < math.inf else math.inf
+        )
+        self._msgs = _Bucket(limits.messages_per_s, limits.burst_messages * slack)
+
+    def observe(self, nbytes: int, now: float) -> ProtocolError | None:
+        """Account a received frame; return the violation, if any."""
+        if nbytes > self.limits.max_message_bytes:
+            return ProtocolError(
+                ErrorCode.TOO_LARGE,
+                f"frame of {nbytes} bytes exceeds max_message_bytes "
+                f"{self.limits.max_message_bytes}",
+            )
+        self._bytes.refill(now)
+        self._msgs.refill(now)
+        # Tolerances absorb float round-off of a sender paced to the exact limit.
+        msgs, byts = self._msgs, self._bytes
+        if msgs.rate < math.inf:
+            if msgs.level < 1.0 - 1e-6 * msgs.capacity:
+                return ProtocolError(
+                    ErrorCode.RATE_LIMITED,
+                    f"more than {self.limits.messages_per_s:g} messages/s "
+                    f"(burst {msgs.capacity:g})",
+                )
+            msgs.level -= 1.0
+        if byts.rate < math.inf:
+            if byts.level < nbytes - 1e-6 * byts.capacity:
+                return ProtocolError(
+                    ErrorCode.RATE_LIMITED,
+                    f"more than {self.limits.bytes_per_s:g} bytes/s "
+                    f"(burst {byts.capacity:g} bytes)",
+                )
+            byts.level -= nbytes
+        return None

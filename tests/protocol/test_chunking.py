@@ -1,0 +1,258 @@
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compression import codecs
+from nn.params import Params
+from nn.spec import ModelSpec
+from protocol.checksum import crc32
+from protocol.chunking import (
+    Block,
+    Reassembler,
+    chunk_named,
+    chunk_params,
+    encode_params,
+    iter_chunks,
+    params_layout,
+    plan_chunks,
+)
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import Chunk, decode, encode
+
+
+def _params(preset="small", seed=0):
+    return ModelSpec.preset(preset).init_params(seed)
+
+
+def test_params_round_trip_in_any_order():
+    p = _params()
+    chunks = chunk_params(p, max_message_bytes=1024, transfer="m")
+    assert len(chunks) > 8
+    random.Random(3).shuffle(chunks)
+    r = Reassembler.for_params(p.spec, transfer="m", total=len(chunks))
+    for i, c in enumerate(chunks):
+        assert not r.done
+        r.add(decode(encode(c)))
+        assert r.received == i + 1
+    assert r.done and r.missing() == [] and r.missing_seqs() == []
+    assert r.params().array_equal(p)
+
+
+def test_layer_order_whole_rows_and_frame_limit():
+    p = _params("medium")
+    limit = 4096
+    chunks = chunk_params(p, max_message_bytes=limit, transfer="m")
+    keys = [(c.layer, c.part != "W") for c in chunks]
+    assert keys == sorted(keys)  # layer 0 first, W before b within a layer
+    for c in chunks:
+        cols = p.spec.layer_shapes[c.layer][1] if c.part == "W" else 1
+        assert len(c.payload) == 4 * cols * (c.row_end - c.row_start)
+        assert len(encode(c)) <= limit
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+
+
+def test_chunks_are_as_large_as_the_limit_allows():
+    p = _params("medium")
+    limit = 8192
+    chunks = chunk_params(p, max_message_bytes=limit, transfer="m")
+    for c in chunks:
+        cols = p.spec.layer_shapes[c.layer][1] if c.part == "W" else 1
+        rows = p.spec.layer_shapes[c.layer][0]
+        if c.row_end < rows:  # not the block's last chunk: one more row must not fit
+            assert len(encode(c)) + 4 * cols > limit - 10
+
+
+def test_a_row_that_cannot_fit_is_a_config_error_up_front():
+    spec = ModelSpec(widths=(2000, 4))
+    with pytest.raises(ValueError, match=r"block \(0, 'W'\): one row"):
+        plan_chunks(params_layout(spec), max_message_bytes=4096, transfer="m")
+
+
+def test_encode_params_frames_equal_chunk_frames_and_are_deterministic():
+    p = _params()
+    frames = encode_params(p, max_message_bytes=2048, transfer="m")
+    assert frames == [encode(c) for c in chunk_params(p, max_message_bytes=2048, transfer="m")]
+    assert frames == encode_params(p.copy(), max_message_bytes=2048, transfer="m")
+
+
+def test_chunk_params_payloads_are_snapshots():
+    p = _params()
+    chunks = chunk_params(p, max_message_bytes=2048, transfer="m")
+    p.data[:] = 0
+    r = Reassembler.for_params(p.spec, transfer="m")
+    for c in chunks:
+        r.add(c)
+    assert r.params().norm() > 0
+
+
+def test_named_arrays_round_trip():
+    rng = np.random.default_rng(0)
+    arrays = {
+        "m": rng.standard_normal((30, 7)).astype(np.float32),
+        "v": rng.standard_normal(30).astype(np.float32),
+        "step": np.ones(1, dtype=np.float32),
+    }
+    chunks = chunk_named(arrays, max_message_bytes=1024, transfer="opt")
+    random.Random(1).shuffle(chunks)
+    r = Reassembler.for_named({k: a.shape for k, a in arrays.items()}, transfer="opt")
+    for c in chunks:
+        r.add(c)
+    got = r.arrays()
+    for i, (k, a) in enumerate(arrays.items()):
+        assert np.array_equal(got[(i, k)], a)
+    with pytest.raises(ValueError, match="not a params transfer"):
+        r.params()
+
+
+def test_caller_errors():
+    with pytest.raises(ValueError, match="expected float32"):
+        list(
+            iter_chunks(
+                [Block(0, "x", (3,))],
+                [np.zeros(3)],
+                max_message_bytes=1024,
+                transfer="t",
+            )
+        )
+    r = Reassembler.for_params(ModelSpec.preset("tiny"), transfer="t")
+    with pytest.raises(ValueError, match="not done"):
+        r.params()
+
+
+def _fresh():
+    p = _params("tiny")
+    chunks = chunk_params(p, max_message_bytes=1024, transfer="m")
+    return p, chunks, Reassembler.for_params(p.spec, transfer="m", total=len(chunks))
+
+
+def _mutate(c, **kw):
+    wire = c.to_wire()
+    wire.update(kw)
+    wire.pop("type")
+    return Chunk(**wire)
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"transfer": "other"}, ErrorCode.UNKNOWN_TASK),
+        ({"total": 99}, ErrorCode.BAD_CHUNK),
+        ({"part": "x"}, ErrorCode.BAD_CHUNK),
+        ({"layer": 9}, ErrorCode.BAD_CHUNK),
+        ({"row_start": 4, "row_end": 9}, ErrorCode.BAD_CHUNK),  # out of range
+        ({"crc": 0}, ErrorCode.CHECKSUM),
+        ({"codec": 250}, ErrorCode.BAD_CHUNK),  # unknown codec id
+        ({"payload": b"\x00" * 4, "crc": crc32(b"\x00" * 4)}, ErrorCode.BAD_CHUNK),  # length
+    ],
+)
+def test_reassembler_rejects_bad_chunks_and_stays_usable(change, code):
+    p, chunks, r = _fresh()
+    with pytest.raises(ProtocolError) as info:
+        r.add(_mutate(chunks[0], **change))
+    assert info.value.code == code
+    for c in chunks:
+        r.add(c)
+    assert r.params().array_equal(p)
+
+
+def test_duplicates_and_conflicts():
+    _, chunks, r = _fresh()
+    r.add(chunks[0])
+    with pytest.raises(ProtocolError) as info:
+        r.add(chunks[0])
+    assert info.value.code == ErrorCode.DUPLICATE
+    with pytest.raises(ProtocolError) as info:
+        r.add(_mutate(chunks[0], seq=len(chunks) - 1))
+    assert info.value.code == ErrorCode.CONFLICT
+
+
+def test_a_total_larger_than_the_rows_is_refused():
+    p, chunks, _ = _fresh()
+    r = Reassembler.for_params(p.spec, transfer="m")
+    with pytest.raises(ProtocolError, match="exceeds"):
+        r.add(_mutate(chunks[0], total=1 << 24))
+    with pytest.raises(ProtocolError) as info:
+        Reassembler.for_params(p.spec, transfer="m", total=1 << 24)
+    assert info.value.code == ErrorCode.BAD_FIELD
+
+
+def test_missing_reports_row_ranges_and_seqs():
+    p = _params("tiny")
+    chunks = chunk_params(p, max_message_bytes=1024, transfer="m")
+    r = Reassembler.for_params(p.spec, transfer="m")
+    assert r.missing_seqs() == []  # total unknown until the first chunk
+    assert r.missing()[0] == (0, "W", 0, 5)
+    r.add(chunks[0])
+    assert r.missing()[0] == (0, "b", 0, 5)
+    assert r.missing_seqs() == list(range(1, len(chunks)))
+
+
+block_st = st.tuples(st.integers(1, 40), st.one_of(st.none(), st.integers(1, 300))).map(
+    lambda t: (t[0],) if t[1] is None else t
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(block_st, min_size=1, max_size=4),
+    st.integers(1024, 6000),
+    st.integers(0, 2**32 - 1),
+)
+def test_chunk_shuffle_reassemble_is_exact_within_the_limit(shapes, limit, seed):
+    rng = np.random.default_rng(seed)
+    arrays = {f"a{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    row_bytes = max(4 * (s[1] if len(s) > 1 else 1) for s in shapes)
+    try:
+        chunks = chunk_named(arrays, max_message_bytes=limit, transfer="t")
+    except ValueError:
+        assert row_bytes > limit - 150  # only when one row cannot fit
+        return
+    frames = [encode(c) for c in chunks]
+    assert all(len(f) <= limit for f in frames)
+    random.Random(seed).shuffle(frames)
+    r = Reassembler.for_named({k: a.shape for k, a in arrays.items()}, transfer="t")
+    for f in frames:
+        r.add(decode(f, max_bytes=limit))
+    assert r.done
+    got = r.arrays()
+    for i, (k, a) in enumerate(arrays.items()):
+        assert got[(i, k)].tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize("name", [n for n in codecs.names() if n != "fp32"])
+def test_every_registered_codec_chunks_within_the_limit(name):
+    p = _params("small", seed=1)
+    chunks = chunk_params(p, max_message_bytes=1024, codec=name, transfer="m", rng=None)
+    assert all(len(encode(c)) <= 1024 for c in chunks)
+    r = Reassembler.for_params(p.spec, transfer="m")
+    for c in chunks:
+        r.add(decode(encode(c)))
+    got = r.params()
+    c = codecs.get(name)
+    for ch in chunks:  # each piece is what the codec alone makes of those rows
+        src = (p.W if ch.part == "W" else p.b)[ch.layer][ch.row_start : ch.row_end]
+        want = c.decode(c.encode(np.ascontiguousarray(src)), src.shape)
+        dst = (got.W if ch.part == "W" else got.b)[ch.layer][ch.row_start : ch.row_end]
+        assert np.array_equal(dst, want)
+
+
+def test_full_model_fits_one_roblox_frame_per_block():
+    spec = ModelSpec.preset("large")
+    pieces = plan_chunks(params_layout(spec), max_message_bytes=16 << 20, transfer="m")
+    assert len(pieces) == 2 * spec.num_layers
+    assert Params.zeros(spec).nbytes < 16 << 20
+
+
+def test_reassembler_can_fill_a_reused_buffer():
+    p = _params()
+    out = Params.zeros(p.spec)
+    chunks = chunk_params(p, max_message_bytes=2048, transfer="m")
+    r = Reassembler.for_params(p.spec, transfer="m", out=out)
+    for c in chunks:
+        r.add(c)
+    assert r.params() is out and out.array_equal(p)
+    with pytest.raises(ValueError, match="out must be Params"):
+        Reassembler.for_params(ModelSpec.preset("tiny"), transfer="m", out=out)
