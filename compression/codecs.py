@@ -13,12 +13,22 @@ into a ``ProtocolError``.
 
 Byte layouts are written in each codec's docstring with ``struct`` formats; all
 multi-byte values are little-endian.
+
+Names. Fixed codecs are registered by name (``fp32``, ``fp16``, ``int8``, ...).
+Parameterised ones are spelled by a small grammar that :func:`get` parses:
+``topk:0.01`` (keep the 1 % largest magnitudes), ``topk:0.01+int8``, and an
+``-sr`` suffix on any integer codec for stochastic rounding (``int8-sr``,
+``topk:0.01+int8-sr``). Parameters and rounding only change what the encoder
+chooses, never the byte layout, so the wire carries just the :class:`CodecId` and
+the registered instance of that id decodes every variant.
 """
 
 from __future__ import annotations
 
 import enum
+import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,6 +41,13 @@ class CodecId(enum.IntEnum):
     """Wire ids of the codecs (docs/protocol.md, "Codecs"). Never renumber."""
 
     FP32 = 0
+    FP16 = 1
+    INT8 = 2
+    INT4 = 3
+    TOPK = 4
+    TOPK_INT8 = 5
+    INT8_CHUNK = 6
+    INT4_CHUNK = 7
 
 
 class Codec(ABC):
@@ -66,12 +83,17 @@ def _as_block(x: np.ndarray) -> np.ndarray:
 
 
 def _count(shape: tuple[int, ...]) -> int:
+    if len(shape) not in (1, 2):
+        raise CodecError(f"block shape must be 1-D or 2-D, got {shape}")
     n = 1
     for s in shape:
-        if s < 0:
-            raise CodecError(f"negative dimension in shape {shape}")
-        n *= s
+        if not isinstance(s, int | np.integer) or s < 0:
+            raise CodecError(f"bad dimension in shape {shape}")
+        n *= int(s)
     return n
+
+
+block_size = _count
 
 
 class Fp32(Codec):
@@ -94,8 +116,66 @@ class Fp32(Codec):
         return 4 * _count(shape)
 
 
+class Fp16(Codec):
+    """IEEE half precision: ``<{n}e``.
+
+    Values beyond the half range (±65504) are clipped rather than turned into inf,
+    so a finite block always decodes finite; the relative error is at most 2**-11
+    (absolute 2**-25 in the subnormal range).
+    """
+
+    id = CodecId.FP16
+    name = "fp16"
+
+    def encode(self, x: np.ndarray, *, rng: np.random.Generator | None = None) -> bytes:
+        x = _as_block(x)
+        check_finite(x, self.name)
+        return np.clip(x, -65504.0, 65504.0).astype("<f2").tobytes()
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        n = _count(shape)
+        if len(payload) != 2 * n:
+            raise CodecError(f"fp16 payload has {len(payload)} bytes, shape {shape} needs {2 * n}")
+        out = np.frombuffer(payload, dtype="<f2", count=n).astype(np.float32).reshape(shape)
+        if not np.isfinite(out).all():
+            raise CodecError("fp16 payload holds non-finite values")
+        return out
+
+    def encoded_size(self, shape: tuple[int, ...]) -> int:
+        return 2 * _count(shape)
+
+
+#: Lossy codecs refuse larger magnitudes: a scale near float32's maximum could
+#: round up and decode to inf. No sane update or weight comes near it.
+MAX_MAGNITUDE = 1e38
+
+
+def check_finite(x: np.ndarray, codec: str) -> None:
+    """Lossy codecs scale by the block's magnitude; one inf or NaN would poison it."""
+    if x.size and not np.max(np.abs(x)) <= MAX_MAGNITUDE:
+        raise CodecError(f"{codec}: input block holds non-finite values (or |x| > 1e38)")
+
+
+def block_rows(shape: tuple[int, ...]) -> int:
+    """Rows of a block for per-row codecs: a 1-D block (biases) is one row."""
+    _count(shape)
+    return shape[0] if len(shape) == 2 else 1
+
+
+def default_rng(x: np.ndarray) -> np.random.Generator:
+    """Stochastic rounding without a caller rng: seeded by the block's own bytes.
+
+    Deterministic (same block, same bytes) without touching global randomness;
+    callers that want independent draws per round pass their own generator.
+    """
+    return np.random.default_rng(zlib.crc32(x.tobytes()))
+
+
 _REGISTRY: dict[str, Codec] = {}
 _BY_ID: dict[int, Codec] = {}
+#: Parsers for parameterised names; each returns a codec or None if not its name.
+_PARSERS: list[Callable[[str], Codec | None]] = []
+_PARSED: dict[str, Codec] = {}
 
 
 def register(codec: Codec) -> Codec:
@@ -107,13 +187,29 @@ def register(codec: Codec) -> Codec:
     return codec
 
 
+def register_parser(parser: Callable[[str], Codec | None]) -> None:
+    """Add a parser for parameterised names (see the module docstring)."""
+    _PARSERS.append(parser)
+
+
 def get(name_or_id: str | int) -> Codec:
-    """Look a codec up by name or wire id; an unknown one raises CodecError."""
-    table = _REGISTRY if isinstance(name_or_id, str) else _BY_ID
-    try:
-        return table[name_or_id]  # type: ignore[index]
-    except KeyError:
-        raise CodecError(f"unknown codec {name_or_id!r}; known: {sorted(_REGISTRY)}") from None
+    """Look a codec up by name, parameterised name or wire id; unknown raises CodecError."""
+    if isinstance(name_or_id, str):
+        codec = _REGISTRY.get(name_or_id) or _PARSED.get(name_or_id)
+        if codec is None:
+            for parse in _PARSERS:
+                codec = parse(name_or_id)
+                if codec is not None:
+                    _PARSED[name_or_id] = codec
+                    break
+    else:
+        codec = _BY_ID.get(int(name_or_id)) if isinstance(name_or_id, int) else None
+    if codec is None:
+        raise CodecError(
+            f"unknown codec {name_or_id!r}; known: {sorted(_REGISTRY)} "
+            "or topk:FRACTION[+int8][-sr], int8|int4[-chunk][-sr]"
+        )
+    return codec
 
 
 def names() -> list[str]:
@@ -121,6 +217,7 @@ def names() -> list[str]:
 
 
 register(Fp32())
+register(Fp16())
 
 
 def check_registry() -> None:
