@@ -1,0 +1,81 @@
+"""ChunkStore: where checkpoint chunks and manifests live, behind a small interface.
+
+The interface is deliberately byte-level: layout, checksums, versions policy and
+retention live in ``storage.store.CheckpointStore``, so a backend only has to
+give two guarantees:
+
+1. ``commit`` makes all chunks and the manifest of one version visible together
+   or not at all (the manifest row is what a reader looks for, and it is written
+   in the same transaction as the chunks).
+2. Reads made inside one ``snapshot()`` see one committed state, whatever a
+   concurrent writer commits or deletes meanwhile.
+
+SQLite (``storage.sqlite.SqliteChunkStore``) is the embedded default.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestRecord:
+    """One stored checkpoint as the backend sees it: a manifest blob and its hash."""
+
+    version: int
+    created_at: float
+    nbytes: int
+    n_chunks: int
+    quarantined: bool
+    manifest: bytes
+    manifest_sha256: str
+
+
+class ChunkStore(ABC):
+    """Byte-level storage of versioned chunk sets; see the module docstring."""
+
+    @abstractmethod
+    def commit(
+        self,
+        version: int,
+        chunks: Sequence[Sequence[Any]],
+        finish: Callable[[], ManifestRecord],
+    ) -> ManifestRecord:
+        """Store ``chunks`` and the record ``finish()`` returns, atomically.
+
+        A chunk is a sequence of buffers whose concatenation is its bytes; its index
+        is its position. ``finish`` is called after the chunks are written, inside
+        the transaction, so checksums can be computed while the chunks are written.
+        Raises ``CheckpointExists`` when ``version`` is not above every stored,
+        non-quarantined version; quarantined versions at or above it are replaced.
+        """
+
+    @abstractmethod
+    def records(self) -> list[ManifestRecord]:
+        """Every stored checkpoint, ascending by version (quarantined ones included)."""
+
+    @abstractmethod
+    def record(self, version: int) -> ManifestRecord | None: ...
+
+    @abstractmethod
+    def iter_chunks(self, version: int) -> Iterator[tuple[int, bytes]]:
+        """``(index, data)`` of one version, ascending by index."""
+
+    @abstractmethod
+    def snapshot(self) -> AbstractContextManager[None]:
+        """Reads inside the block see one committed state."""
+
+    @abstractmethod
+    def delete(self, versions: Sequence[int]) -> None:
+        """Remove versions (manifest and chunks) in one transaction."""
+
+    @abstractmethod
+    def quarantine(self, version: int) -> None:
+        """Mark a version as failed verification: kept for inspection, never loaded."""
+
+    @abstractmethod
+    def close(self) -> None: ...

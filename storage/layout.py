@@ -1,0 +1,245 @@
+"""Checkpoint layout: how a checkpoint becomes a JSON manifest plus binary chunks.
+
+Chunks, in this order, each at most ``max_chunk_bytes`` and each with a sha256:
+
+1. Params, one chunk per neuron group from ``nn.params.plan_groups(spec,
+   max_chunk_bytes // 4)`` in layer order. A chunk's bytes are the group's W rows
+   (row-major float32, little-endian) followed by its biases, so a group is one
+   key, the way the seed stored it, and a reader restores it with two copies.
+2. State arrays (optimizer, then strategy; names sorted), each split into
+   byte ranges of at most ``max_chunk_bytes``.
+
+Scalars of the state dicts, the spec, job metadata and the applied result ids
+go in the manifest JSON. The manifest's own sha256 sits beside it, so a damaged
+manifest is caught before anything it points at is trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nn.params import NeuronGroup, Params, plan_groups
+from nn.spec import ModelSpec
+from storage.errors import CorruptCheckpoint
+
+FORMAT = "crowdgrad-checkpoint"
+FORMAT_VERSION = 1
+STATE_KINDS = ("optimizer", "strategy")
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("storage.layout writes little-endian float32 and assumes a little host")
+
+State = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """Everything the coordinator needs to carry on: model, states, job, applied ids.
+
+    ``optimizer`` and ``strategy`` are generic ``name -> ndarray | JSON scalar``
+    dicts (``OptState.state_dict()`` is one); ``applied_results`` are the result
+    ids folded into ``params``, which keeps "apply at most once" true across restarts.
+    """
+
+    version: int
+    created_at: float
+    params: Params
+    optimizer: State = field(default_factory=dict)
+    strategy: State = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    applied_results: tuple[str, ...] = ()
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.params.spec
+
+
+def sha256_hex(*parts: Any) -> str:
+    """sha256 of the concatenation of ``parts`` (buffers), without concatenating them."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()
+
+
+def _split_state(kind: str, state: State) -> tuple[dict, dict, list[tuple[str, np.ndarray]]]:
+    scalars: dict[str, Any] = {}
+    arrays: dict[str, dict] = {}
+    data: list[tuple[str, np.ndarray]] = []
+    for name in sorted(state):
+        value = state[name]
+        if not isinstance(name, str):
+            raise ValueError(f"{kind} state: key {name!r} is not a string")
+        if isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                raise ValueError(f"{kind} state {name!r}: object arrays cannot be stored")
+            arr = np.ascontiguousarray(value)
+            arrays[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape)}
+            data.append((name, arr.reshape(-1).view(np.uint8)))
+        else:
+            if isinstance(value, np.generic):
+                value = value.item()
+            try:
+                json.dumps(value, allow_nan=True)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"{kind} state {name!r}: not an array or JSON value ({exc})"
+                ) from None
+            scalars[name] = value
+    return scalars, arrays, data
+
+
+Chunk = tuple[np.ndarray, ...]
+
+
+def encode(ckpt: Checkpoint, max_chunk_bytes: int) -> tuple[dict, list[Chunk]]:
+    """``(manifest without hashes, chunks)``; hashes are filled in by ``seal``.
+
+    A chunk is a tuple of zero-copy uint8 views whose concatenation is its bytes
+    (a params chunk is ``(W rows, biases)``), so encoding copies nothing.
+    """
+    if ckpt.version < 0:
+        raise ValueError(f"checkpoint version must be >= 0, got {ckpt.version}")
+    params = ckpt.params
+    chunks: list[Chunk] = []
+    entries: list[dict] = []
+    for g in plan_groups(params.spec, max_chunk_bytes // 4):
+        ws, bs = params.group_slices(g)
+        chunks.append((params.data[ws].view(np.uint8), params.data[bs].view(np.uint8)))
+        entries.append({"kind": "params", "layer": g.layer, "rows": [g.row_start, g.row_end]})
+    states: dict[str, dict] = {}
+    for kind in STATE_KINDS:
+        scalars, arrays, data = _split_state(kind, getattr(ckpt, kind))
+        states[kind] = {"scalars": scalars, "arrays": arrays}
+        for name, raw in data:
+            for start in range(0, raw.size, max_chunk_bytes):
+                chunks.append((raw[start : start + max_chunk_bytes],))
+                entries.append({"kind": kind, "name": name, "start": start})
+    for e, c in zip(entries, chunks, strict=True):
+        e["nbytes"] = sum(int(p.nbytes) for p in c)
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "version": int(ckpt.version),
+        "created_at": float(ckpt.created_at),
+        "spec": params.spec.to_dict(),
+        "max_chunk_bytes": int(max_chunk_bytes),
+        "metadata": dict(ckpt.metadata),
+        "applied_results": [str(r) for r in ckpt.applied_results],
+        "states": states,
+        "chunks": entries,
+    }
+    return manifest, chunks
+
+
+def seal(manifest: dict, hashes: Iterable[str]) -> tuple[bytes, str]:
+    """Put chunk hashes into the manifest; return its bytes and their own sha256."""
+    for e, h in zip(manifest["chunks"], hashes, strict=True):
+        e["sha256"] = h
+    blob = json.dumps(manifest, separators=(",", ":"), allow_nan=True).encode()
+    return blob, sha256_hex(blob)
+
+
+def parse_manifest(version: int, blob: bytes, expected_sha256: str) -> dict:
+    if sha256_hex(blob) != expected_sha256:
+        raise CorruptCheckpoint(version, "manifest checksum mismatch")
+    try:
+        manifest = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptCheckpoint(version, f"manifest is not JSON ({exc})") from None
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise CorruptCheckpoint(
+            version,
+            f"format {manifest.get('format')!r} v{manifest.get('format_version')}, "
+            f"expected {FORMAT!r} v{FORMAT_VERSION}",
+        )
+    if manifest.get("version") != version:
+        raise CorruptCheckpoint(version, f"manifest says version {manifest.get('version')}")
+    return manifest
+
+
+def decode(
+    version: int,
+    manifest: dict,
+    chunks: Iterator[tuple[int, bytes]],
+    pool: Executor | None = None,
+) -> Checkpoint:
+    """Rebuild a checkpoint from its chunks, verifying every sha256.
+
+    With a ``pool`` the hashing of chunk i overlaps the read of chunk i+1 (hashlib
+    releases the GIL on large buffers). Raises ``CorruptCheckpoint`` naming the chunk.
+    """
+    try:
+        spec = ModelSpec.from_dict(manifest["spec"])
+        entries = manifest["chunks"]
+        states_meta = manifest["states"]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptCheckpoint(
+            version, f"manifest is missing or has a bad field ({exc})"
+        ) from None
+    params = Params(spec)
+    states: dict[str, dict[str, Any]] = {}
+    dests: dict[tuple[str, str], np.ndarray] = {}
+    for kind in STATE_KINDS:
+        meta = states_meta.get(kind, {"scalars": {}, "arrays": {}})
+        states[kind] = dict(meta["scalars"])
+        for name, a in meta["arrays"].items():
+            arr = np.empty(a["shape"], dtype=np.dtype(a["dtype"]))
+            states[kind][name] = arr
+            dests[(kind, name)] = arr.reshape(-1).view(np.uint8)
+    pending = []
+    seen = 0
+    for idx, data in chunks:
+        if idx != seen or idx >= len(entries):
+            raise CorruptCheckpoint(version, f"chunk {seen} missing (found index {idx})")
+        e = entries[idx]
+        if len(data) != e["nbytes"]:
+            raise CorruptCheckpoint(
+                version, f"chunk {idx} has {len(data)} bytes, manifest says {e['nbytes']}"
+            )
+        pending.append(pool.submit(sha256_hex, data) if pool else sha256_hex(data))
+        src = np.frombuffer(data, dtype=np.uint8)
+        if e["kind"] == "params":
+            g = NeuronGroup(e["layer"], e["rows"][0], e["rows"][1])
+            ws, bs = params.group_slices(g)
+            vals = src.view(np.float32)
+            nw = ws.stop - ws.start
+            if vals.size != nw + (bs.stop - bs.start):
+                raise CorruptCheckpoint(version, f"chunk {idx} does not fit group {g}")
+            params.data[ws] = vals[:nw]
+            params.data[bs] = vals[nw:]
+        else:
+            dest = dests.get((e["kind"], e["name"]))
+            if dest is None or e["start"] + src.size > dest.size:
+                raise CorruptCheckpoint(version, f"chunk {idx} does not fit its state array")
+            dest[e["start"] : e["start"] + src.size] = src
+        seen += 1
+    if seen != len(entries):
+        raise CorruptCheckpoint(version, f"{len(entries) - seen} chunk(s) missing")
+    for idx, (e, h) in enumerate(zip(entries, pending, strict=True)):
+        got = h if isinstance(h, str) else h.result()
+        if got != e["sha256"]:
+            raise CorruptCheckpoint(version, f"chunk {idx} ({_describe(e)}) checksum mismatch")
+    return Checkpoint(
+        version=version,
+        created_at=float(manifest["created_at"]),
+        params=params,
+        optimizer=states["optimizer"],
+        strategy=states["strategy"],
+        metadata=manifest.get("metadata", {}),
+        applied_results=tuple(manifest.get("applied_results", ())),
+    )
+
+
+def _describe(e: dict) -> str:
+    if e["kind"] == "params":
+        return f"layer {e['layer']} rows {e['rows'][0]}:{e['rows'][1]}"
+    return f"{e['kind']} {e['name']} @ {e['start']}"

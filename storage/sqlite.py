@@ -1,0 +1,333 @@
+"""The embedded default ChunkStore: one SQLite file in WAL mode.
+
+Why SQLite: one file an operator can copy, atomic multi-row transactions, and
+WAL's snapshot isolation, which is exactly "a reader never sees a partial
+checkpoint" for free. Why WAL: readers never block the writer (the CLI can list
+while the coordinator writes), and a torn tail of the WAL is detected by its
+frame checksums and ignored on recovery (https://sqlite.org/wal.html, "Checkpointing"
+and "Concurrency"), which is the crash guarantee the delta log relies on too.
+
+Schema (one file, shared with ``storage.deltalog``)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)                  schema version
+    checkpoints(version INTEGER PRIMARY KEY, created_at, nbytes, n_chunks,
+                quarantined, manifest BLOB, manifest_sha256)
+    chunks(version, idx, data BLOB, PRIMARY KEY(version, idx))
+    deltas(seq INTEGER PRIMARY KEY, result_id UNIQUE, base_version, version,
+           weight, meta, data BLOB, crc32)
+
+``synchronous=FULL`` fsyncs the WAL on every commit, so a commit that returned is
+on disk; ``NORMAL`` is offered for benchmarks and for stores whose commits do not
+acknowledge anything (docs/operations.md has the measured cost).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from storage.chunkstore import ChunkStore, ManifestRecord
+from storage.errors import CheckpointExists, StorageError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+SYNCHRONOUS = ("FULL", "NORMAL", "EXTRA")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    version INTEGER PRIMARY KEY,
+    created_at REAL NOT NULL,
+    nbytes INTEGER NOT NULL,
+    n_chunks INTEGER NOT NULL,
+    quarantined INTEGER NOT NULL DEFAULT 0,
+    manifest BLOB NOT NULL,
+    manifest_sha256 TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    version INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (version, idx)
+);
+CREATE TABLE IF NOT EXISTS deltas (
+    seq INTEGER PRIMARY KEY,
+    result_id TEXT NOT NULL UNIQUE,
+    base_version INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    weight REAL NOT NULL,
+    meta TEXT NOT NULL,
+    data BLOB NOT NULL,
+    crc32 INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deltas_version ON deltas(version);
+"""
+
+
+def connect(
+    path: str | os.PathLike[str], *, synchronous: str = "FULL", readonly: bool = False
+) -> sqlite3.Connection:
+    """Open (creating if needed) a store file in WAL mode with the schema in place.
+
+    The connection is in autocommit mode: every transaction is an explicit
+    ``BEGIN``…``COMMIT``, so none is left open by accident between calls.
+    """
+    if synchronous not in SYNCHRONOUS:
+        raise ValueError(f"synchronous: expected one of {SYNCHRONOUS}, got {synchronous!r}")
+    path = os.fspath(path)
+    if readonly and not os.path.exists(path):
+        raise StorageError(f"{path}: no such store")
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        conn.execute("PRAGMA busy_timeout=30000")
+        if not readonly:
+            # page_size only takes effect on a new, empty file, before WAL is on.
+            conn.execute("PRAGMA page_size=65536")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise StorageError(f"{path}: could not switch to WAL mode (got {mode})")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        # Folding the WAL into the main file is the background WalFolder's job, not
+        # every commit's: a commit that acknowledges results pays only its own fsync.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        # Reads through the map skip a copy per page (chunks are read once, whole).
+        conn.execute(f"PRAGMA mmap_size={1 << 30}")
+        if not readonly:
+            conn.executescript(_SCHEMA)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"{path}: not a readable crowdgrad store ({exc})") from None
+    if row is None or int(row[0]) != SCHEMA_VERSION:
+        conn.close()
+        raise StorageError(
+            f"{path}: schema version {row[0] if row else None}, expected {SCHEMA_VERSION}"
+        )
+    return conn
+
+
+class WalFolder:
+    """Folds the WAL into the main file on a background thread after commits.
+
+    SQLite's own auto-checkpoint runs inside the commit that crosses its threshold,
+    so one unlucky delta append would pay for copying a whole model. Here commits
+    only ``poke()``; a daemon thread with its own connection runs a PASSIVE
+    checkpoint (never blocks readers or writers, crash-safe by SQLite's design) and
+    ``close()`` runs a final TRUNCATE one so a cleanly closed store is one file.
+    """
+
+    def __init__(self, path: str, synchronous: str) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="crowdgrad-wal-folder", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        conn = connect(self._path, synchronous=self._synchronous, readonly=True)
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stop:
+                    break
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:  # busy or closing: the next poke retries
+                    log.debug("wal checkpoint skipped: %s", exc)
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.debug("final wal checkpoint skipped: %s", exc)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+
+
+class SqliteChunkStore(ChunkStore):
+    """ChunkStore on one SQLite file; thread-safe (one connection behind a lock)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str = "FULL", readonly: bool = False
+    ) -> None:
+        self.path = os.fspath(path)
+        self._conn = connect(self.path, synchronous=synchronous, readonly=readonly)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._folder = None if readonly else WalFolder(self.path, synchronous)
+
+    # -- writes -------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._depth:
+                raise StorageError("write inside a snapshot() block; leave the snapshot first")
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            if self._folder is not None:
+                self._folder.poke()
+
+    def commit(
+        self,
+        version: int,
+        chunks: Sequence[Sequence[Any]],
+        finish: Callable[[], ManifestRecord],
+    ) -> ManifestRecord:
+        with self._write() as c:
+            (newest,) = c.execute(
+                "SELECT max(version) FROM checkpoints WHERE quarantined=0"
+            ).fetchone()
+            if newest is not None and version <= newest:
+                raise CheckpointExists(
+                    f"version {version} is not above the newest stored version {newest}"
+                )
+            stale = [
+                v
+                for (v,) in c.execute(
+                    "SELECT version FROM checkpoints WHERE version>=?", (version,)
+                )
+            ]
+            self._delete_in(c, stale)
+            for i, parts in enumerate(chunks):
+                # zeroblob + incremental writes: the parts go straight from the
+                # caller's arrays into pages, with no joined temporary.
+                n = sum(memoryview(p).nbytes for p in parts)
+                cur = c.execute(
+                    "INSERT INTO chunks(version, idx, data) VALUES (?, ?, zeroblob(?))",
+                    (version, i, n),
+                )
+                if n:
+                    with c.blobopen("chunks", "data", cur.lastrowid) as blob:
+                        for p in parts:
+                            blob.write(p)
+            record = finish()
+            if record.version != version or record.n_chunks != len(chunks):
+                raise ValueError(
+                    f"commit: record (v{record.version}, {record.n_chunks} chunks) does not "
+                    f"match the chunks written (v{version}, {len(chunks)})"
+                )
+            c.execute(
+                "INSERT INTO checkpoints(version, created_at, nbytes, n_chunks, quarantined,"
+                " manifest, manifest_sha256) VALUES (?, ?, ?, ?, 0, ?, ?)",
+                (
+                    record.version,
+                    record.created_at,
+                    record.nbytes,
+                    record.n_chunks,
+                    record.manifest,
+                    record.manifest_sha256,
+                ),
+            )
+        return record
+
+    @staticmethod
+    def _delete_in(c: sqlite3.Connection, versions: Sequence[int]) -> None:
+        for v in versions:
+            c.execute("DELETE FROM chunks WHERE version=?", (v,))
+            c.execute("DELETE FROM checkpoints WHERE version=?", (v,))
+
+    def delete(self, versions: Sequence[int]) -> None:
+        if not versions:
+            return
+        with self._write() as c:
+            self._delete_in(c, list(versions))
+
+    def quarantine(self, version: int) -> None:
+        with self._write() as c:
+            c.execute("UPDATE checkpoints SET quarantined=1 WHERE version=?", (version,))
+
+    # -- reads --------------------------------------------------------------------
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            # A deferred transaction takes its WAL snapshot at the first read and
+            # keeps it until COMMIT: every read below sees the same state.
+            self._conn.execute("BEGIN")
+            self._depth = 1
+            try:
+                yield
+            finally:
+                self._depth = 0
+                self._conn.execute("COMMIT")
+
+    _COLUMNS = "version, created_at, nbytes, n_chunks, quarantined, manifest, manifest_sha256"
+
+    @staticmethod
+    def _record(row: tuple) -> ManifestRecord:
+        return ManifestRecord(
+            version=row[0],
+            created_at=row[1],
+            nbytes=row[2],
+            n_chunks=row[3],
+            quarantined=bool(row[4]),
+            manifest=bytes(row[5]),
+            manifest_sha256=row[6],
+        )
+
+    def records(self) -> list[ManifestRecord]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {self._COLUMNS} FROM checkpoints ORDER BY version"
+            ).fetchall()
+        return [self._record(r) for r in rows]
+
+    def record(self, version: int) -> ManifestRecord | None:
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT {self._COLUMNS} FROM checkpoints WHERE version=?", (version,)
+            ).fetchone()
+        return None if row is None else self._record(row)
+
+    def iter_chunks(self, version: int) -> Iterator[tuple[int, bytes]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT idx, rowid FROM chunks WHERE version=? ORDER BY idx", (version,)
+            ).fetchall()
+            for idx, rowid in rows:
+                # Incremental blob I/O reads the pages straight into the bytes object.
+                with self._conn.blobopen("chunks", "data", rowid, readonly=True) as blob:
+                    data = blob.read()
+                yield idx, data
+
+    def wal_checkpoint(self) -> None:
+        """Fold the WAL into the main file and truncate it (for backups and tests)."""
+        with self._lock:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+        if self._folder is not None:
+            self._folder.close()
+            self._folder = None

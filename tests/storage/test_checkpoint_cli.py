@@ -1,0 +1,93 @@
+"""``crowdgrad checkpoint``: the operator's view of a store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crowdgrad.cli import main
+from nn.modelfile import load_model
+from nn.spec import ModelSpec
+from storage import Checkpoint, CheckpointStore
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    path = tmp_path / "s.db"
+    spec = ModelSpec.preset("small")
+    with CheckpointStore.open(path) as store:
+        for v in (1, 2):
+            store.save(
+                Checkpoint(
+                    version=v,
+                    created_at=1.7e9 + v,
+                    params=spec.init_params(v),
+                    optimizer={"m": np.full(4, v, np.float32), "step": v},
+                    metadata={"job": "demo"},
+                    applied_results=(f"r{v}",),
+                )
+            )
+    return path
+
+
+def test_list_json(store_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoint", "list", "--store", str(store_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["version"] for r in rows] == [1, 2]
+    assert rows[0]["widths"] == [10, 16, 16, 16, 10] and rows[0]["n_applied"] == 1
+
+
+def test_list_table_and_show_in_a_real_process(store_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "crowdgrad", "checkpoint", "list", "--store", str(store_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "checkpoints in" in out and "10,16,16,16,10" in out
+
+
+def test_show_verify_restore_export(
+    store_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--store", str(store_path), "--json"]
+    assert main(["checkpoint", "show", *base, "--version", "1"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["version"] == 1 and shown["optimizer"]["m"] == "array float32 [4]"
+    assert main(["checkpoint", "verify", *base]) == 0
+    assert all(r["ok"] for r in json.loads(capsys.readouterr().out))
+    assert main(["checkpoint", "restore", *base, "--version", "1"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"restored_from": 1, "version": 3}
+    out = tmp_path / "model.npz"
+    assert main(["checkpoint", "export", *base, "--out", str(out)]) == 0
+    capsys.readouterr()
+    params, extra, meta = load_model(out)
+    assert params.array_equal(ModelSpec.preset("small").init_params(1))
+    assert np.array_equal(extra["optimizer.m"], np.full(4, 1, np.float32))
+    manifest = json.loads(out.with_suffix(".json").read_text())
+    assert manifest["version"] == 3 and manifest["metadata"]["restored_from"] == 1
+    assert manifest["scalars"]["optimizer"] == {"step": 1} and meta["checkpoint_version"] == 3
+
+
+def test_verify_fails_on_corruption_and_errors_name_the_problem(
+    store_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(store_path)
+    conn.execute("UPDATE chunks SET data = zeroblob(length(data)) WHERE version=2 AND idx=1")
+    conn.commit()
+    conn.close()
+    assert main(["checkpoint", "verify", "--store", str(store_path)]) == 1
+    assert "CORRUPT" in capsys.readouterr().out
+    assert main(["checkpoint", "show", "--store", str(tmp_path / "nope.db")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["checkpoint", "restore", "--store", str(store_path)]) == 2
+    assert "--version is required" in capsys.readouterr().err
+    assert main(["checkpoint", "show", "--store", str(store_path), "--version", "9"]) == 2
+    assert "no checkpoint v9" in capsys.readouterr().err
