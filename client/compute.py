@@ -1,0 +1,77 @@
+"""Run one task with the nn core: the only place a client turns a task into numbers.
+
+Shared by the desktop client (on a worker thread), the simulator and the tests,
+so every driver computes exactly the same update for the same task. A task
+names its data as ``task.dataset`` (``"<name>#<split seed>"``, see
+:func:`dataset_ref`) plus the shard's sample ``indices``, and its batch sampling
+as ``seed``; the result is deterministic given those and the base params.
+
+- ``gradient``: the mean-loss gradient on ``steps × batch`` samples drawn
+  without replacement from the shard;
+- ``train``: ``steps`` local optimizer steps from the base params; the update
+  is the delta ``local − base``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from nn.data import Dataset, load_dataset
+from nn.optim import Optimizer, OptState
+from nn.params import Params
+from nn.train import batch_indices, compute_gradient, train_steps
+from protocol import messages as m
+
+
+def dataset_ref(name: str, seed: int) -> str:
+    """The ``task.dataset`` string: the dataset name and its train/test split seed."""
+    return f"{name}#{seed}"
+
+
+@functools.lru_cache(maxsize=4)
+def load_ref(ref: str) -> Dataset:
+    """Load (once per process) the dataset a task names."""
+    name, sep, seed = ref.rpartition("#")
+    if not sep:
+        return load_dataset(ref)
+    try:
+        return load_dataset(name, seed=int(seed))
+    except ValueError as exc:
+        raise ValueError(f"task.dataset {ref!r}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeOutput:
+    update: np.ndarray  # flat float32, the model's size
+    loss: float
+    samples: int
+    steps: int
+
+
+def run_task(task: m.Task, base: Params, data: Dataset | None = None) -> ComputeOutput:
+    """Compute the task's update from ``base`` (left untouched)."""
+    data = data if data is not None else load_ref(task.dataset)
+    X, y = data.X_train, data.y_train
+    if task.indices is not None:
+        idx = task.indices.astype(np.int64)
+        if idx.size == 0 or int(idx.max()) >= X.shape[0]:
+            raise ValueError(f"task {task.task_id}: shard indices out of range 0..{X.shape[0]}")
+        X, y = X[idx], y[idx]
+    rng = np.random.default_rng(task.seed)
+    if task.kind == "gradient":
+        rows = batch_indices(X.shape[0], 1, min(task.steps * task.batch, X.shape[0]), rng)
+        loss, grad = compute_gradient(base, X[rows], y[rows])
+        return ComputeOutput(update=grad.data, loss=loss, samples=rows.size, steps=1)
+    if task.kind == "train":
+        local = base.copy()
+        opt = Optimizer.from_dict(task.optimizer) if task.optimizer else Optimizer()
+        state = OptState.init(opt, base.spec)
+        metrics = train_steps(local, state, X, y, task.steps, task.batch, rng)
+        delta = local.data - base.data
+        return ComputeOutput(
+            update=delta, loss=metrics.loss, samples=metrics.samples, steps=metrics.steps
+        )
+    raise ValueError(f"task {task.task_id}: kind {task.kind!r} is not computed by this client")

@@ -1,0 +1,334 @@
+"""The client session: the sans-IO mirror of the coordinator core.
+
+Theory of operation. The desktop client, the browser port and the simulator
+each own a socket, a clock and a way to compute; this object owns everything
+else. The driver calls ``start`` when a connection opens, ``receive`` with each
+decoded message, ``tick`` at ``next_wakeup()``, ``connection_lost`` when the
+socket dies and ``compute_done`` when a :class:`ComputeRequest` it was handed
+has finished (``client.compute.run_task`` does the maths). Outputs are actions:
+``Send`` a frame (already paced to the granted limits), ``ComputeRequest``,
+``Finished`` (the job is over, close and do not reconnect).
+
+Rules:
+
+- A new task supersedes the one being computed (the server moved on: its lease
+  expired or another copy won); a late ``compute_done`` for it is ignored.
+- A finished result is kept until the server acknowledges it. If the socket
+  dies first, the result waits; after the next ``welcome`` (with the resume
+  token) it is sent again, and the server applies it at most once.
+- The model of the last task is cached with its version, so a task that names
+  ``base_version`` needs no download.
+
+Connection phases (transitions table; anything else is the driver's bug)::
+
+    NEW --start--> HELLO_SENT --welcome--> READY --bye--> FINISHED
+    HELLO_SENT | READY --connection_lost--> OFFLINE --start--> HELLO_SENT
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from nn.params import Params
+from protocol import messages as m
+from protocol.chunking import Reassembler, chunk_params
+from protocol.errors import ProtocolError
+from protocol.limits import LinkLimits, Pacer
+
+log = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    HELLO_SENT = "hello_sent"
+    READY = "ready"
+    OFFLINE = "offline"
+    FINISHED = "finished"
+
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.NEW: frozenset({Phase.HELLO_SENT}),
+    Phase.HELLO_SENT: frozenset({Phase.READY, Phase.OFFLINE, Phase.FINISHED}),
+    Phase.READY: frozenset({Phase.OFFLINE, Phase.FINISHED}),
+    Phase.OFFLINE: frozenset({Phase.HELLO_SENT}),
+    Phase.FINISHED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What hello advertises; ``limits`` is what this client asks for (None: server's)."""
+
+    flops: float = 1e9
+    cores: int = 1
+    memory: int = 0
+    platform: str = ""
+    limits: LinkLimits | None = None
+    codecs: tuple[str, ...] = ("fp32",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Send:
+    """Send ``frame`` (``message`` encoded) to the server now."""
+
+    message: m.Message
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeRequest:
+    """Run ``task`` from ``params`` (read-only: the session's cached model), then
+    call ``compute_done(request_id, ...)``."""
+
+    request_id: int
+    task: m.Task
+    params: Params
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finished:
+    reason: str
+
+
+Action = Send | ComputeRequest | Finished
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A finished result awaiting its ack: the result message and its chunks."""
+
+    task_id: str
+    messages: list[m.Message]
+
+
+class ClientSession:
+    def __init__(self, name: str, capabilities: Capabilities | None = None, seed: int = 0) -> None:
+        self.name = name
+        self.caps = capabilities or Capabilities()
+        self.rng = np.random.default_rng(seed)
+        self.phase = Phase.NEW
+        self.resume_token: str | None = None
+        self.limits: LinkLimits | None = None
+        self.heartbeat_interval = 5.0
+        self.model: Params | None = None
+        self.model_version: int | None = None
+        self.task: m.Task | None = None
+        self.request_id = 0
+        self.computing: int | None = None
+        self.pending: _Pending | None = None
+        self.rtt: float | None = None
+        self._download: Reassembler | None = None
+        self._pacer: Pacer | None = None
+        self._outbox: deque[Send] = deque()
+        self._hb_seq = 0
+        self._last_sent = -math.inf
+        self._now = -math.inf
+
+    # -- driver API ----------------------------------------------------------------
+
+    def start(self, now: float) -> list[Action]:
+        """A connection is open: say hello (with the resume token after a reconnect)."""
+        self._advance(now)
+        self._move(Phase.HELLO_SENT)
+        self._outbox.clear()
+        self._pacer = None
+        hello = m.Hello(
+            client=self.name,
+            platform=self.caps.platform,
+            cores=self.caps.cores,
+            memory=self.caps.memory,
+            flops=self.caps.flops,
+            limits=self.caps.limits,
+            codecs=self.caps.codecs,
+            resume=self.resume_token,
+        )
+        self._last_sent = now
+        return [Send(message=hello, frame=m.encode(hello))]
+
+    def receive(self, message: m.Message, now: float) -> list[Action]:
+        """A decoded message from the server."""
+        self._advance(now)
+        out: list[Action] = []
+        if self.phase not in (Phase.HELLO_SENT, Phase.READY):
+            raise ValueError(f"receive: session is {self.phase.value}, not connected")
+        match message:
+            case m.Welcome():
+                self._on_welcome(message)
+            case m.Task():
+                self._on_task(message, out)
+            case m.Chunk():
+                self._on_chunk(message, out)
+            case m.Ack():
+                if self.pending is not None and self.pending.task_id == message.task_id:
+                    self.pending = None
+                if not message.accepted:
+                    log.info("result %s refused: %s", message.task_id, message.reason)
+            case m.Heartbeat():
+                if message.echo is not None:
+                    self.rtt = max(0.0, now - message.echo)
+            case m.Bye():
+                self._move(Phase.FINISHED)
+                self.computing = None
+                out.append(Finished(reason=message.reason))
+                return out
+            case m.Error():
+                log.warning("server error %d: %s", message.code, message.message)
+            case _:
+                log.warning("unexpected %s from the server", message.TYPE)
+        self._flush(now, out)
+        return out
+
+    def compute_done(
+        self,
+        request_id: int,
+        update: np.ndarray,
+        now: float,
+        *,
+        loss: float | None = None,
+        samples: int = 0,
+        steps: int = 0,
+        compute_seconds: float = 0.0,
+    ) -> list[Action]:
+        """The driver finished a ComputeRequest; a superseded one is ignored."""
+        self._advance(now)
+        out: list[Action] = []
+        if request_id != self.computing or self.task is None:
+            return out
+        self.computing = None
+        task = self.task
+        limit = self.limits.max_message_bytes if self.limits else 1 << 20
+        delta = Params.from_flat(
+            task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
+        )
+        chunks = chunk_params(
+            delta,
+            max_message_bytes=limit,
+            codec=task.upload_codec,
+            transfer=task.task_id,
+            rng=self.rng,
+        )
+        result = m.Result(
+            task_id=task.task_id,
+            model_version=task.model_version,
+            kind=task.kind,
+            num_chunks=len(chunks),
+            loss=None if loss is None or not math.isfinite(loss) else float(loss),
+            samples=samples,
+            steps=steps,
+            compute_seconds=max(0.0, compute_seconds),
+        )
+        self.pending = _Pending(task.task_id, [result, *chunks])
+        if self.phase is Phase.READY:
+            self._send_pending()
+            self._flush(now, out)
+        return out
+
+    def connection_lost(self, now: float) -> list[Action]:
+        """The socket died; keep the cached model, the running compute, the result."""
+        self._advance(now)
+        if self.phase in (Phase.HELLO_SENT, Phase.READY):
+            self._move(Phase.OFFLINE)
+        self._download = None
+        self._outbox.clear()
+        return []
+
+    def tick(self, now: float) -> list[Action]:
+        """Heartbeats and paced frames."""
+        self._advance(now)
+        out: list[Action] = []
+        if self.phase is Phase.READY and now - self._last_sent >= self.heartbeat_interval:
+            self._hb_seq += 1
+            self._queue(m.Heartbeat(seq=self._hb_seq, time=now))
+        self._flush(now, out)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        if self.phase is not Phase.READY:
+            return None
+        t = self._last_sent + self.heartbeat_interval
+        if self._outbox and self._pacer is not None:
+            t = min(t, self._pacer.next_send_time(len(self._outbox[0].frame), self._now))
+        return t
+
+    # -- internals -----------------------------------------------------------------
+
+    def _on_welcome(self, msg: m.Welcome) -> None:
+        if self.phase is not Phase.HELLO_SENT:
+            log.warning("welcome while %s: ignored", self.phase.value)
+            return
+        self._move(Phase.READY)
+        self.resume_token = msg.resume_token or self.resume_token
+        self.limits = msg.limits
+        self._pacer = Pacer(msg.limits)
+        self.heartbeat_interval = msg.heartbeat_interval
+        if self.pending is not None:
+            self._send_pending()
+
+    def _on_task(self, msg: m.Task, out: list[Action]) -> None:
+        self.task = msg
+        self.computing = None
+        self._download = None
+        if msg.base_version is not None:
+            if self.model is None or self.model_version != msg.base_version:
+                log.warning("task %s: base version %s not held", msg.task_id, msg.base_version)
+                return
+            self._request(out)
+            return
+        assert msg.model_transfer is not None
+        self._download = Reassembler.for_params(
+            msg.spec, transfer=msg.model_transfer, total=msg.num_chunks
+        )
+
+    def _on_chunk(self, msg: m.Chunk, out: list[Action]) -> None:
+        dl = self._download
+        if dl is None or msg.transfer != dl.transfer or self.task is None:
+            return  # a chunk of a superseded transfer
+        try:
+            dl.add(msg)
+        except ProtocolError as exc:
+            log.warning("model chunk refused: %s", exc)
+            self._download = None
+            return
+        if dl.done:
+            self._download = None
+            self.model = dl.params()
+            self.model_version = self.task.model_version
+            self._request(out)
+
+    def _request(self, out: list[Action]) -> None:
+        assert self.task is not None and self.model is not None
+        self.request_id += 1
+        self.computing = self.request_id
+        out.append(ComputeRequest(request_id=self.request_id, task=self.task, params=self.model))
+
+    def _send_pending(self) -> None:
+        assert self.pending is not None
+        for msg in self.pending.messages:
+            self._queue(msg)
+
+    def _queue(self, msg: m.Message) -> None:
+        self._outbox.append(Send(message=msg, frame=m.encode(msg)))
+
+    def _flush(self, now: float, out: list[Action]) -> None:
+        while self._outbox:
+            send = self._outbox[0]
+            if self._pacer is not None and not self._pacer.try_consume(len(send.frame), now):
+                return
+            out.append(self._outbox.popleft())
+            self._last_sent = now
+
+    def _move(self, to: Phase) -> None:
+        if to not in TRANSITIONS[self.phase]:
+            raise ValueError(f"client session: {self.phase.value} -> {to.value} not allowed")
+        self.phase = to
+
+    def _advance(self, now: float) -> None:
+        if now < self._now:
+            raise ValueError(f"time went backwards: {now} < {self._now}")
+        self._now = float(now)

@@ -1,0 +1,240 @@
+"""The job file: what to train, on which data, with which strategy and limits.
+
+A job is a TOML file validated by pydantic models (every section forbids unknown
+keys, so a typo is an error rather than a silently ignored setting). Loading
+reports *every* bad field at once, each with its dotted path, because a job file
+is usually fixed by a person reading the error::
+
+    [model]
+    widths = [64, 128, 10]
+
+    [data]
+    dataset = "digits"
+    shards = 8
+
+    [strategy]
+    name = "decentral-async"
+    tau = 10
+
+The defaults describe a small, working decentral-async job on digits.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nn.spec import ModelSpec
+
+StrategyName = Literal["central-sync", "central-async", "decentral-sync", "decentral-async"]
+STRATEGY_NAMES: tuple[str, ...] = (
+    "central-sync",
+    "central-async",
+    "decentral-sync",
+    "decentral-async",
+)
+
+
+class JobConfigError(ValueError):
+    """A job file is invalid; ``errors`` holds ``(path, message)`` for every bad field."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.errors = errors
+        lines = [f"{source}: {len(errors)} invalid field(s)"]
+        lines += [f"  {path}: {msg}" for path, msg in errors]
+        super().__init__("\n".join(lines))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Section):
+    """Either explicit ``widths`` or a seed ``preset``; ``init_seed`` seeds the weights."""
+
+    widths: list[int] | None = None
+    preset: str | None = None
+    activations: list[str] = Field(default_factory=list)
+    loss: Literal["mse", "softmax_ce"] = "softmax_ce"
+    init: Literal["he", "xavier"] = "he"
+    init_seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_spec(self) -> ModelSection:
+        if (self.widths is None) == (self.preset is None):
+            raise ValueError("give exactly one of 'widths' or 'preset'")
+        self.spec()  # raises ValueError naming the bad field
+        return self
+
+    def spec(self) -> ModelSpec:
+        if self.preset is not None:
+            return ModelSpec.preset(
+                self.preset, loss=self.loss, activations=tuple(self.activations), init=self.init
+            )
+        return ModelSpec(
+            widths=tuple(self.widths or ()),
+            activations=tuple(self.activations),
+            loss=self.loss,
+            init=self.init,
+        )
+
+
+class DataSection(_Section):
+    """The dataset (``nn.data.load_dataset`` name) and how it is cut into shards."""
+
+    dataset: str = "digits"
+    shards: int = Field(default=8, ge=1)
+    sharding: Literal["iid", "label_skew"] = "iid"
+    seed: int = 0
+    batch: int = Field(default=16, ge=1)
+
+
+class StalenessSection(_Section):
+    """Step scale by staleness s: constant 1, polynomial (1+s)^-a, hinge 1/(a(s-b)+1) past b."""
+
+    kind: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    a: float = Field(default=0.5, ge=0)
+    b: int = Field(default=4, ge=0)
+
+
+class StrategySection(_Section):
+    """Scheduling method and its hyperparameters; unused keys of other methods are ignored."""
+
+    name: StrategyName = "decentral-async"
+    tau: int = Field(default=10, ge=1, description="local steps per task (decentral)")
+    lr: float = Field(default=0.05, gt=0, description="client lr, or server lr (central)")
+    client_optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    # sync rounds
+    quorum: float = Field(default=0.75, gt=0, le=1)
+    round_deadline_s: float = Field(default=30.0, gt=0)
+    clients_per_round: int | None = Field(default=None, ge=1)
+    # async staleness
+    staleness: StalenessSection = Field(default_factory=StalenessSection)
+    max_staleness: int | None = Field(default=None, ge=0)
+    # outer optimizer (decentral-sync; central-sync uses it as the server optimizer)
+    outer_optimizer: Literal["sgd", "nesterov"] = "sgd"
+    outer_lr: float = Field(default=1.0, gt=0)
+    outer_momentum: float = Field(default=0.9, ge=0, lt=1)
+    # decentral-async merge
+    aggregation: Literal["fedasync", "fedbuff"] = "fedasync"
+    alpha: float = Field(default=0.6, gt=0, le=1, description="FedAsync mixing weight")
+    buffer_k: int = Field(default=4, ge=1, description="FedBuff deltas per outer step")
+
+
+class LinkSection(_Section):
+    """A named link profile; explicit values override the profile's."""
+
+    profile: str = "lan"
+    bytes_per_s: float | None = Field(default=None, gt=0)
+    messages_per_s: float | None = Field(default=None, gt=0)
+    max_message_bytes: int | None = Field(default=None, ge=1024)
+
+
+class LeaseSection(_Section):
+    """Deadline = max(min_s, slack × predicted compute+transfer time)."""
+
+    min_s: float = Field(default=10.0, gt=0)
+    slack: float = Field(default=3.0, ge=1)
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=20.0, gt=0)
+    resume_grace_s: float = Field(default=60.0, ge=0)
+
+    @model_validator(mode="after")
+    def _timeout_after_interval(self) -> LeaseSection:
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError("heartbeat_timeout_s must exceed heartbeat_interval_s")
+        return self
+
+
+class StopSection(_Section):
+    """The job ends at the first condition met; all None means run until stopped."""
+
+    target_accuracy: float | None = Field(default=None, gt=0, le=1)
+    max_versions: int | None = Field(default=None, ge=1)
+    max_time_s: float | None = Field(default=None, gt=0)
+
+
+class CheckpointSection(_Section):
+    every_versions: int = Field(default=0, ge=0, description="0 disables checkpoints")
+
+
+class EvalSection(_Section):
+    every_versions: int = Field(default=10, ge=1)
+    max_samples: int | None = Field(default=None, ge=1)
+
+
+class ValidationSection(_Section):
+    """Update checks; a norm above ``norm_multiple`` × running median is rejected."""
+
+    norm_multiple: float = Field(default=10.0, gt=1)
+    norm_window: int = Field(default=64, ge=1)
+    norm_warmup: int = Field(default=4, ge=1)
+    max_rejections: int = Field(default=5, ge=1)
+
+
+class CodecSection(_Section):
+    model: str = "fp32"
+    update: str = "fp32"
+
+
+class JobConfig(_Section):
+    name: str = "job"
+    model: ModelSection = Field(default_factory=lambda: ModelSection(widths=[64, 128, 10]))
+    data: DataSection = Field(default_factory=DataSection)
+    strategy: StrategySection = Field(default_factory=StrategySection)
+    link: LinkSection = Field(default_factory=LinkSection)
+    lease: LeaseSection = Field(default_factory=LeaseSection)
+    stop: StopSection = Field(default_factory=StopSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    validation: ValidationSection = Field(default_factory=ValidationSection)
+    codecs: CodecSection = Field(default_factory=CodecSection)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.spec()
+
+    def replace(self, **sections: Mapping[str, Any]) -> JobConfig:
+        """A copy with some sections' fields changed, validated again (handy in tests)."""
+        data = self.model_dump()
+        for key, fields in sections.items():
+            if isinstance(data.get(key), dict):
+                data[key] = {**data[key], **fields}
+            else:
+                data[key] = fields
+        return parse_job(data, source="<replace>")
+
+
+def _errors(exc: ValidationError) -> list[tuple[str, str]]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append((path, msg))
+    return out
+
+
+def parse_job(data: Mapping[str, Any], *, source: str = "<job>") -> JobConfig:
+    """Validate a mapping (parsed TOML); raises JobConfigError listing every bad field."""
+    try:
+        return JobConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise JobConfigError(source, _errors(exc)) from None
+
+
+def load_job(path: str | Path) -> JobConfig:
+    """Read and validate a TOML job file."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise JobConfigError(str(p), [("<file>", f"cannot read: {exc.strerror}")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobConfigError(str(p), [("<toml>", str(exc))]) from None
+    return parse_job(data, source=str(p))

@@ -1,0 +1,677 @@
+"""The coordinator core: a sans-IO state machine driven by connect/receive/disconnect/tick.
+
+Theory of operation. A driver (the websocket server, the simulator, a test)
+owns the sockets and the clock; it feeds the core decoded protocol messages and
+the current time, and carries out the actions the core returns: ``Send`` a
+frame, ``Close`` a connection, write a ``Checkpoint``. Metric events are mixed
+into the same list in the order they happened. The core never reads a clock,
+never does IO and draws randomness only from a generator seeded by ``seed``, so
+the same seed and the same calls give bitwise the same model.
+
+Call-order contract: ``now`` never decreases across calls. ``connect`` once per
+connection, with its already decoded ``hello``; then any number of ``receive``;
+then ``disconnect`` (a no-op for a client the core closed itself). Call
+``tick(now)`` at least at ``next_wakeup()``: it releases paced frames, expires
+leases and heartbeats, and closes sync rounds at their deadline.
+
+Rules that protect the model (docs/coordinator.md):
+
+- one live lease per client; a lease is resolved exactly once (leases.py);
+- the first valid result for an OPEN task is taken; a duplicate, or a late one
+  for a task already taken or dropped, is acknowledged ``accepted=False`` with
+  reason ``duplicate`` / ``stale`` and never applied;
+- a client whose lease expired, or was cancelled because another copy of its
+  task won, is simply given its next task; the client session lets a new task
+  supersede the old one (there is no cancel message);
+- every update passes validation (validation.py) before the strategy sees it;
+  a client over ``max_rejections`` refused updates is closed;
+- peer misbehaviour becomes an ``error`` frame plus a Close; only the caller's
+  own misuse (an unknown client id, time going backwards) raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coordinator import events as ev
+from coordinator.config import JobConfig
+from coordinator.evaluation import Evaluator
+from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskPlan, TaskState
+from coordinator.registry import ClientRecord, Registry
+from coordinator.strategies import ClientView, ModelState, StepReport, make_strategy
+from coordinator.validation import Reject, UpdateValidator
+from nn.data import Dataset, load_dataset, shard
+from nn.params import Params
+from protocol import messages as m
+from protocol.chunking import Reassembler, chunk_params
+from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
+from protocol.limits import LinkLimits, Pacer, RateMeter, negotiate
+from protocol.limits import profile as link_profile
+
+log = logging.getLogger(__name__)
+
+#: Assumed client speed (FLOP/s) before hello or measurement says otherwise.
+DEFAULT_FLOPS = 1e9
+
+
+@dataclass(slots=True)
+class _Conn:
+    """Per-connection state: granted limits, outbound queue, uploads in flight."""
+
+    client_id: str
+    limits: LinkLimits
+    pacer: Pacer
+    meter: RateMeter
+    outbox: deque[ev.Send] = field(default_factory=deque)
+    uploads: dict[str, tuple[m.Result, Reassembler]] = field(default_factory=dict)
+
+
+def server_limits(job: JobConfig) -> LinkLimits:
+    """The job's link profile with its explicit overrides applied."""
+    base = link_profile(job.link.profile)
+    return LinkLimits(
+        bytes_per_s=job.link.bytes_per_s or base.bytes_per_s,
+        messages_per_s=job.link.messages_per_s or base.messages_per_s,
+        max_message_bytes=job.link.max_message_bytes or base.max_message_bytes,
+        burst=base.burst,
+    )
+
+
+class Coordinator:
+    """See the module docstring. ``params`` defaults to the spec's seeded init."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        params: Params | None = None,
+        seed: int = 0,
+        *,
+        dataset: Dataset | None = None,
+    ) -> None:
+        spec = job.spec
+        if params is None:
+            params = spec.init_params(job.model.init_seed)
+        if params.spec.widths != spec.widths:
+            raise ValueError(
+                f"params: widths {list(params.spec.widths)} differ from the job's "
+                f"{list(spec.widths)}"
+            )
+        self.job = job
+        self.seed = seed
+        self.model = ModelState(params=params.copy())
+        root = np.random.SeedSequence(seed)
+        strat_seq, codec_seq = root.spawn(2)
+        self.strategy = make_strategy(
+            model=self.model,
+            config=job.strategy,
+            data=job.data,
+            rng=np.random.default_rng(strat_seq),
+        )
+        self.codec_rng = np.random.default_rng(codec_seq)
+        self.book = LeaseBook()
+        self.registry = Registry(seed)
+        self.validator = UpdateValidator(job.validation, size=spec.num_params)
+        self.dataset = dataset or load_dataset(job.data.dataset, seed=job.data.seed)
+        self.shards = shard(
+            self.dataset.y_train, job.data.shards, kind=job.data.sharding, seed=job.data.seed
+        )
+        self._shard_idx = [s.astype(np.int32) for s in self.shards]
+        self.evaluator = Evaluator(self.dataset, job.eval)
+        self.limits = server_limits(job)
+        self.conns: dict[str, _Conn] = {}
+        self.accepted_results = 0
+        self.finished: ev.JobFinished | None = None
+        self.started_at: float | None = None
+        self._now = -math.inf
+        self._orphans: dict[int, Task] = {}
+        self._model_cache: tuple[int, str, list[m.Chunk], list[bytes]] | None = None
+        self._restored_accepted: set[int] = set()
+
+    # -- public API ----------------------------------------------------------------
+
+    def connect(self, client_id: str, hello: m.Hello, now: float) -> list[ev.Output]:
+        """A connection opened and sent ``hello``; answer welcome (or refuse)."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        if client_id in self.conns:
+            raise ValueError(f"connect: client {client_id!r} is already connected")
+        if self.finished is not None:
+            return self._refuse(client_id, ErrorCode.SHUTTING_DOWN, "job finished")
+        if hello.version not in m.SUPPORTED_VERSIONS:
+            return self._refuse(
+                client_id,
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"hello.version {hello.version} not served; supported {m.SUPPORTED_VERSIONS}",
+            )
+        missing = {self.job.codecs.model, self.job.codecs.update} - set(hello.codecs)
+        if missing:
+            return self._refuse(
+                client_id, ErrorCode.BAD_FIELD, f"hello.codecs: job needs {sorted(missing)}"
+            )
+        limits = negotiate(hello.limits, self.limits)
+        rec, resumed = self.registry.join(
+            client_id,
+            name=hello.client,
+            flops=hello.flops or DEFAULT_FLOPS,
+            resume_id=hello.resume,
+            now=now,
+        )
+        conn = _Conn(client_id, limits, Pacer(limits), RateMeter(limits))
+        self.conns[client_id] = conn
+        welcome = m.Welcome(
+            session_id=client_id,
+            resume_token=rec.resume_id,
+            limits=limits,
+            heartbeat_interval=self.job.lease.heartbeat_interval_s,
+        )
+        self._queue(conn, welcome)
+        out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
+        self._dispatch(now, out)
+        self._flush_all(now, out)
+        return out
+
+    def receive(
+        self, client_id: str, message: m.Message, now: float, *, nbytes: int | None = None
+    ) -> list[ev.Output]:
+        """A decoded message from a connected client; ``nbytes`` (its frame size) is
+        checked against the granted limits when given."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        conn = self.conns.get(client_id)
+        if conn is None:
+            raise ValueError(f"receive: client {client_id!r} is not connected")
+        rec = self.registry.get(client_id)
+        assert rec is not None
+        rec.last_seen = now
+        try:
+            if nbytes is not None:
+                violation = conn.meter.observe(nbytes, now)
+                if violation is not None:
+                    raise violation
+            self._handle(conn, rec, message, now, out)
+        except ProtocolError as exc:
+            self._close(conn, exc.code, exc.message, now, out)
+        self._dispatch(now, out)
+        self._flush_all(now, out)
+        return out
+
+    def disconnect(self, client_id: str, now: float, reason: str = "") -> list[ev.Output]:
+        """The connection is gone (no-op if the core already closed it)."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        if client_id in self.conns:
+            self._drop(client_id, reason or "disconnected", now, out)
+            self._dispatch(now, out)
+            self._flush_all(now, out)
+        return out
+
+    def tick(self, now: float) -> list[ev.Output]:
+        """Time passed: heartbeats, lease deadlines, round deadlines, paced frames."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        if self.finished is None:
+            timeout = self.job.lease.heartbeat_timeout_s
+            for conn in list(self.conns.values()):
+                rec = self.registry.get(conn.client_id)
+                if rec is not None and now - rec.last_seen > timeout:
+                    self._close(conn, ErrorCode.TIMEOUT, f"no message for {timeout:g} s", now, out)
+            for lease in self.book.due(now):
+                self.book.end(lease, LeaseState.EXPIRED, now)
+                task = self.book.tasks[lease.task_id]
+                reissued = self._lease_lost(task, now)
+                out.append(
+                    ev.LeaseExpired(
+                        client_id=lease.client_id,
+                        task_id=task.task_id,
+                        lease_id=lease.lease_id,
+                        reissued=reissued,
+                        now=now,
+                    )
+                )
+            grace = self.job.lease.resume_grace_s
+            for tid, task in list(self._orphans.items()):
+                if task.state is not TaskState.OPEN:
+                    del self._orphans[tid]
+                elif task.orphaned_at is not None and now - task.orphaned_at >= grace:
+                    del self._orphans[tid]
+                    self.book.resolve_task(task, TaskState.DROPPED, now)
+            report = self.strategy.on_tick(now)
+            if report is not None:
+                self._stepped(report, now, out)
+            limit = self.job.stop.max_time_s
+            if limit is not None and self.started_at is not None and now - self.started_at >= limit:
+                self._finish("max_time", now, out)
+        self._dispatch(now, out)
+        self._flush_all(now, out)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time ``tick`` has something to do (None: only on new input)."""
+        times: list[float] = []
+        for conn in self.conns.values():
+            if conn.outbox:
+                n = len(conn.outbox[0].frame)
+                times.append(conn.pacer.next_send_time(n, max(self._now, 0.0)))
+        if self.finished is None:
+            times += [x.deadline for x in self.book.leases_live()]
+            timeout = self.job.lease.heartbeat_timeout_s
+            times += [
+                r.last_seen + timeout + 1e-9 for r in self.registry.connected() if r.connected
+            ]
+            deadline = getattr(self.strategy, "deadline", None)
+            if deadline is not None:
+                times.append(deadline)
+            if self._orphans:
+                grace = self.job.lease.resume_grace_s
+                times += [t.orphaned_at + grace for t in self._orphans.values() if t.orphaned_at]
+            if self.job.stop.max_time_s is not None and self.started_at is not None:
+                times.append(self.started_at + self.job.stop.max_time_s)
+        return min(times) if times else None
+
+    # -- checkpoints ---------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume after a crash: acknowledged results survive."""
+        accepted = {t.task_id for t in self.book.tasks.values() if t.state is TaskState.ACCEPTED}
+        return {
+            "version": self.model.version,
+            "contributions": self.model.contributions,
+            "params": self.model.params.data.copy(),
+            "strategy": self.strategy.state_dict(),
+            "accepted_tasks": sorted(accepted | self._restored_accepted),
+            "accepted_results": self.accepted_results,
+            "next_task_id": self.book.next_task_id,
+            "norms": list(self.validator.norms),
+        }
+
+    @classmethod
+    def restore(
+        cls, job: JobConfig, state: dict[str, Any], seed: int = 0, *, dataset: Dataset | None = None
+    ) -> Coordinator:
+        """A coordinator resumed from ``state_dict()``; clients reconnect with resume ids
+        unknown to it, so they start fresh records, and old task ids are never reused."""
+        params = Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32))
+        core = cls(job, params, seed, dataset=dataset)
+        core.model.version = int(state["version"])
+        core.model.contributions = int(state["contributions"])
+        core.strategy.load_state_dict(state["strategy"])
+        core._restored_accepted = {int(t) for t in state["accepted_tasks"]}
+        core.accepted_results = int(state["accepted_results"])
+        core.book.next_task_id = int(state["next_task_id"])
+        core.validator.norms.extend(float(x) for x in state["norms"])
+        return core
+
+    # -- message handling ----------------------------------------------------------
+
+    def _handle(
+        self, conn: _Conn, rec: ClientRecord, msg: m.Message, now: float, out: list[ev.Output]
+    ) -> None:
+        match msg:
+            case m.Heartbeat():
+                self._queue(conn, m.Heartbeat(seq=msg.seq, time=now, echo=msg.time))
+            case m.Result():
+                self._start_upload(conn, msg, now, out)
+            case m.Chunk():
+                upload = conn.uploads.get(msg.transfer)
+                if upload is None:
+                    raise ProtocolError(
+                        ErrorCode.UNKNOWN_TASK, f"chunk.transfer {msg.transfer!r}: no result sent"
+                    )
+                result, reasm = upload
+                reasm.add(msg)
+                if reasm.done:
+                    del conn.uploads[msg.transfer]
+                    self._on_result(conn, rec, result, reasm.params().data, now, out)
+            case m.Bye():
+                out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason="bye"))
+                self._drop(conn.client_id, f"bye: {msg.reason}", now, out)
+            case m.Error():
+                log.info("client %s reported error %d: %s", conn.client_id, msg.code, msg.message)
+            case m.Hello() | m.Welcome() | m.Task() | m.Ack():
+                raise ProtocolError(
+                    ErrorCode.UNEXPECTED, f"{msg.TYPE}: not expected from a connected client"
+                )
+            case _:
+                raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"{msg.TYPE}: not handled")
+
+    def _start_upload(self, conn: _Conn, msg: m.Result, now: float, out: list[ev.Output]) -> None:
+        if msg.num_chunks < 1:
+            raise ProtocolError(ErrorCode.BAD_FIELD, "result.num_chunks: an update is required")
+        if msg.task_id in conn.uploads:
+            raise ProtocolError(ErrorCode.DUPLICATE, f"result {msg.task_id!r}: already uploading")
+        reasm = Reassembler.for_params(self.job.spec, transfer=msg.task_id, total=msg.num_chunks)
+        conn.uploads[msg.task_id] = (msg, reasm)
+
+    def _on_result(
+        self,
+        conn: _Conn,
+        rec: ClientRecord,
+        result: m.Result,
+        update: np.ndarray,
+        now: float,
+        out: list[ev.Output],
+    ) -> None:
+        tid = int(result.task_id) if result.task_id.isdigit() else -1
+        task = self.book.tasks.get(tid)
+        lease = self._lease_for(task, conn.client_id) if task is not None else None
+        if lease is not None and lease.live:
+            self.book.end(lease, LeaseState.DONE, now)
+        if task is None:
+            reason = Reject.DUPLICATE if tid in self._restored_accepted else Reject.UNKNOWN_TASK
+            self._reject(conn, rec, result.task_id, reason, now, out, count=False)
+            return
+        if task.state is TaskState.ACCEPTED:
+            self._reject(conn, rec, result.task_id, Reject.DUPLICATE, now, out, count=False)
+            return
+        if task.state is TaskState.DROPPED:
+            self._reject(conn, rec, result.task_id, Reject.STALE, now, out, count=False)
+            return
+        if result.model_version != task.version:
+            self._reject(conn, rec, result.task_id, Reject.VERSION, now, out, count=True)
+            self._maybe_reissue(task, now)
+            return
+        reject, norm = self.validator.check(update)
+        if reject is not None:
+            self._reject(conn, rec, result.task_id, reject, now, out, count=True)
+            self._maybe_reissue(task, now)
+            return
+        outcome = self.strategy.on_result(task, update, now)
+        if not outcome.accepted:
+            self._orphans.pop(task.task_id, None)
+            self.book.resolve_task(task, TaskState.DROPPED, now)
+            reason = Reject(outcome.reason or "stale")
+            self._reject(conn, rec, result.task_id, reason, now, out, count=False)
+            return
+        self._orphans.pop(task.task_id, None)
+        self.book.resolve_task(task, TaskState.ACCEPTED, now)
+        self.validator.accept(norm)
+        self.accepted_results += 1
+        rec.accepted += 1
+        rec.version_held = task.version
+        samples = result.samples or task.steps * task.batch
+        rec.observe_speed(self.job.spec.flops_per_sample() * samples, result.compute_seconds)
+        self._queue(conn, m.Ack(task_id=result.task_id, accepted=True))
+        out.append(
+            ev.ResultAccepted(
+                client_id=conn.client_id,
+                task_id=task.task_id,
+                staleness=outcome.staleness,
+                version=self.model.version,
+                now=now,
+            )
+        )
+        if outcome.step is not None:
+            self._stepped(outcome.step, now, out)
+
+    def _lease_for(self, task: Task, client_id: str) -> Lease | None:
+        for lid in reversed(task.leases):
+            lease = self.book.leases[lid]
+            if lease.client_id == client_id:
+                return lease
+        return None
+
+    def _reject(
+        self,
+        conn: _Conn,
+        rec: ClientRecord,
+        task_id: str,
+        reason: Reject,
+        now: float,
+        out: list[ev.Output],
+        *,
+        count: bool,
+    ) -> None:
+        tid = int(task_id) if task_id.isdigit() else -1
+        self._queue(conn, m.Ack(task_id=task_id, accepted=False, reason=reason.value))
+        out.append(
+            ev.ResultRejected(client_id=conn.client_id, task_id=tid, reason=reason.value, now=now)
+        )
+        if count:
+            rec.rejections += 1
+            if rec.rejections >= self.job.validation.max_rejections:
+                self._close(
+                    conn,
+                    ErrorCode.BAD_FIELD,
+                    f"{rec.rejections} updates rejected (limit "
+                    f"{self.job.validation.max_rejections})",
+                    now,
+                    out,
+                )
+
+    # -- leases and dispatch -------------------------------------------------------
+
+    def _maybe_reissue(self, task: Task, now: float) -> None:
+        if task.state is TaskState.OPEN and not self.book.live_leases(task):
+            self._lease_lost(task, now)
+
+    def _lease_lost(self, task: Task, now: float) -> bool:
+        """A task lost its lease: ask the strategy whether it is leased again."""
+        if task.state is not TaskState.OPEN or self.book.live_leases(task):
+            return False
+        if self.finished is not None:
+            self.book.resolve_task(task, TaskState.DROPPED, now)
+            return False
+        reissue = self.strategy.on_lease_lost(task, now)
+        if not reissue:
+            task.orphaned_at = now
+            self._orphans[task.task_id] = task
+        return reissue
+
+    def _dispatch(self, now: float, out: list[ev.Output]) -> None:
+        """Give every idle client a task until the strategy says wait."""
+        if self.finished is not None:
+            return
+        if self.started_at is None and self.conns:
+            self.started_at = now
+        for conn in self.conns.values():
+            if self.book.live_lease_of(conn.client_id) is not None:
+                continue
+            rec = self.registry.get(conn.client_id)
+            assert rec is not None
+            view = ClientView(
+                client_id=conn.client_id,
+                version_held=rec.version_held,
+                connected=len(self.conns),
+            )
+            plan = self.strategy.task_for(view, now)
+            if plan is None:
+                continue  # this client waits; another may still get work (a reissue)
+            self._lease(conn, rec, plan, now, out)
+
+    def _lease(
+        self, conn: _Conn, rec: ClientRecord, plan: TaskPlan, now: float, out: list[ev.Output]
+    ) -> None:
+        if plan.reissue is not None:
+            task = self.book.tasks[plan.reissue]
+            if task.version != self.model.version:
+                raise RuntimeError(f"strategy reissued task {task.task_id} of an old version")
+        else:
+            task = self.book.new_task(plan, version=self.model.version, now=now)
+            self.strategy.on_task_created(task)
+        self._orphans.pop(task.task_id, None)
+        version, transfer, chunks, frames = self._model_chunks(conn)
+        send_model = rec.version_held != version
+        model_bytes = sum(len(f) for f in frames) if send_model else 0
+        flops = self.job.spec.flops_per_sample() * task.steps * task.batch
+        predicted = flops / rec.rate() + (model_bytes + self.job.spec.nbytes) / min(
+            conn.limits.bytes_per_s, 1e12
+        )
+        lease_s = max(self.job.lease.min_s, self.job.lease.slack * predicted)
+        lease = self.book.lease(task, conn.client_id, now=now, deadline=now + lease_s)
+        msg = m.Task(
+            task_id=str(task.task_id),
+            kind="gradient" if task.kind == "gradient" else "train",
+            model_version=version,
+            spec=self.job.spec,
+            dataset=f"{self.job.data.dataset}#{self.job.data.seed}",
+            shard=task.shard,
+            indices=self._shard_idx[task.shard],
+            steps=task.steps,
+            batch=task.batch,
+            optimizer=self._optimizer(),
+            seed=task.seed,
+            deadline=lease_s,
+            base_version=None if send_model else version,
+            model_transfer=transfer if send_model else None,
+            num_chunks=len(chunks) if send_model else 0,
+            upload_codec=self.job.codecs.update,
+        )
+        self._queue(conn, msg)
+        if send_model:
+            for chunk, frame in zip(chunks, frames, strict=True):
+                conn.outbox.append(ev.Send(client_id=conn.client_id, message=chunk, frame=frame))
+        rec.version_held = version
+        out.append(
+            ev.TaskLeased(
+                client_id=conn.client_id,
+                task_id=task.task_id,
+                lease_id=lease.lease_id,
+                version=version,
+                shard=task.shard,
+                deadline=lease.deadline,
+                now=now,
+            )
+        )
+
+    def _optimizer(self) -> dict[str, Any]:
+        s = self.job.strategy
+        return {"kind": s.client_optimizer, "lr": s.lr, "momentum": s.momentum}
+
+    def _model_chunks(self, conn: _Conn) -> tuple[int, str, list[m.Chunk], list[bytes]]:
+        """The current model as chunks and frames, built once per version.
+
+        Sized for the smallest frame limit granted so far; a client granted less
+        gets a re-chunked copy (rare: limits are per profile).
+        """
+        v = self.model.version
+        cache = self._model_cache
+        limit = conn.limits.max_message_bytes
+        if cache is not None and cache[0] == v and max(map(len, cache[3])) <= limit:
+            return cache
+        transfer = f"model-{v}"
+        chunks = chunk_params(
+            self.model.params,
+            max_message_bytes=min(limit, self.limits.max_message_bytes),
+            codec=self.job.codecs.model,
+            transfer=transfer,
+            rng=self.codec_rng,
+        )
+        self._model_cache = (v, transfer, chunks, [m.encode(c) for c in chunks])
+        return self._model_cache
+
+    # -- model steps, evaluation, stop ---------------------------------------------
+
+    def _stepped(self, report: StepReport, now: float, out: list[ev.Output]) -> None:
+        for tid in report.dropped:
+            task = self.book.tasks.get(tid)
+            if task is not None and task.state is TaskState.OPEN:
+                self._orphans.pop(tid, None)
+                self.book.resolve_task(task, TaskState.DROPPED, now)
+        if not report.stepped:
+            return
+        v = self.model.version
+        out.append(ev.ModelUpdated(version=v, contributions=self.model.contributions, now=now))
+        if not self.model.params.is_finite():
+            raise RuntimeError(f"model became non-finite at version {v}: a strategy bug")
+        every = self.job.checkpoint.every_versions
+        if every and v % every == 0:
+            out.append(ev.Checkpoint(version=v))
+        stop = self.job.stop
+        if self.evaluator.due(v):
+            e = self.evaluator.run(self.model.params, v, now)
+            out.append(e)
+            if stop.target_accuracy is not None and e.accuracy >= stop.target_accuracy:
+                self._finish("target_accuracy", now, out)
+                return
+        if stop.max_versions is not None and v >= stop.max_versions:
+            self._finish("max_versions", now, out)
+
+    def _finish(self, reason: str, now: float, out: list[ev.Output]) -> None:
+        if self.finished is not None:
+            return
+        v = self.model.version
+        last = self.evaluator.last
+        if last is None or last.version != v:
+            last = self.evaluator.run(self.model.params, v, now)
+            out.append(last)
+        for task in self.book.open_tasks():
+            self.book.resolve_task(task, TaskState.DROPPED, now)
+        self._orphans.clear()
+        self.finished = ev.JobFinished(version=v, reason=reason, accuracy=last.accuracy, now=now)
+        out.append(self.finished)
+        if self.job.checkpoint.every_versions:
+            out.append(ev.Checkpoint(version=v))
+        for conn in list(self.conns.values()):
+            self._flush(conn, now, out)
+            bye = m.Bye(reason=reason)
+            out.append(ev.Send(client_id=conn.client_id, message=bye, frame=m.encode(bye)))
+            out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason=reason))
+            self._drop(conn.client_id, reason, now, out)
+
+    # -- connections and pacing ----------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        if not isinstance(now, int | float) or math.isnan(now):
+            raise ValueError(f"now must be a number, got {now!r}")
+        if now < self._now:
+            raise ValueError(f"time went backwards: {now} < {self._now}")
+        self._now = float(now)
+
+    def _refuse(self, client_id: str, code: ErrorCode, message: str) -> list[ev.Output]:
+        err = m.Error(code=int(code), message=message)
+        ps = ProtocolError(code, message)
+        return [
+            ev.Send(client_id=client_id, message=err, frame=m.encode(err)),
+            ev.Close(client_id=client_id, code=ps.close_code, reason=message[:120]),
+        ]
+
+    def _close(
+        self, conn: _Conn, code: ErrorCode, message: str, now: float, out: list[ev.Output]
+    ) -> None:
+        """Close a misbehaving or silent peer: error frame now (unpaced), then Close."""
+        if conn.client_id not in self.conns:
+            return
+        out.extend(self._refuse(conn.client_id, code, message))
+        self._drop(conn.client_id, f"closed: {code.name}", now, out)
+
+    def _drop(self, client_id: str, reason: str, now: float, out: list[ev.Output]) -> None:
+        self.conns.pop(client_id, None)
+        self.registry.leave(client_id)
+        lease = self.book.live_lease_of(client_id)
+        if lease is not None:
+            self.book.end(lease, LeaseState.LOST, now)
+            self._lease_lost(self.book.tasks[lease.task_id], now)
+        out.append(ev.ClientLeft(client_id=client_id, reason=reason, now=now))
+
+    def _queue(self, conn: _Conn, msg: m.Message) -> None:
+        conn.outbox.append(ev.Send(client_id=conn.client_id, message=msg, frame=m.encode(msg)))
+
+    def _flush(self, conn: _Conn, now: float, out: list[ev.Output]) -> None:
+        while conn.outbox:
+            send = conn.outbox[0]
+            if not conn.pacer.try_consume(len(send.frame), now):
+                return
+            out.append(conn.outbox.popleft())
+
+    def _flush_all(self, now: float, out: list[ev.Output]) -> None:
+        for conn in self.conns.values():
+            self._flush(conn, now, out)
+
+    # -- introspection (tests, dashboard) ------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self.model.version
+
+    @property
+    def params(self) -> Params:
+        return self.model.params
+
+    def clients(self) -> list[ClientRecord]:
+        return self.registry.connected()

@@ -1,0 +1,142 @@
+"""What the coordinator core hands back to its driver: actions and metric events.
+
+Actions are imperatives the driver must carry out (``Send`` a message, ``Close``
+a connection, write a ``Checkpoint``); events are past-tense facts for metrics,
+logs and the dashboard, which a driver may ignore. Every core method returns one
+list holding both, in the order they happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ClientId = str
+
+
+# -- actions ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Send:
+    """Send ``frame`` (``message`` encoded) to ``client_id`` now; already paced.
+
+    The core encodes each message once (a model version's chunks once for every
+    client) and paces on the exact frame size, so drivers send ``frame`` as is.
+    """
+
+    client_id: ClientId
+    message: Any
+    frame: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Close:
+    """Close the client's connection with a protocol close code and a public reason."""
+
+    client_id: ClientId
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """Persist the model at ``version`` now (``Coordinator.state_dict()`` has it)."""
+
+    version: int
+
+
+# -- events -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientJoined:
+    client_id: ClientId
+    name: str
+    resumed: bool
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientLeft:
+    client_id: ClientId
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskLeased:
+    client_id: ClientId
+    task_id: int
+    lease_id: int
+    version: int
+    shard: int
+    deadline: float
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseExpired:
+    client_id: ClientId
+    task_id: int
+    lease_id: int
+    reissued: bool
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultAccepted:
+    client_id: ClientId
+    task_id: int
+    staleness: int
+    version: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultRejected:
+    client_id: ClientId
+    task_id: int
+    reason: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelUpdated:
+    """The model moved to ``version``, merging ``contributions`` results."""
+
+    version: int
+    contributions: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluated:
+    version: int
+    loss: float
+    accuracy: float
+    n: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFinished:
+    version: int
+    reason: str
+    accuracy: float | None
+    now: float
+
+
+Action = Send | Close | Checkpoint
+Event = (
+    ClientJoined
+    | ClientLeft
+    | TaskLeased
+    | LeaseExpired
+    | ResultAccepted
+    | ResultRejected
+    | ModelUpdated
+    | Evaluated
+    | JobFinished
+)
+Output = Action | Event

@@ -1,0 +1,222 @@
+"""Tasks (work units) and leases (attempts to get a task done by one client).
+
+Theory of operation. A *task* is a unit of work: "from model version v, on
+shard s with sampling seed z, compute a gradient / take tau local steps". A
+*lease* hands one task to one client until a deadline. A task may be leased
+several times (the first client vanished, the round still needs its slot); the
+first result to arrive for an OPEN task is taken and the task becomes ACCEPTED,
+so any later result for it (a duplicate, or the original client delivering after
+the task was reissued) is acknowledged but never applied. A task is DROPPED when
+its result is no longer wanted (its sync round closed, an async orphan's grace
+ran out, the job ended); results for it are acknowledged as stale.
+
+Transitions (a missing entry is a programming error, raised as ``LeaseError``)::
+
+    task:  OPEN   -> ACCEPTED | DROPPED
+    lease: LEASED -> DONE       result received from this lease's client
+                   | EXPIRED    deadline passed before a result
+                   | LOST       client disconnected or timed out
+                   | CANCELLED  task accepted from another lease, or dropped
+
+Every lease therefore resolves; what happens to the task after EXPIRED/LOST
+(reissue, or wait for the resume grace) is the strategy's call.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class TaskState(enum.Enum):
+    OPEN = "open"
+    ACCEPTED = "accepted"
+    DROPPED = "dropped"
+
+
+class LeaseState(enum.Enum):
+    LEASED = "leased"
+    DONE = "done"
+    EXPIRED = "expired"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+
+
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.OPEN: frozenset({TaskState.ACCEPTED, TaskState.DROPPED}),
+    TaskState.ACCEPTED: frozenset(),
+    TaskState.DROPPED: frozenset(),
+}
+
+LEASE_TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
+    LeaseState.LEASED: frozenset(
+        {LeaseState.DONE, LeaseState.EXPIRED, LeaseState.LOST, LeaseState.CANCELLED}
+    ),
+    LeaseState.DONE: frozenset(),
+    LeaseState.EXPIRED: frozenset(),
+    LeaseState.LOST: frozenset(),
+    LeaseState.CANCELLED: frozenset(),
+}
+
+
+class LeaseError(RuntimeError):
+    """An illegal task or lease transition: a bug in the core, never a client's fault."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskPlan:
+    """What a strategy wants done; the core turns it into a Task and a Lease.
+
+    ``kind`` is ``"gradient"`` (one gradient on a batch) or ``"local"`` (``steps``
+    local optimizer steps, result is the delta). ``reissue`` names an OPEN task
+    to lease again instead of creating a new one.
+    """
+
+    kind: str
+    shard: int
+    seed: int
+    steps: int
+    batch: int
+    round: int | None = None
+    reissue: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Task:
+    task_id: int
+    kind: str
+    version: int
+    shard: int
+    seed: int
+    steps: int
+    batch: int
+    round: int | None
+    created_at: float
+    state: TaskState = TaskState.OPEN
+    #: when the task last lost its only live lease (for the resume grace)
+    orphaned_at: float | None = None
+    leases: list[int] = field(default_factory=list)
+    #: clients that held a lease on it, so a reissue goes to someone else
+    clients: list[str] = field(default_factory=list)
+
+    def move(self, to: TaskState) -> None:
+        if to not in TASK_TRANSITIONS[self.state]:
+            raise LeaseError(f"task {self.task_id}: {self.state.value} -> {to.value} not allowed")
+        self.state = to
+
+
+@dataclass(slots=True, kw_only=True)
+class Lease:
+    lease_id: int
+    task_id: int
+    client_id: str
+    issued_at: float
+    deadline: float
+    state: LeaseState = LeaseState.LEASED
+    resolved_at: float | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state is LeaseState.LEASED
+
+    def move(self, to: LeaseState, now: float) -> None:
+        if to not in LEASE_TRANSITIONS[self.state]:
+            raise LeaseError(f"lease {self.lease_id}: {self.state.value} -> {to.value} not allowed")
+        self.state = to
+        self.resolved_at = now
+
+
+class LeaseBook:
+    """All tasks and leases of a job, with ids from counters (deterministic)."""
+
+    __slots__ = ("_by_client", "_next_lease", "_next_task", "leases", "tasks")
+
+    def __init__(self) -> None:
+        self.tasks: dict[int, Task] = {}
+        self.leases: dict[int, Lease] = {}
+        self._by_client: dict[str, int] = {}
+        self._next_task = 1
+        self._next_lease = 1
+
+    def new_task(self, plan: TaskPlan, *, version: int, now: float) -> Task:
+        task = Task(
+            task_id=self._next_task,
+            kind=plan.kind,
+            version=version,
+            shard=plan.shard,
+            seed=plan.seed,
+            steps=plan.steps,
+            batch=plan.batch,
+            round=plan.round,
+            created_at=now,
+        )
+        self._next_task += 1
+        self.tasks[task.task_id] = task
+        return task
+
+    def lease(self, task: Task, client_id: str, *, now: float, deadline: float) -> Lease:
+        if task.state is not TaskState.OPEN:
+            raise LeaseError(f"task {task.task_id} is {task.state.value}, cannot lease it")
+        if client_id in self._by_client:
+            raise LeaseError(f"client {client_id!r} already holds a live lease")
+        lease = Lease(
+            lease_id=self._next_lease,
+            task_id=task.task_id,
+            client_id=client_id,
+            issued_at=now,
+            deadline=deadline,
+        )
+        self._next_lease += 1
+        self.leases[lease.lease_id] = lease
+        self._by_client[client_id] = lease.lease_id
+        task.leases.append(lease.lease_id)
+        task.clients.append(client_id)
+        task.orphaned_at = None
+        return lease
+
+    def live_leases(self, task: Task) -> list[Lease]:
+        return [self.leases[i] for i in task.leases if self.leases[i].live]
+
+    def live_lease_of(self, client_id: str) -> Lease | None:
+        """The client's live lease; the core hands out at most one at a time."""
+        lease_id = self._by_client.get(client_id)
+        return None if lease_id is None else self.leases[lease_id]
+
+    def end(self, lease: Lease, to: LeaseState, now: float) -> None:
+        """Resolve a live lease (the only way leases leave LEASED)."""
+        lease.move(to, now)
+        if self._by_client.get(lease.client_id) == lease.lease_id:
+            del self._by_client[lease.client_id]
+
+    def due(self, now: float) -> list[Lease]:
+        """Live leases whose deadline has passed, oldest first."""
+        live = (self.leases[i] for i in self._by_client.values())
+        return sorted((x for x in live if x.deadline <= now), key=lambda x: x.lease_id)
+
+    def open_tasks(self) -> list[Task]:
+        return [t for t in self.tasks.values() if t.state is TaskState.OPEN]
+
+    def leases_live(self) -> list[Lease]:
+        return [self.leases[i] for i in self._by_client.values()]
+
+    @property
+    def next_task_id(self) -> int:
+        return self._next_task
+
+    @next_task_id.setter
+    def next_task_id(self, value: int) -> None:
+        """Restored from a checkpoint so that old task ids are never reused."""
+        if value < self._next_task:
+            raise LeaseError(f"next task id {value} would reuse ids below {self._next_task}")
+        self._next_task = value
+
+    def all_resolved(self) -> bool:
+        return not self._by_client
+
+    def resolve_task(self, task: Task, to: TaskState, now: float) -> list[Lease]:
+        """Move a task to ACCEPTED/DROPPED and cancel its other live leases."""
+        task.move(to)
+        cancelled = self.live_leases(task)
+        for lease in cancelled:
+            self.end(lease, LeaseState.CANCELLED, now)
+        return cancelled

@@ -1,0 +1,104 @@
+"""Who is connected: capabilities from hello, resume ids, measured speed.
+
+A client is known by the driver's connection id while connected, and by its
+*resume id* across connections: the coordinator hands one out in ``welcome``
+and a client that reconnects with it gets its record (rejection count, speed
+estimate, cached model version) back. Resume ids are derived from the job seed
+and a counter, so a replay issues the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, kw_only=True)
+class ClientRecord:
+    client_id: str
+    resume_id: str
+    name: str
+    #: advertised compute rate, FLOP/s (from hello); refined by ``observe_speed``
+    flops: float
+    connected: bool = True
+    joined_at: float = 0.0
+    last_seen: float = 0.0
+    rejections: int = 0
+    accepted: int = 0
+    #: model version the client holds (it has all chunks of it), if any
+    version_held: int | None = None
+    #: exponential moving average of measured FLOP/s
+    measured_flops: float | None = None
+
+    def rate(self) -> float:
+        return self.measured_flops if self.measured_flops is not None else self.flops
+
+    def observe_speed(self, flops: float, seconds: float) -> None:
+        """Fold one finished task into the speed estimate (EMA, weight 0.3)."""
+        if seconds <= 0 or flops <= 0:
+            return
+        r = flops / seconds
+        m = self.measured_flops
+        self.measured_flops = r if m is None else 0.7 * m + 0.3 * r
+
+
+class Registry:
+    __slots__ = ("_by_conn", "_by_resume", "_counter", "_salt")
+
+    def __init__(self, seed: int) -> None:
+        self._by_conn: dict[str, ClientRecord] = {}
+        self._by_resume: dict[str, ClientRecord] = {}
+        self._counter = 0
+        self._salt = f"crowdgrad:{seed}:".encode()
+
+    def _new_resume_id(self) -> str:
+        self._counter += 1
+        return hashlib.blake2b(self._salt + str(self._counter).encode(), digest_size=12).hexdigest()
+
+    def join(
+        self, client_id: str, *, name: str, flops: float, resume_id: str | None, now: float
+    ) -> tuple[ClientRecord, bool]:
+        """Register a connection; returns ``(record, resumed)``.
+
+        An unknown or still-connected resume id starts a fresh record: a resume id
+        is a capability, not an identity two connections may share.
+        """
+        if client_id in self._by_conn:
+            raise ValueError(f"client {client_id!r} is already connected")
+        old = self._by_resume.get(resume_id) if resume_id else None
+        if old is not None and not old.connected:
+            old.client_id = client_id
+            old.connected = True
+            old.name = name
+            old.flops = flops
+            old.last_seen = now
+            self._by_conn[client_id] = old
+            return old, True
+        rec = ClientRecord(
+            client_id=client_id,
+            resume_id=self._new_resume_id(),
+            name=name,
+            flops=flops,
+            joined_at=now,
+            last_seen=now,
+        )
+        self._by_conn[client_id] = rec
+        self._by_resume[rec.resume_id] = rec
+        return rec, False
+
+    def leave(self, client_id: str) -> ClientRecord | None:
+        rec = self._by_conn.pop(client_id, None)
+        if rec is not None:
+            rec.connected = False
+            rec.version_held = None  # its cache is unknown after a reconnect
+        return rec
+
+    def get(self, client_id: str) -> ClientRecord | None:
+        return self._by_conn.get(client_id)
+
+    def connected(self) -> list[ClientRecord]:
+        """Connected clients in join order (dict order), for deterministic dispatch."""
+        return list(self._by_conn.values())
+
+    def __len__(self) -> int:
+        return len(self._by_conn)

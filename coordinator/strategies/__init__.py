@@ -1,0 +1,22 @@
+"""The four scheduling methods behind one small interface."""
+
+from coordinator.strategies.base import (
+    ClientView,
+    ModelState,
+    Outcome,
+    ShardCursor,
+    StepReport,
+    Strategy,
+)
+from coordinator.strategies.factory import STRATEGIES, make_strategy
+
+__all__ = [
+    "STRATEGIES",
+    "ClientView",
+    "ModelState",
+    "Outcome",
+    "ShardCursor",
+    "StepReport",
+    "Strategy",
+    "make_strategy",
+]

@@ -1,0 +1,87 @@
+"""Pure aggregation maths: staleness scales, weighted means, outer optimizers.
+
+Everything here works on flat float32 arrays (``Params.data``) and holds no
+state except the outer optimizer's momentum buffer, which is exported by
+``state_dict`` for checkpoints. Kept apart from the strategies (as Flower keeps
+``aggregate.py``) so the maths is tested without any scheduling around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def staleness_scale(staleness: int, *, kind: str, a: float = 0.5, b: int = 4) -> float:
+    """How much an update computed ``staleness`` versions ago still counts.
+
+    - ``constant``: 1, the update counts fully however old;
+    - ``polynomial``: ``(1 + s) ** -a`` (FedAsync's polynomial function);
+    - ``hinge``: 1 up to ``b`` versions, then ``1 / (a (s - b) + 1)``.
+    """
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    match kind:
+        case "constant":
+            return 1.0
+        case "polynomial":
+            return float((1.0 + staleness) ** -a)
+        case "hinge":
+            return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1.0)
+        case _:
+            raise ValueError(f"staleness kind: unknown {kind!r}")
+
+
+def weighted_mean(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """Σ wᵢ xᵢ / Σ wᵢ in float64, returned as float32; the order of terms is fixed."""
+    if not arrays:
+        raise ValueError("weighted_mean: no arrays")
+    if len(arrays) != len(weights):
+        raise ValueError(f"weighted_mean: {len(arrays)} arrays but {len(weights)} weights")
+    total = float(sum(weights))
+    if not total > 0:
+        raise ValueError(f"weighted_mean: weights must sum to > 0, got {total}")
+    acc = np.zeros(arrays[0].shape, dtype=np.float64)
+    for x, w in zip(arrays, weights, strict=True):
+        acc += float(w) * x
+    return (acc / total).astype(np.float32)
+
+
+class OuterOptimizer:
+    """Step on a pseudo-gradient: ``params += lr * direction`` (sgd) or Nesterov.
+
+    ``direction`` is the way to move (an averaged delta, or a negated gradient).
+    With sgd and lr 1 on averaged deltas this is plain model averaging; with
+    Nesterov momentum (lr 0.7, momentum 0.9) it is DiLoCo's outer step.
+    """
+
+    __slots__ = ("kind", "lr", "momentum", "velocity")
+
+    def __init__(self, *, kind: str = "sgd", lr: float = 1.0, momentum: float = 0.9) -> None:
+        if kind not in ("sgd", "nesterov"):
+            raise ValueError(f"outer optimizer: unknown kind {kind!r}; expected sgd or nesterov")
+        self.kind = kind
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.velocity: np.ndarray | None = None
+
+    def step(self, params: np.ndarray, direction: np.ndarray) -> None:
+        """Update ``params`` (flat float32) in place."""
+        if self.kind == "sgd":
+            params += np.float32(self.lr) * direction.astype(np.float32, copy=False)
+            return
+        if self.velocity is None:
+            self.velocity = np.zeros_like(params, dtype=np.float32)
+        mu = np.float32(self.momentum)
+        self.velocity *= mu
+        self.velocity += direction
+        params += np.float32(self.lr) * (direction + mu * self.velocity)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"velocity": None if self.velocity is None else self.velocity.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        v = state.get("velocity")
+        self.velocity = None if v is None else np.array(v, dtype=np.float32)

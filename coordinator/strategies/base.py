@@ -1,0 +1,187 @@
+"""The strategy interface: which task a client gets now, and what a result does.
+
+A strategy is pure scheduling and maths: no IO, no clock, randomness only from
+the generator it is given. The core owns connections, leases and validation,
+and calls the verbs below; a strategy owns the model's evolution.
+
+Call-order contract (all calls from one thread, ``now`` never decreasing):
+
+- ``task_for(client, now)`` when a client is idle; ``None`` means keep waiting.
+- ``on_result(task, update, now)`` once per OPEN task, with an update that has
+  already passed validation; it returns an :class:`Outcome`. If it is not
+  accepted, the core acknowledges it with ``outcome.reason`` and drops the task.
+- ``on_lease_lost(task, now)`` when a task's last live lease expired or its
+  client left; return True to have the task leased again (sync rounds need
+  their slot), False to leave it to the resume grace (async).
+- ``on_tick(now)`` on every tick, for deadlines; may step the model.
+
+Every step the strategy takes is reported (``StepReport``) so the core can emit
+events, count contributions and drop tasks whose round has closed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from coordinator.config import DataSection, StrategySection
+from coordinator.leases import Task, TaskPlan
+from coordinator.strategies.aggregate import staleness_scale
+from nn.params import Params
+
+
+@dataclass(slots=True)
+class ModelState:
+    """The global model: params, its version, and how many results it merged."""
+
+    params: Params
+    version: int = 0
+    contributions: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientView:
+    """What a strategy may know about the client asking for work."""
+
+    client_id: str
+    version_held: int | None
+    connected: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReport:
+    """The model moved (or a round closed): ``merged`` results went in."""
+
+    stepped: bool
+    merged: int
+    dropped: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    accepted: bool
+    staleness: int
+    reason: str | None = None
+    step: StepReport | None = None
+
+
+class ShardCursor:
+    """Hands out shard ids so every shard is visited once per cycle.
+
+    Each cycle is a fresh seeded permutation of ``range(shards)``; a shard whose
+    task was lost is put back at the front so it is not skipped.
+    """
+
+    __slots__ = ("_queue", "rng", "shards")
+
+    def __init__(self, shards: int, rng: np.random.Generator) -> None:
+        self.shards = shards
+        self.rng = rng
+        self._queue: deque[int] = deque()
+
+    def next(self) -> int:
+        if not self._queue:
+            self._queue.extend(int(s) for s in self.rng.permutation(self.shards))
+        return self._queue.popleft()
+
+    def requeue(self, shard: int) -> None:
+        self._queue.appendleft(shard)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"queue": list(self._queue)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._queue = deque(int(s) for s in state["queue"])
+
+
+class Strategy(ABC):
+    """Base of the four scheduling methods; see the module docstring."""
+
+    name: ClassVar[str]
+    #: "gradient" (central) or "local" (decentral): what a task computes
+    task_kind: ClassVar[str]
+
+    def __init__(
+        self,
+        *,
+        model: ModelState,
+        config: StrategySection,
+        data: DataSection,
+        rng: np.random.Generator,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.data = data
+        self.rng = rng
+        self.cursor = ShardCursor(data.shards, rng)
+
+    # -- verbs ------------------------------------------------------------------
+
+    @abstractmethod
+    def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
+        """The task this client should do now, or None to keep it waiting."""
+
+    @abstractmethod
+    def on_result(self, task: Task, update: np.ndarray, now: float) -> Outcome:
+        """Take a validated update (flat float32) for an OPEN task."""
+
+    def on_task_created(self, task: Task) -> None:
+        """The core made a Task from this strategy's plan (sync rounds track theirs)."""
+        return None
+
+    def on_lease_lost(self, task: Task, now: float) -> bool:
+        """Default (async): revisit the shard with a new task; keep this one for resume."""
+        self.cursor.requeue(task.shard)
+        return False
+
+    def on_tick(self, now: float) -> StepReport | None:
+        return None
+
+    def pending(self) -> int:
+        """Accepted results not yet merged into the model (buffers, open rounds)."""
+        return 0
+
+    # -- helpers ----------------------------------------------------------------
+
+    def new_plan(self, *, round: int | None = None) -> TaskPlan:
+        steps = self.config.tau if self.task_kind == "local" else 1
+        return TaskPlan(
+            kind=self.task_kind,
+            shard=self.cursor.next(),
+            seed=int(self.rng.integers(0, 2**31 - 1)),
+            steps=steps,
+            batch=self.data.batch,
+            round=round,
+        )
+
+    def scale(self, staleness: int) -> float:
+        st = self.config.staleness
+        return staleness_scale(staleness, kind=st.kind, a=st.a, b=st.b)
+
+    def staleness_of(self, task: Task) -> int:
+        return self.model.version - task.version
+
+    def too_stale(self, staleness: int) -> bool:
+        bound = self.config.max_staleness
+        return bound is not None and staleness > bound
+
+    def step_version(self, merged: int) -> StepReport:
+        self.model.version += 1
+        self.model.contributions += merged
+        return StepReport(stepped=True, merged=merged)
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rng": self.rng.bit_generator.state,
+            "cursor": self.cursor.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.cursor.load_state_dict(state["cursor"])

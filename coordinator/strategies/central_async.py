@@ -1,0 +1,28 @@
+"""central-async: a parameter server applies each gradient on arrival (Downpour).
+
+Every idle client gets a gradient task at the current version at once. A
+gradient computed ``s`` versions ago is applied with the step scaled by the
+staleness function; past ``max_staleness`` it is refused as stale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.leases import Task, TaskPlan
+from coordinator.strategies.base import ClientView, Outcome, Strategy
+
+
+class CentralAsync(Strategy):
+    name = "central-async"
+    task_kind = "gradient"
+
+    def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
+        return self.new_plan()
+
+    def on_result(self, task: Task, update: np.ndarray, now: float) -> Outcome:
+        s = self.staleness_of(task)
+        if self.too_stale(s):
+            return Outcome(accepted=False, staleness=s, reason="stale")
+        self.model.params.data -= np.float32(self.config.lr * self.scale(s)) * update
+        return Outcome(accepted=True, staleness=s, step=self.step_version(1))

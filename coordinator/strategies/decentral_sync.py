@@ -1,0 +1,28 @@
+"""decentral-sync: each slot takes tau local steps from the round's version.
+
+The round's deltas are averaged and applied by the outer optimizer: sgd with
+``outer_lr`` 1 is plain model averaging (local SGD / FedAvg); Nesterov momentum
+(e.g. lr 0.7, momentum 0.9) is DiLoCo's outer step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from coordinator.strategies.aggregate import OuterOptimizer, weighted_mean
+from coordinator.strategies.rounds import RoundStrategy
+
+
+class DecentralSync(RoundStrategy):
+    name = "decentral-sync"
+    task_kind = "local"
+
+    def __init__(self, **kwargs: Any) -> None:
+        c = kwargs["config"]
+        outer = OuterOptimizer(kind=c.outer_optimizer, lr=c.outer_lr, momentum=c.outer_momentum)
+        super().__init__(outer=outer, **kwargs)
+
+    def direction(self, updates: list[np.ndarray]) -> np.ndarray:
+        return weighted_mean(updates, [1.0] * len(updates))

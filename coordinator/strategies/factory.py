@@ -1,0 +1,28 @@
+"""Strategy by name: the one place that knows every scheduling method."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.config import DataSection, StrategySection
+from coordinator.strategies.base import ModelState, Strategy
+from coordinator.strategies.central_async import CentralAsync
+from coordinator.strategies.central_sync import CentralSync
+from coordinator.strategies.decentral_async import DecentralAsync
+from coordinator.strategies.decentral_sync import DecentralSync
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (CentralSync, CentralAsync, DecentralSync, DecentralAsync)
+}
+
+
+def make_strategy(
+    *, model: ModelState, config: StrategySection, data: DataSection, rng: np.random.Generator
+) -> Strategy:
+    try:
+        cls = STRATEGIES[config.name]
+    except KeyError:
+        raise ValueError(
+            f"strategy.name: unknown {config.name!r}; known: {sorted(STRATEGIES)}"
+        ) from None
+    return cls(model=model, config=config, data=data, rng=rng)

@@ -1,0 +1,65 @@
+"""Update validation: nothing touches the model before passing these checks.
+
+An update is a flat array meant to be added to (or subtracted from) the model.
+It must be exactly the model's size, float32, all finite, and its L2 norm
+within ``norm_multiple`` × the running median of recently *accepted* norms
+(after ``norm_warmup`` of them; before that only the other checks apply). The
+median is over a window, so a few poisoned updates cannot drag it upwards.
+A failure is a reason code, data, never an exception: the core acknowledges
+the result with it and counts it against the client.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+import numpy as np
+
+from coordinator.config import ValidationSection
+
+
+class Reject(enum.Enum):
+    """Reason codes sent in ``ack.reason`` for refused results."""
+
+    SHAPE = "shape"
+    DTYPE = "dtype"
+    NONFINITE = "nonfinite"
+    NORM = "norm"
+    VERSION = "version"  # trained from another version than the task's
+    STALE = "stale"
+    DUPLICATE = "duplicate"
+    UNKNOWN_TASK = "unknown_task"
+
+
+class UpdateValidator:
+    """Stateful only in the window of accepted norms (deterministic, checkpointed)."""
+
+    __slots__ = ("config", "norms", "size")
+
+    def __init__(self, config: ValidationSection, *, size: int) -> None:
+        self.config = config
+        self.size = size
+        self.norms: deque[float] = deque(maxlen=config.norm_window)
+
+    def median(self) -> float | None:
+        if len(self.norms) < self.config.norm_warmup:
+            return None
+        return float(np.median(np.fromiter(self.norms, dtype=np.float64)))
+
+    def check(self, update: np.ndarray) -> tuple[Reject | None, float]:
+        """``(reason or None, norm)``; call ``accept(norm)`` once the result is taken."""
+        if update.ndim != 1 or update.size != self.size:
+            return Reject.SHAPE, float("nan")
+        if update.dtype != np.float32:
+            return Reject.DTYPE, float("nan")
+        if not np.isfinite(update).all():
+            return Reject.NONFINITE, float("nan")
+        norm = float(np.linalg.norm(update.astype(np.float64)))
+        med = self.median()
+        if med is not None and norm > self.config.norm_multiple * max(med, 1e-12):
+            return Reject.NORM, norm
+        return None, norm
+
+    def accept(self, norm: float) -> None:
+        self.norms.append(norm)

@@ -1,0 +1,161 @@
+"""The sans-IO client session: messages in, actions out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from client.session import Capabilities, ClientSession, ComputeRequest, Finished, Phase, Send
+from nn.params import Params
+from nn.spec import ModelSpec
+from protocol import messages as m
+from protocol.chunking import Reassembler, chunk_params
+from protocol.limits import PROFILES, LinkLimits
+
+SPEC = ModelSpec(widths=(8, 6, 3))
+LAN = PROFILES["lan"]
+
+
+def welcome(token: str = "tok", limits: LinkLimits = LAN, hb: float = 5.0) -> m.Welcome:
+    return m.Welcome(session_id="s", resume_token=token, limits=limits, heartbeat_interval=hb)
+
+
+def task_with_model(task_id: str, version: int, params: Params) -> list[m.Message]:
+    chunks = chunk_params(params, max_message_bytes=1024, transfer=f"model-{version}")
+    t = m.Task(
+        task_id=task_id,
+        kind="train",
+        model_version=version,
+        spec=SPEC,
+        dataset="digits#0",
+        steps=2,
+        batch=4,
+        model_transfer=f"model-{version}",
+        num_chunks=len(chunks),
+    )
+    return [t, *chunks]
+
+
+def feed(s: ClientSession, msgs: list[m.Message], now: float) -> list:
+    out: list = []
+    for msg in msgs:
+        out += s.receive(msg, now)
+    return out
+
+
+def ready_session(**kw) -> ClientSession:
+    s = ClientSession("alice", Capabilities(flops=2e9, **kw), seed=0)
+    s.start(0.0)
+    s.receive(welcome(), 0.1)
+    return s
+
+
+def sends(actions: list) -> list[m.Message]:
+    return [a.message for a in actions if isinstance(a, Send)]
+
+
+def test_hello_then_welcome() -> None:
+    s = ClientSession("alice", Capabilities(flops=2e9, cores=4), seed=0)
+    (hello,) = s.start(0.0)
+    assert isinstance(hello, Send) and hello.frame == m.encode(hello.message)
+    assert hello.message.client == "alice" and hello.message.flops == 2e9
+    assert hello.message.resume is None
+    s.receive(welcome("T1"), 0.1)
+    assert s.phase is Phase.READY and s.resume_token == "T1"
+
+
+def test_model_download_then_compute_then_result() -> None:
+    s = ready_session()
+    model = SPEC.init_params(1)
+    out = feed(s, task_with_model("7", 3, model), 1.0)
+    reqs = [a for a in out if isinstance(a, ComputeRequest)]
+    assert len(reqs) == 1 and reqs[0].task.task_id == "7"
+    assert reqs[0].params.array_equal(model) and s.model_version == 3
+    update = np.linspace(-1, 1, SPEC.num_params).astype(np.float32)
+    out = s.compute_done(reqs[0].request_id, update, 2.0, loss=0.5, samples=8, steps=2)
+    msgs = sends(out)
+    res = msgs[0]
+    assert isinstance(res, m.Result) and res.task_id == "7" and res.model_version == 3
+    assert res.num_chunks == len(msgs) - 1 and res.loss == 0.5
+    re = Reassembler.for_params(SPEC, transfer="7", total=res.num_chunks)
+    for c in msgs[1:]:
+        re.add(c)
+    assert np.array_equal(re.params().data, update)
+    # acknowledged: nothing pending any more
+    s.receive(m.Ack(task_id="7", accepted=True), 2.5)
+    assert s.pending is None
+
+
+def test_cached_model_needs_no_download() -> None:
+    s = ready_session()
+    feed(s, task_with_model("1", 5, SPEC.init_params(0)), 1.0)
+    t2 = m.Task(task_id="2", model_version=5, spec=SPEC, dataset="digits#0", base_version=5)
+    out = s.receive(t2, 2.0)
+    assert [type(a) for a in out] == [ComputeRequest]
+
+
+def test_new_task_supersedes_running_compute() -> None:
+    s = ready_session()
+    first = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 1.0)[-1]
+    second = feed(s, task_with_model("2", 1, SPEC.init_params(1)), 2.0)[-1]
+    upd = np.zeros(SPEC.num_params, np.float32)
+    assert s.compute_done(first.request_id, upd, 3.0) == []
+    assert sends(s.compute_done(second.request_id, upd, 3.0))[0].task_id == "2"
+
+
+def test_result_finished_offline_is_sent_after_resume() -> None:
+    s = ready_session()
+    req = feed(s, task_with_model("9", 0, SPEC.init_params(0)), 1.0)[-1]
+    s.connection_lost(1.5)
+    assert s.phase is Phase.OFFLINE
+    upd = np.ones(SPEC.num_params, np.float32)
+    assert s.compute_done(req.request_id, upd, 2.0) == []  # offline: kept
+    (hello,) = s.start(3.0)
+    assert hello.message.resume == "tok"
+    out = s.receive(welcome("tok"), 3.1)
+    msgs = sends(out)
+    assert isinstance(msgs[0], m.Result) and msgs[0].task_id == "9"
+    s.receive(m.Ack(task_id="9", accepted=False, reason="duplicate"), 3.2)
+    assert s.pending is None
+
+
+def test_heartbeats_and_rtt() -> None:
+    s = ClientSession("a", seed=0)
+    s.start(0.0)
+    s.receive(welcome(hb=2.0), 0.0)
+    assert s.next_wakeup() == pytest.approx(2.0)
+    assert s.tick(1.0) == []
+    (hb,) = sends(s.tick(2.0))
+    assert isinstance(hb, m.Heartbeat) and hb.time == 2.0
+    s.receive(m.Heartbeat(seq=hb.seq, time=100.0, echo=2.0), 2.25)
+    assert s.rtt == pytest.approx(0.25)
+
+
+def test_bye_finishes() -> None:
+    s = ready_session()
+    out = s.receive(m.Bye(reason="target_accuracy"), 1.0)
+    assert out == [Finished(reason="target_accuracy")]
+    with pytest.raises(ValueError, match="not connected"):
+        s.receive(m.Heartbeat(seq=1), 2.0)
+    with pytest.raises(ValueError, match="not allowed"):
+        s.start(3.0)
+
+
+def test_upload_is_paced_to_granted_limits() -> None:
+    slow = LinkLimits(bytes_per_s=2000, messages_per_s=2, max_message_bytes=1024)
+    s = ClientSession("a", seed=0)
+    s.start(0.0)
+    s.receive(welcome(limits=slow, hb=1e3), 0.0)
+    req = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 0.0)[-1]
+    upd = np.zeros(SPEC.num_params, np.float32)
+    first = s.compute_done(req.request_id, upd, 0.0)
+    total = len(s.pending.messages)
+    got, t = len(first), 0.0
+    assert got < total
+    while got < total:
+        t = s.next_wakeup()
+        assert t is not None and math.isfinite(t)
+        got += len(sends(s.tick(t)))
+    assert t >= (total - slow.burst_messages) / slow.messages_per_s - 1e-9

@@ -1,0 +1,59 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.strategies.aggregate import OuterOptimizer, staleness_scale, weighted_mean
+
+
+def test_staleness_functions() -> None:
+    assert staleness_scale(7, kind="constant") == 1.0
+    assert staleness_scale(0, kind="polynomial", a=0.5) == 1.0
+    assert staleness_scale(3, kind="polynomial", a=0.5) == pytest.approx(0.5)
+    assert staleness_scale(4, kind="hinge", a=1.0, b=4) == 1.0
+    assert staleness_scale(6, kind="hinge", a=1.0, b=4) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="staleness"):
+        staleness_scale(-1, kind="constant")
+    with pytest.raises(ValueError, match="unknown"):
+        staleness_scale(1, kind="exp")
+
+
+@given(st.integers(0, 1000), st.floats(0, 4), st.integers(0, 20))
+def test_scales_are_in_unit_interval_and_non_increasing(s: int, a: float, b: int) -> None:
+    for kind in ("constant", "polynomial", "hinge"):
+        x, y = staleness_scale(s, kind=kind, a=a, b=b), staleness_scale(s + 1, kind=kind, a=a, b=b)
+        assert 0 < y <= x <= 1
+
+
+def test_weighted_mean() -> None:
+    a = np.array([1, 2], np.float32)
+    b = np.array([3, 6], np.float32)
+    np.testing.assert_allclose(weighted_mean([a, b], [1, 3]), [2.5, 5.0])
+    assert weighted_mean([a], [2]).dtype == np.float32
+    with pytest.raises(ValueError, match="weights"):
+        weighted_mean([a, b], [1])
+    with pytest.raises(ValueError, match="> 0"):
+        weighted_mean([a], [0])
+    with pytest.raises(ValueError, match="no arrays"):
+        weighted_mean([], [])
+
+
+def test_outer_sgd_and_nesterov() -> None:
+    p = np.zeros(2, np.float32)
+    OuterOptimizer(kind="sgd", lr=0.5).step(p, np.array([2, 4], np.float32))
+    np.testing.assert_allclose(p, [1, 2])
+    q = np.zeros(1, np.float32)
+    opt = OuterOptimizer(kind="nesterov", lr=1.0, momentum=0.5)
+    d = np.ones(1, np.float32)
+    opt.step(q, d)  # v = 1, step = d + 0.5 v = 1.5
+    np.testing.assert_allclose(q, [1.5])
+    opt.step(q, d)  # v = 1.5, step = 1 + 0.75
+    np.testing.assert_allclose(q, [3.25])
+    clone = OuterOptimizer(kind="nesterov", lr=1.0, momentum=0.5)
+    clone.load_state_dict(opt.state_dict())
+    r1, r2 = q.copy(), q.copy()
+    opt.step(r1, d)
+    clone.step(r2, d)
+    assert np.array_equal(r1, r2)
+    with pytest.raises(ValueError, match="unknown kind"):
+        OuterOptimizer(kind="adam")

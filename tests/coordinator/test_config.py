@@ -1,0 +1,120 @@
+from pathlib import Path
+
+import pytest
+
+from coordinator.config import JobConfig, JobConfigError, load_job, parse_job
+
+GOOD = """
+name = "digits-dasync"
+
+[model]
+widths = [64, 128, 10]
+
+[data]
+dataset = "digits"
+shards = 8
+sharding = "label_skew"
+
+[strategy]
+name = "decentral-sync"
+tau = 5
+outer_optimizer = "nesterov"
+outer_lr = 0.7
+
+[strategy.staleness]
+kind = "hinge"
+b = 2
+
+[link]
+profile = "roblox"
+
+[stop]
+target_accuracy = 0.95
+max_versions = 100
+
+[checkpoint]
+every_versions = 10
+"""
+
+
+def test_load_good_file(tmp_path: Path) -> None:
+    p = tmp_path / "job.toml"
+    p.write_text(GOOD)
+    job = load_job(p)
+    assert job.name == "digits-dasync"
+    assert job.spec.widths == (64, 128, 10)
+    assert job.data.sharding == "label_skew"
+    assert job.strategy.name == "decentral-sync"
+    assert job.strategy.staleness.kind == "hinge" and job.strategy.staleness.b == 2
+    assert job.stop.max_versions == 100
+    assert job.checkpoint.every_versions == 10
+    assert job.lease.heartbeat_timeout_s > job.lease.heartbeat_interval_s
+
+
+def test_defaults_are_a_working_decentral_async_job() -> None:
+    job = JobConfig()
+    assert job.strategy.name == "decentral-async"
+    assert job.spec.widths == (64, 128, 10)
+
+
+def test_preset_model() -> None:
+    job = parse_job({"model": {"preset": "small"}})
+    assert job.spec.num_params == 890
+
+
+def test_every_bad_field_is_listed(tmp_path: Path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(
+        """
+[model]
+widths = [64, 0, 10]
+
+[data]
+shards = 0
+batch = -1
+
+[strategy]
+name = "gossip"
+quorum = 1.5
+typo_field = 3
+
+[lease]
+heartbeat_interval_s = 10
+heartbeat_timeout_s = 5
+"""
+    )
+    with pytest.raises(JobConfigError) as info:
+        load_job(p)
+    paths = {path for path, _ in info.value.errors}
+    assert {
+        "model",
+        "data.shards",
+        "data.batch",
+        "strategy.name",
+        "strategy.quorum",
+        "strategy.typo_field",
+        "lease",
+    } <= paths
+    text = str(info.value)
+    assert str(p) in text and "width" in text and "heartbeat_timeout_s" in text
+
+
+def test_model_needs_exactly_one_of_widths_or_preset() -> None:
+    with pytest.raises(JobConfigError, match="exactly one"):
+        parse_job({"model": {"widths": [4, 2], "preset": "tiny"}})
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    p = tmp_path / "x.toml"
+    p.write_text("[model\nwidths = 3")
+    with pytest.raises(JobConfigError, match="<toml>"):
+        load_job(p)
+    with pytest.raises(JobConfigError, match="cannot read"):
+        load_job(tmp_path / "missing.toml")
+
+
+def test_replace_revalidates() -> None:
+    job = JobConfig()
+    assert job.replace(strategy={"tau": 3}).strategy.tau == 3
+    with pytest.raises(JobConfigError, match=r"strategy\.tau"):
+        job.replace(strategy={"tau": 0})

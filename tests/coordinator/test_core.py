@@ -1,0 +1,349 @@
+"""Scripted scenarios: events in, actions out; no sockets, no sleeps."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator import events as ev
+from coordinator.core import Coordinator
+from coordinator.leases import LeaseState, TaskState
+from protocol import messages as m
+from protocol.errors import CLOSE_NORMAL, ErrorCode, close_code
+from tests.coordinator.coord_helpers import (
+    acks,
+    deliver,
+    digits,
+    hello,
+    make_core,
+    make_job,
+    only,
+    result_messages,
+    sent,
+    task_of,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SANS_IO = [
+    *(
+        ROOT / "coordinator" / f"{name}.py"
+        for name in ("config", "core", "events", "leases", "registry", "validation", "evaluation")
+    ),
+    *sorted((ROOT / "coordinator/strategies").glob("*.py")),
+    ROOT / "client/session.py",
+    ROOT / "client/compute.py",
+]
+FORBIDDEN = {"asyncio", "websockets", "uvicorn", "time", "random", "socket", "threading"}
+
+
+def test_core_and_session_import_no_io_or_clock() -> None:
+    code = (
+        "import sys, coordinator.core, client.session\n"
+        "print(sorted({'asyncio', 'websockets', 'uvicorn', 'fastapi'} & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    # numba itself imports time/random/socket, so for those check our own sources.
+    assert len(SANS_IO) > 10
+    for path in SANS_IO:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module.split(".")[0]]
+            assert not FORBIDDEN & set(names), f"{path} imports {FORBIDDEN & set(names)}"
+
+
+def test_join_gets_welcome_then_task_with_model_chunks() -> None:
+    core = make_core()
+    out = core.connect("a", hello("alice"), 0.0)
+    msgs = sent(out, "a")
+    assert isinstance(msgs[0], m.Welcome)
+    assert msgs[0].resume_token
+    task = msgs[1]
+    assert isinstance(task, m.Task) and task.kind == "train" and task.steps == 2
+    assert task.base_version is None and task.num_chunks == len(msgs) - 2
+    assert all(isinstance(c, m.Chunk) and c.transfer == task.model_transfer for c in msgs[2:])
+    assert task.indices is not None and set(task.indices) <= set(range(len(digits().y_train)))
+    joined = only(out, ev.ClientJoined)
+    assert joined == [ev.ClientJoined(client_id="a", name="alice", resumed=False, now=0.0)]
+    assert only(out, ev.TaskLeased)[0].deadline >= 10.0
+
+
+def test_result_is_applied_once_and_duplicate_acknowledged() -> None:
+    core = make_core()
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    before = core.params.data.copy()
+    update = np.full(core.params.num_params, 0.01, np.float32)
+    out = deliver(core, "a", result_messages(task, update), 1.0)
+    assert acks(out, "a") == [(task.task_id, True, "")]
+    assert core.version == 1 and core.model.contributions == 1
+    alpha = core.job.strategy.alpha * 1.0  # staleness 0 -> scale 1
+    np.testing.assert_allclose(core.params.data, before + np.float32(alpha) * update, rtol=1e-6)
+    assert only(out, ev.ModelUpdated)[0].version == 1
+    # the client got its next task, at the new version
+    assert task_of(out, "a").model_version == 1
+    # the same result again: acknowledged, not applied
+    snapshot = core.params.data.copy()
+    out = deliver(core, "a", result_messages(task, update), 2.0)
+    assert acks(out, "a") == [(task.task_id, False, "duplicate")]
+    assert core.version == 1 and core.model.contributions == 1
+    assert np.array_equal(core.params.data, snapshot)
+
+
+def test_disconnect_mid_task_then_resume_delivers_result() -> None:
+    core = make_core()
+    welcome, task = sent(core.connect("a", hello("a"), 0.0), "a")[:2]
+    out = core.disconnect("a", 1.0, "network")
+    assert only(out, ev.ClientLeft)[0].client_id == "a"
+    lease = core.book.leases[1]
+    assert lease.state is LeaseState.LOST
+    assert core.book.tasks[int(task.task_id)].state is TaskState.OPEN  # resume grace
+    out = core.connect("a2", hello("a", resume=welcome.resume_token), 5.0)
+    assert only(out, ev.ClientJoined)[0].resumed
+    assert sent(out, "a2", m.Welcome)[0].resume_token == welcome.resume_token
+    out = deliver(core, "a2", result_messages(task), 6.0)
+    assert (task.task_id, True, "") in acks(out, "a2")
+    assert core.model.contributions == 1
+
+
+def test_orphaned_task_is_dropped_after_resume_grace() -> None:
+    core = make_core(lease={"resume_grace_s": 30.0})
+    welcome, task = sent(core.connect("a", hello("a"), 0.0), "a")[:2]
+    core.disconnect("a", 1.0)
+    core.tick(40.0)
+    assert core.book.tasks[int(task.task_id)].state is TaskState.DROPPED
+    core.connect("b", hello("a", resume=welcome.resume_token), 41.0)
+    out = deliver(core, "b", result_messages(task), 42.0)
+    assert (task.task_id, False, "stale") in acks(out, "b")
+    assert core.model.contributions == 0
+
+
+def test_unknown_resume_token_starts_fresh() -> None:
+    core = make_core()
+    out = core.connect("a", hello("a", resume="nope"), 0.0)
+    assert not only(out, ev.ClientJoined)[0].resumed
+    assert sent(out, "a", m.Welcome)[0].resume_token != "nope"
+
+
+def test_sync_lease_expiry_reissues_and_first_result_wins() -> None:
+    core = make_core("decentral-sync", strategy={"clients_per_round": 1})
+    t_a = task_of(core.connect("a", hello("a"), 0.0), "a")
+    out = core.connect("b", hello("b"), 1.0)
+    assert sent(out, "b", m.Task) == []  # the round's single slot is taken
+    out = core.tick(11.0)  # a's lease (10 s) expired: reissued to idle b
+    expired = only(out, ev.LeaseExpired)
+    assert len(expired) == 1 and expired[0].reissued and expired[0].client_id == "a"
+    t_b = task_of(out, "b")
+    assert t_b.task_id == t_a.task_id and t_b.seed == t_a.seed and t_b.shard == t_a.shard
+    # a (the straggler) answers first: taken; b's copy is then a duplicate
+    out = deliver(core, "a", result_messages(t_a), 12.0)
+    assert (t_a.task_id, True, "") in acks(out, "a")
+    assert core.version == 1
+    assert core.book.leases[2].state is LeaseState.CANCELLED
+    out = deliver(core, "b", result_messages(t_b), 13.0)
+    assert (t_b.task_id, False, "duplicate") in acks(out, "b")
+    assert core.version == 1 and core.model.contributions == 1
+
+
+def test_sync_round_closes_at_deadline_with_quorum_and_drops_straggler() -> None:
+    core = make_core(
+        "central-sync", strategy={"clients_per_round": 3, "quorum": 0.6, "round_deadline_s": 5.0}
+    )
+    tasks = {c: task_of(core.connect(c, hello(c), 0.0), c) for c in "abc"}
+    assert all(t.kind == "gradient" and t.model_version == 0 for t in tasks.values())
+    deliver(core, "a", result_messages(tasks["a"]), 1.0)
+    deliver(core, "b", result_messages(tasks["b"]), 2.0)
+    assert core.version == 0  # 2 of 3, before the deadline: keep waiting
+    out = core.tick(5.0)
+    assert core.version == 1 and core.model.contributions == 2
+    assert only(out, ev.ModelUpdated)[0].contributions == 2
+    assert core.book.tasks[int(tasks["c"].task_id)].state is TaskState.DROPPED
+    out = deliver(core, "c", result_messages(tasks["c"]), 6.0)
+    assert (tasks["c"].task_id, False, "stale") in acks(out, "c")
+    assert core.model.contributions == 2
+
+
+def test_sync_round_below_quorum_replicates_unfinished_work() -> None:
+    core = make_core(
+        "decentral-sync",
+        strategy={"clients_per_round": 2, "quorum": 1.0, "round_deadline_s": 5.0},
+        lease={"min_s": 100.0},
+    )
+    t_a = task_of(core.connect("a", hello("a"), 0.0), "a")
+    t_b = task_of(core.connect("b", hello("b"), 0.0), "b")
+    deliver(core, "a", result_messages(t_a), 1.0)  # a is idle again, round needs b
+    out = core.tick(5.0)  # deadline below quorum: b's task is copied to idle a
+    assert core.version == 0
+    copy = task_of(out, "a")
+    assert copy.task_id == t_b.task_id
+    out = deliver(core, "a", result_messages(copy), 7.0)
+    assert core.version == 1 and core.model.contributions == 2
+
+
+def test_nonfinite_update_rejected_and_client_closed_over_threshold() -> None:
+    core = make_core(validation={"max_rejections": 2})
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    bad = np.full(core.params.num_params, np.nan, np.float32)
+    out = deliver(core, "a", result_messages(task, bad), 1.0)
+    assert acks(out, "a") == [(task.task_id, False, "nonfinite")]
+    assert only(out, ev.ResultRejected)[0].reason == "nonfinite"
+    assert core.version == 0 and core.params.is_finite()
+    task2 = task_of(out, "a")  # a rejected update frees the client for new work
+    out = deliver(core, "a", result_messages(task2, bad), 2.0)
+    closes = only(out, ev.Close)
+    assert closes and closes[0].code == close_code(ErrorCode.BAD_FIELD)
+    assert "a" not in core.conns
+
+
+def test_norm_outlier_rejected_after_warmup() -> None:
+    core = make_core(validation={"norm_warmup": 2, "norm_multiple": 5.0})
+    small = np.full(core.params.num_params, 1e-3, np.float32)
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    for i in range(2):
+        out = deliver(core, "a", result_messages(task, small), 1.0 + i)
+        task = task_of(out, "a")
+    out = deliver(core, "a", result_messages(task, small * 100), 5.0)
+    assert acks(out, "a") == [(task.task_id, False, "norm")]
+    assert core.model.contributions == 2
+
+
+def test_wrong_model_version_is_rejected() -> None:
+    core = make_core()
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    out = deliver(core, "a", result_messages(task, version=7), 1.0)
+    assert acks(out, "a") == [(task.task_id, False, "version")]
+
+
+def test_unexpected_message_closes_with_code() -> None:
+    core = make_core()
+    core.connect("a", hello("a"), 0.0)
+    out = core.receive("a", hello("a"), 1.0)
+    err = sent(out, "a", m.Error)[0]
+    assert err.code == ErrorCode.UNEXPECTED
+    assert only(out, ev.Close)[0].code == close_code(ErrorCode.UNEXPECTED)
+    assert core.disconnect("a", 2.0) == []  # already closed by the core
+    with pytest.raises(ValueError, match="not connected"):
+        core.receive("a", m.Heartbeat(seq=1), 3.0)
+
+
+def test_chunk_without_result_closes() -> None:
+    core = make_core()
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    chunk = result_messages(task)[1]
+    out = core.receive("a", chunk, 1.0)
+    assert sent(out, "a", m.Error)[0].code == ErrorCode.UNKNOWN_TASK
+
+
+def test_heartbeat_echo_and_timeout() -> None:
+    core = make_core(lease={"heartbeat_interval_s": 2.0, "heartbeat_timeout_s": 6.0})
+    core.connect("a", hello("a"), 0.0)
+    out = core.receive("a", m.Heartbeat(seq=3, time=123.0), 4.0)
+    hb = sent(out, "a", m.Heartbeat)[0]
+    assert hb.seq == 3 and hb.echo == 123.0
+    assert core.tick(9.0) == [] or "a" in core.conns
+    out = core.tick(10.5)
+    assert sent(out, "a", m.Error)[0].code == ErrorCode.TIMEOUT
+    assert only(out, ev.ClientLeft)[0].client_id == "a"
+    assert core.book.all_resolved()
+
+
+def test_rate_limit_violation_closes() -> None:
+    core = make_core(link={"profile": "roblox"})
+    core.connect("a", hello("a"), 0.0)
+    out: list[ev.Output] = []
+    for i in range(200):
+        out += core.receive("a", m.Heartbeat(seq=i), 0.01, nbytes=30)
+        if only(out, ev.Close):
+            break
+    assert only(out, ev.Close)[0].code == close_code(ErrorCode.RATE_LIMITED)
+
+
+def test_model_download_is_paced_to_link_limits() -> None:
+    job = make_job(model={"widths": [64, 256, 10]}, link={"profile": "roblox"})
+    core = Coordinator(job, seed=0, dataset=digits())
+    out = core.connect("a", hello("a"), 0.0)
+    first = sum(len(o.frame) for o in out if isinstance(o, ev.Send))
+    total_needed = core.job.spec.nbytes
+    assert first < total_needed  # not everything at once on a 50 kB/s link
+    t, times = 0.0, []
+    while core.conns["a"].outbox:
+        wake = core.next_wakeup()
+        assert wake is not None and wake > t
+        t = wake
+        for o in core.tick(t):
+            if isinstance(o, ev.Send):
+                times.append((t, len(o.frame)))
+    sent_bytes = first + sum(n for _, n in times)
+    assert sent_bytes > total_needed
+    # the pacer's bound: rate * T + burst (1 s of rate) over the whole transfer
+    limits = core.conns["a"].limits
+    assert sent_bytes <= limits.bytes_per_s * t + max(limits.burst_bytes, limits.max_message_bytes)
+    assert t >= (sent_bytes - limits.burst_bytes) / limits.bytes_per_s - 1e-6
+
+
+def test_second_task_in_round_reuses_cached_model() -> None:
+    core = make_core("decentral-sync", strategy={"clients_per_round": 2})
+    t1 = task_of(core.connect("a", hello("a"), 0.0), "a")
+    assert t1.base_version is None
+    out = deliver(core, "a", result_messages(t1), 1.0)
+    t2 = task_of(out, "a")
+    assert t2.base_version == 0 and t2.num_chunks == 0 and t2.task_id != t1.task_id
+
+
+def test_central_async_staleness_bound() -> None:
+    core = make_core("central-async", strategy={"max_staleness": 0})
+    t_a = task_of(core.connect("a", hello("a"), 0.0), "a")
+    t_b = task_of(core.connect("b", hello("b"), 0.0), "b")
+    deliver(core, "a", result_messages(t_a), 1.0)
+    out = deliver(core, "b", result_messages(t_b), 2.0)
+    assert (t_b.task_id, False, "stale") in acks(out, "b")
+    assert core.version == 1
+
+
+def test_fedbuff_steps_every_k_results() -> None:
+    core = make_core(strategy={"aggregation": "fedbuff", "buffer_k": 2})
+    t_a = task_of(core.connect("a", hello("a"), 0.0), "a")
+    t_b = task_of(core.connect("b", hello("b"), 0.0), "b")
+    deliver(core, "a", result_messages(t_a), 1.0)
+    assert core.version == 0 and core.strategy.pending() == 1
+    deliver(core, "b", result_messages(t_b), 2.0)
+    assert core.version == 1 and core.model.contributions == 2 and core.strategy.pending() == 0
+
+
+def test_checkpoints_stop_and_restore() -> None:
+    core = make_core(checkpoint={"every_versions": 2}, stop={"max_versions": 4})
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    outs: list[ev.Output] = []
+    for i in range(4):
+        out = deliver(core, "a", result_messages(task), 1.0 + i)
+        outs += out
+        if core.finished is None:
+            task = task_of(out, "a")
+    assert [c.version for c in only(outs, ev.Checkpoint)] == [2, 4, 4]
+    fin = only(outs, ev.JobFinished)[0]
+    assert fin.reason == "max_versions" and fin.version == 4 and fin.accuracy is not None
+    assert sent(outs, "a", m.Bye) and only(outs, ev.Close)[-1].code == CLOSE_NORMAL
+    refused = core.connect("b", hello("b"), 10.0)
+    assert sent(refused, "b", m.Error)[0].code == ErrorCode.SHUTTING_DOWN
+    state = core.state_dict()
+    again = Coordinator.restore(core.job, state, seed=0, dataset=digits())
+    assert again.version == 4 and again.params.array_equal(core.params)
+    t2 = task_of(again.connect("c", hello("c"), 0.0), "c")
+    assert int(t2.task_id) > int(task.task_id)  # ids never reused
+    out = deliver(again, "c", result_messages(task), 1.0)
+    assert (task.task_id, False, "duplicate") in acks(out, "c")
+
+
+def test_time_going_backwards_is_the_callers_bug() -> None:
+    core = make_core()
+    core.tick(5.0)
+    with pytest.raises(ValueError, match="backwards"):
+        core.tick(4.0)

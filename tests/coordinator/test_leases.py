@@ -1,0 +1,50 @@
+import pytest
+
+from coordinator.leases import (
+    LEASE_TRANSITIONS,
+    TASK_TRANSITIONS,
+    LeaseBook,
+    LeaseError,
+    LeaseState,
+    TaskPlan,
+    TaskState,
+)
+
+PLAN = TaskPlan(kind="local", shard=0, seed=1, steps=2, batch=4)
+
+
+def test_tables_cover_every_state_and_terminals_are_final() -> None:
+    assert set(TASK_TRANSITIONS) == set(TaskState)
+    assert set(LEASE_TRANSITIONS) == set(LeaseState)
+    for s in LeaseState:
+        assert (s is LeaseState.LEASED) == bool(LEASE_TRANSITIONS[s])
+
+
+def test_lease_lifecycle_and_cancellation_of_copies() -> None:
+    book = LeaseBook()
+    task = book.new_task(PLAN, version=3, now=0.0)
+    a = book.lease(task, "a", now=0.0, deadline=10.0)
+    b = book.lease(task, "b", now=1.0, deadline=5.0)
+    assert (task.task_id, a.lease_id, b.lease_id) == (1, 1, 2)
+    assert book.live_lease_of("a") is a and task.clients == ["a", "b"]
+    assert book.due(6.0) == [b]
+    with pytest.raises(LeaseError, match="already holds"):
+        book.lease(book.new_task(PLAN, version=3, now=0.0), "a", now=1.0, deadline=2.0)
+    book.end(a, LeaseState.DONE, 7.0)
+    cancelled = book.resolve_task(task, TaskState.ACCEPTED, 7.0)
+    assert cancelled == [b] and b.state is LeaseState.CANCELLED
+    assert book.live_lease_of("a") is None and book.live_lease_of("b") is None
+    with pytest.raises(LeaseError, match="not allowed"):
+        book.end(a, LeaseState.EXPIRED, 8.0)
+    with pytest.raises(LeaseError, match="cannot lease"):
+        book.lease(task, "c", now=8.0, deadline=9.0)
+    with pytest.raises(LeaseError, match="not allowed"):
+        task.move(TaskState.DROPPED)
+
+
+def test_next_task_id_never_goes_back() -> None:
+    book = LeaseBook()
+    book.next_task_id = 50
+    assert book.new_task(PLAN, version=0, now=0).task_id == 50
+    with pytest.raises(LeaseError, match="reuse"):
+        book.next_task_id = 10

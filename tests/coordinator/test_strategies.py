@@ -1,0 +1,102 @@
+"""Strategies driven directly (no core): scheduling and maths per method."""
+
+import numpy as np
+import pytest
+
+from coordinator.config import DataSection, StrategySection
+from coordinator.leases import LeaseBook, TaskState
+from coordinator.strategies import STRATEGIES, ClientView, ModelState, ShardCursor, make_strategy
+from nn.spec import ModelSpec
+
+SPEC = ModelSpec(widths=(3, 2))
+
+
+def build(name: str, **cfg):
+    model = ModelState(params=SPEC.init_params(0))
+    s = make_strategy(
+        model=model,
+        config=StrategySection(name=name, **cfg),
+        data=DataSection(shards=3, batch=4),
+        rng=np.random.default_rng(0),
+    )
+    return s, model
+
+
+def view(cid: str = "a", connected: int = 1) -> ClientView:
+    return ClientView(client_id=cid, version_held=None, connected=connected)
+
+
+def test_every_name_has_a_class() -> None:
+    assert sorted(STRATEGIES) == sorted(
+        ["central-sync", "central-async", "decentral-sync", "decentral-async"]
+    )
+
+
+def test_shard_cursor_visits_every_shard_each_cycle() -> None:
+    c = ShardCursor(5, np.random.default_rng(1))
+    for _ in range(3):
+        assert sorted(c.next() for _ in range(5)) == list(range(5))
+    first = c.next()
+    c.requeue(first)
+    assert c.next() == first
+
+
+def test_central_async_scales_by_staleness() -> None:
+    s, model = build("central-async", lr=0.5, staleness={"kind": "polynomial", "a": 1.0})
+    book = LeaseBook()
+    t0 = book.new_task(s.task_for(view(), 0), version=0, now=0)
+    t1 = book.new_task(s.task_for(view("b"), 0), version=0, now=0)
+    assert t0.kind == "gradient" and t0.steps == 1 and t0.batch == 4
+    g = np.ones(SPEC.num_params, np.float32)
+    before = model.params.data.copy()
+    assert s.on_result(t0, g, 1).staleness == 0
+    out = s.on_result(t1, g, 2)  # one version stale: half the step
+    assert out.accepted and out.staleness == 1 and model.version == 2
+    np.testing.assert_allclose(model.params.data, before - 0.5 * g - 0.25 * g, rtol=1e-6)
+
+
+def test_decentral_sync_round_averages_and_state_roundtrips() -> None:
+    s, model = build("decentral-sync", clients_per_round=2, tau=3)
+    book = LeaseBook()
+    tasks = []
+    for cid in "ab":
+        plan = s.task_for(view(cid, 2), 0)
+        assert plan is not None and plan.kind == "local" and plan.steps == 3
+        task = book.new_task(plan, version=0, now=0)
+        s.on_task_created(task)
+        tasks.append(task)
+    assert s.task_for(view("c", 3), 0) is None  # both slots planned: wait
+    before = model.params.data.copy()
+    assert s.on_result(tasks[0], np.full(SPEC.num_params, 1.0, np.float32), 1).step is None
+    state = s.state_dict()
+    clone, _ = build("decentral-sync", clients_per_round=2, tau=3)
+    clone.load_state_dict(state)
+    assert clone.pending() == 1
+    rep = s.on_result(tasks[1], np.full(SPEC.num_params, 3.0, np.float32), 2).step
+    assert rep is not None and rep.merged == 2 and model.version == 1
+    np.testing.assert_allclose(model.params.data, before + 2.0)
+    # a task of a closed round is stale
+    assert s.on_result(tasks[1], np.zeros(SPEC.num_params, np.float32), 3).reason == "stale"
+
+
+def test_round_lease_lost_reissues_to_another_client() -> None:
+    s, _ = build("central-sync", clients_per_round=1)
+    book = LeaseBook()
+    task = book.new_task(s.task_for(view("a"), 0), version=0, now=0)
+    s.on_task_created(task)
+    book.lease(task, "a", now=0, deadline=1)
+    assert s.on_lease_lost(task, 1.0)
+    assert s.task_for(view("a"), 1.0) is None  # not back to the client that lost it
+    plan = s.task_for(view("b"), 1.0)
+    assert plan is not None and plan.reissue == task.task_id and plan.seed == task.seed
+    book.resolve_task(task, TaskState.DROPPED, 2.0)
+
+
+@pytest.mark.parametrize("agg", ["fedasync", "fedbuff"])
+def test_decentral_async_rejects_too_stale(agg: str) -> None:
+    s, model = build("decentral-async", max_staleness=1, aggregation=agg, buffer_k=1)
+    book = LeaseBook()
+    old = book.new_task(s.task_for(view(), 0), version=0, now=0)
+    model.version = 2
+    out = s.on_result(old, np.zeros(SPEC.num_params, np.float32), 1)
+    assert not out.accepted and out.reason == "stale" and out.staleness == 2
