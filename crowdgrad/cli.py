@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from crowdgrad import __version__
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = ("plan", "simulate", "checkpoint", "demo", "train", "compress")
 
 
 class UsageError(Exception):

@@ -1,0 +1,181 @@
+"""``crowdgrad plan``: predict each strategy's speedup before renting any players.
+
+Two ways in: measured ``--t-grad``/``--t-comm`` (seed 001's estimator verbatim),
+or a model plus a link profile and compute rates, from which both are derived.
+``--scenario`` also runs the simulator on a scenario file and puts its measured
+times beside the estimate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from crowdgrad.cli import UsageError
+from nn.spec import ModelSpec, parse_widths
+from protocol.limits import PROFILES, profile
+from simulations.driver import run_scenario
+from simulations.plan import PlanInputs, estimate, inputs_from_model
+from simulations.scenario import (
+    MACHINE_FLOPS,
+    PLAYER_FLOPS,
+    load_raw,
+    parse_scenario,
+    resolve,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="estimate each strategy's speedup (seed 001's t_grad/t_comm estimator)",
+        description=__doc__,
+    )
+    p.add_argument("--t-grad", type=float, help="measured seconds for one mini-batch gradient")
+    p.add_argument("--t-comm", type=float, help="measured seconds for one weights transfer")
+    p.add_argument("--preset", help="model preset (instead of --t-grad/--t-comm)")
+    p.add_argument("--widths", help="model widths, e.g. 64,128,10 (instead of --preset)")
+    p.add_argument("--profile", default="roblox", choices=sorted(PROFILES), help="link profile")
+    p.add_argument("--latency", type=float, default=0.0, help="one-way latency, seconds")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--client-flops", type=float, default=PLAYER_FLOPS, help="FLOP/s of a player")
+    p.add_argument("--server-flops", type=float, default=MACHINE_FLOPS, help="FLOP/s, one machine")
+    p.add_argument(
+        "--bytes-per-param", type=float, default=4.0, help="4 fp32, 2 fp16, ~1 int8 updates"
+    )
+    p.add_argument("--workers", default="8", help="number of clients, or a list: 1,2,4,8")
+    p.add_argument("--steps", type=int, default=100, help="mini-batch steps in total (D)")
+    p.add_argument("--tau", type=int, default=10, help="local steps per exchange")
+    p.add_argument(
+        "--contention",
+        choices=("shared", "independent"),
+        help="one shared server link (seed 001) or a link per client; "
+        "default shared with --t-grad, independent with a model",
+    )
+    p.add_argument(
+        "--scenario",
+        help="a scenario (file or shipped name): estimate from it and run the simulator too",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def _inputs(args: argparse.Namespace, workers: int) -> PlanInputs:
+    measured = args.t_grad is not None or args.t_comm is not None
+    model = args.preset is not None or args.widths is not None
+    if measured == model:
+        raise UsageError("give either --t-grad and --t-comm, or --preset/--widths")
+    if measured:
+        if args.t_grad is None or args.t_comm is None:
+            raise UsageError("--t-grad and --t-comm go together")
+        return PlanInputs(
+            t_grad=args.t_grad,
+            t_comm=args.t_comm,
+            workers=workers,
+            steps=args.steps,
+            tau=args.tau,
+            contention=args.contention or "shared",
+        )
+    if args.preset is not None and args.widths is not None:
+        raise UsageError("give --preset or --widths, not both")
+    spec = (
+        ModelSpec.preset(args.preset)
+        if args.preset is not None
+        else ModelSpec(widths=parse_widths(args.widths))
+    )
+    return inputs_from_model(
+        spec,
+        limits=profile(args.profile),
+        workers=workers,
+        batch=args.batch,
+        client_flops=args.client_flops,
+        server_flops=args.server_flops,
+        latency=args.latency,
+        steps=args.steps,
+        tau=args.tau,
+        bytes_per_param=args.bytes_per_param,
+        contention=args.contention or "independent",
+    )
+
+
+def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Estimate for the scenario's own setting, plus what the simulator measures."""
+    data = load_raw(resolve(args.scenario))
+    data.pop("sweep", None)
+    sc = parse_scenario(data, source=args.scenario)
+    steps = sc.run.max_steps or args.steps
+    p = inputs_from_model(
+        sc.job.spec,
+        limits=sc.limits,
+        workers=sc.clients.count,
+        batch=sc.job.data.batch,
+        client_flops=sc.clients.compute.mean,
+        server_flops=sc.server.compute,
+        latency=sc.clients.latency.mean,
+        steps=steps,
+        tau=sc.job.strategy.tau,
+        contention=args.contention or "independent",
+    )
+    rows = [
+        {"workers": p.workers, "t_grad": p.t_grad, "t_comm": p.t_comm,
+         "contention": p.contention, **e.to_dict()}
+        for e in estimate(p)
+        if e.strategy in ("linear", sc.job.strategy.name)
+    ]  # fmt: skip
+    result = run_scenario(sc)
+    s = result.summary
+    rows.append(
+        {"workers": p.workers, "t_grad": p.t_grad, "t_comm": p.t_comm,
+         "contention": "simulated", "strategy": f"{sc.job.strategy.name} (simulated)",
+         "seconds": s.get("seconds"), "speedup": s.get("speedup")}
+    )  # fmt: skip
+    return rows
+
+
+def plan_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.scenario:
+        return scenario_rows(args)
+    try:
+        counts = [int(w) for w in str(args.workers).split(",") if w.strip()]
+    except ValueError:
+        raise UsageError(f"--workers: expected integers, got {args.workers!r}") from None
+    rows = []
+    for n in counts:
+        p = _inputs(args, n)
+        for e in estimate(p):
+            rows.append(
+                {
+                    "workers": n,
+                    "t_grad": p.t_grad,
+                    "t_comm": p.t_comm,
+                    "contention": p.contention,
+                    **e.to_dict(),
+                }
+            )
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = plan_rows(args)
+    if args.json:
+        sys.stdout.write(json.dumps({"estimates": rows}, indent=2) + "\n")
+        return 0
+    first = rows[0]
+    table = Table(
+        title="Estimated time "
+        f"(t_grad {first['t_grad']:.4g} s, t_comm {first['t_comm']:.4g} s, "
+        f"{first['contention']} links)"
+    )
+    for col in ("clients", "strategy", "seconds", "speedup"):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in rows:
+        table.add_row(
+            str(r["workers"]), r["strategy"], f"{r['seconds']:.4g}", f"{r['speedup']:.2f}x"
+        )
+    Console().print(table)
+    return 0

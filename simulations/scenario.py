@@ -1,0 +1,286 @@
+"""Scenario files: a job plus the world it runs in, as TOML.
+
+A scenario is everything a simulated run needs and nothing else, so the same
+file always gives the same results::
+
+    name = "digits-64-roblox"
+    seed = 1
+
+    [job]                       # a coordinator job file, verbatim (coordinator.config)
+    model = { widths = [64, 128, 10] }
+    strategy = { name = "decentral-async", tau = 10 }
+    link = { profile = "roblox" }
+    stop = { target_accuracy = 0.9, max_time_s = 3600 }
+
+    [clients]
+    count = 64
+    compute = { kind = "lognormal", median = 2e9, sigma = 0.5 }   # FLOP/s
+    latency = { kind = "uniform", low = 0.02, high = 0.12 }       # s, one way
+    churn = { drop_per_minute = 0.1 }
+
+    [server]
+    compute = 5e10              # FLOP/s of "one machine": the linear baseline
+
+    [run]
+    mode = "numeric"            # or "cost": timings without numerics
+    max_steps = 100             # stop after this many mini-batch steps (seed tables)
+
+    [sweep]                     # optional grid: dotted path -> list of values
+    "clients.count" = [8, 64, 700]
+
+The link's bandwidth, message rate and frame size come from the job's
+``[link]`` (one home for limits); only the latency lives here, because it is a
+property of the world, not a setting of the job. Loading reports every bad field
+at once, each with its dotted path.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from coordinator.config import JobConfig, JobConfigError, parse_job
+from protocol.limits import LinkLimits, profile
+from simulations.churn import ChurnModel
+from simulations.distributions import Distribution, Fixed, parse
+from simulations.network import LinkSpec
+
+#: Compute rates (docs/simulations.md, "Compute rates"), stated in every report.
+#: "A player": our client on a laptop, held to a quarter of one core by the frame
+#: budget. "One machine": this 2-core machine training alone (PyTorch, large
+#: preset, batch 16: 180 steps/s x 203.6 MFLOP/step, brief "Measured"). The seed's
+#: own Luau VM ran 100 large steps in 84.568 s: 2.4e8 FLOP/s, for both its server
+#: and its players, which is what the seed-table scenarios assume.
+PLAYER_FLOPS = 5.0e9
+MACHINE_FLOPS = 3.6e10
+SEED_LUAU_FLOPS = 2.4e8
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+class ScenarioError(ValueError):
+    """A scenario is invalid; ``errors`` holds ``(path, message)`` for every bad field."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.errors = errors
+        lines = [f"{source}: {len(errors)} invalid field(s)"]
+        lines += [f"  {path}: {msg}" for path, msg in errors]
+        super().__init__("\n".join(lines))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class ClientsSection(_Section):
+    """The simulated population: how many, how fast, how far, how fickle."""
+
+    count: int = Field(default=8, ge=1, le=100_000)
+    compute: InstanceOf[Distribution] = Field(
+        default=Fixed(value=PLAYER_FLOPS), validate_default=True
+    )
+    latency: InstanceOf[Distribution] = Field(default=Fixed(value=0.0), validate_default=True)
+    churn: InstanceOf[ChurnModel] = Field(default_factory=ChurnModel.none)
+    join_over_s: float = Field(default=0.0, ge=0, description="spread first connects over")
+    silent_drops: float = Field(
+        default=0.0, ge=0, le=1, description="share of drops only a heartbeat timeout notices"
+    )
+    duplicate_results: float = Field(
+        default=0.0, ge=0, le=1, description="chance a player sends a result twice (fault)"
+    )
+
+    @field_validator("compute", "latency", mode="before")
+    @classmethod
+    def _parse_dist(cls, v: Any, info: ValidationInfo) -> Distribution:
+        return parse(v, str(info.field_name))
+
+    @field_validator("compute", mode="after")
+    @classmethod
+    def _positive_rate(cls, v: Distribution) -> Distribution:
+        if not v.mean > 0:
+            raise ValueError("compute rate must have a mean > 0 FLOP/s")
+        return v
+
+    @field_validator("churn", mode="before")
+    @classmethod
+    def _parse_churn(cls, v: Any) -> ChurnModel:
+        if isinstance(v, ChurnModel):
+            return v
+        if not isinstance(v, Mapping):
+            raise ValueError("expected a table: {drop_per_minute = ...} or {session, rejoin}")
+        return ChurnModel.from_table(v, "churn")
+
+
+class ServerSection(_Section):
+    compute: float = Field(default=MACHINE_FLOPS, gt=0, description="FLOP/s of one machine")
+
+
+class RunSection(_Section):
+    mode: Literal["numeric", "cost"] = "numeric"
+    max_steps: int | None = Field(default=None, ge=1, description="mini-batch steps, all clients")
+    sample_every_s: float = Field(default=1.0, gt=0, description="time-series resolution")
+    tick_every_s: float = Field(default=1.0, gt=0, description="coordinator tick period")
+    max_virtual_s: float = Field(default=86_400.0, gt=0, description="hard stop, virtual s")
+
+
+class Scenario(_Section):
+    name: str = "scenario"
+    description: str = ""
+    seed: int = Field(default=0, ge=0)
+    job: JobConfig = Field(default_factory=JobConfig)
+    clients: ClientsSection = Field(default_factory=ClientsSection)
+    server: ServerSection = Field(default_factory=ServerSection)
+    run: RunSection = Field(default_factory=RunSection)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @property
+    def limits(self) -> LinkLimits:
+        """The job's link profile with its overrides applied."""
+        link = self.job.link
+        base = profile(link.profile)
+        return LinkLimits(
+            bytes_per_s=link.bytes_per_s or base.bytes_per_s,
+            messages_per_s=link.messages_per_s or base.messages_per_s,
+            max_message_bytes=link.max_message_bytes or base.max_message_bytes,
+            burst=base.burst,
+        )
+
+    @property
+    def link(self) -> LinkSpec:
+        return LinkSpec.from_limits(self.limits, latency=self.clients.latency)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for results.json (distributions as their tables)."""
+        d = self.model_dump(exclude={"clients", "job"})
+        d["job"] = self.job.model_dump()
+        c = self.clients
+        d["clients"] = {
+            "count": c.count,
+            "compute": c.compute.to_dict(),
+            "latency": c.latency.to_dict(),
+            "churn": c.churn.to_dict(),
+            "join_over_s": c.join_over_s,
+            "silent_drops": c.silent_drops,
+            "duplicate_results": c.duplicate_results,
+        }
+        return d
+
+
+def _errors(exc: ValidationError) -> list[tuple[str, str]]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append((path, msg))
+    return out
+
+
+def parse_scenario(data: Mapping[str, Any], *, source: str = "<scenario>") -> Scenario:
+    """Validate a mapping; raises ScenarioError listing every bad field."""
+    data = dict(data)
+    errors: list[tuple[str, str]] = []
+    if "job" in data:
+        # Validated on its own so each bad job field is its own entry, "job.<path>".
+        try:
+            data["job"] = parse_job(data["job"], source="job")
+        except JobConfigError as exc:
+            errors += [(f"job.{p}", m) for p, m in exc.errors]
+            del data["job"]
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        errors += _errors(exc)
+    if errors:
+        raise ScenarioError(source, sorted(errors, key=lambda e: e[0]))
+    return scenario
+
+
+def load_raw(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ScenarioError(str(p), [("<file>", f"cannot read: {exc.strerror}")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(str(p), [("<toml>", str(exc))]) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a TOML scenario (a shipped name like ``table-4.6`` works too)."""
+    p = resolve(path)
+    return parse_scenario(load_raw(p), source=str(p))
+
+
+def resolve(path: str | Path) -> Path:
+    """A path, or the name of a shipped scenario under simulations/scenarios/."""
+    p = Path(path)
+    if p.exists():
+        return p
+    shipped = SCENARIO_DIR / f"{p.name.removesuffix('.toml')}.toml"
+    return shipped if shipped.exists() else p
+
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ScenarioError("<sweep>", [(dotted, f"{k!r} is not a table")])
+        node = nxt
+    node[keys[-1]] = value
+
+
+def expand_sweep(
+    data: Mapping[str, Any], *, source: str = "<scenario>"
+) -> list[tuple[dict[str, Any], Scenario]]:
+    """The grid of ``[sweep]``: one ``(point, scenario)`` per combination, in row-major order.
+
+    A key naming several paths, ``"a.b,c.d" = [[1, 2], [3, 4]]``, moves them
+    together (a preset and its dataset). Without a sweep, one point with the
+    scenario itself. Each point is validated;
+    an invalid combination is reported with its values.
+    """
+    base = dict(data)
+    grid = base.pop("sweep", {}) or {}
+    if not isinstance(grid, Mapping) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ScenarioError(source, [("sweep", "expected dotted keys mapping to non-empty lists")])
+    keys = list(grid)
+    out = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        point: dict[str, Any] = {}
+        for key, value in zip(keys, values, strict=True):
+            paths = [k.strip() for k in key.split(",")]
+            if len(paths) == 1:
+                point[key] = value
+                continue
+            if not isinstance(value, list) or len(value) != len(paths):
+                raise ScenarioError(
+                    source, [(f"sweep.{key}", f"each value must list {len(paths)} items")]
+                )
+            point.update(zip(paths, value, strict=True))
+        d = copy.deepcopy(base)
+        for k, v in point.items():
+            _set_path(d, k, v)
+        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        out.append((point, parse_scenario(d, source=f"{source} [{label}]" if label else source)))
+    return out

@@ -1,0 +1,186 @@
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from coordinator import events as ev
+from coordinator.leases import TaskState
+from nn.data import load_dataset
+from simulations.driver import Simulation
+from simulations.report import write_report
+from simulations.scenario import parse_scenario
+
+STRATEGIES = ["central-sync", "central-async", "decentral-sync", "decentral-async"]
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits", seed=0)
+
+
+def small(strategy="decentral-async", *, seed=3, target=0.8, **clients):
+    return parse_scenario(
+        {
+            "name": "small",
+            "seed": seed,
+            "job": {
+                "model": {"widths": [64, 32, 10]},
+                "data": {"dataset": "digits", "shards": 4, "batch": 16},
+                "strategy": {"name": strategy, "tau": 10, "lr": 0.1},
+                "link": {"profile": "roblox"},
+                "stop": {"target_accuracy": target, "max_time_s": 300},
+                "eval": {"every_versions": 2},
+            },
+            "clients": {
+                "count": 4,
+                "compute": {"kind": "uniform", "low": 2e9, "high": 8e9},
+                "latency": {"kind": "uniform", "low": 0.02, "high": 0.1},
+                **clients,
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_strategy_reaches_its_target(strategy, digits):
+    r = Simulation(small(strategy), dataset=digits).run()
+    s = r.summary
+    assert s["reason"] == "target_accuracy"
+    assert s["accuracy"] >= 0.8
+    assert 0 < s["time_to_target"] == s["seconds"] <= 300
+    assert s["results_accepted"] > 0 and s["bytes_up"] > 0 and s["bytes_down"] > 0
+    assert r.series[0].t == 0.0 and r.series[-1].accuracy == s["accuracy"]
+
+
+def test_same_seed_gives_byte_identical_results_json(tmp_path, digits):
+    churny = {"churn": {"drop_per_minute": 0.5, "rejoin": {"kind": "exponential", "mean": 2}}}
+    a = Simulation(small(seed=5, **churny), dataset=digits).run()
+    b = Simulation(small(seed=5, **churny), dataset=digits).run()
+    c = Simulation(small(seed=6, **churny), dataset=digits).run()
+    write_report([a], tmp_path / "a", plots=False)
+    write_report([b], tmp_path / "b", plots=False)
+    write_report([c], tmp_path / "c", plots=False)
+    ja = (tmp_path / "a" / "results.json").read_bytes()
+    assert ja == (tmp_path / "b" / "results.json").read_bytes()
+    assert (tmp_path / "a" / "timeseries.csv").read_bytes() == (
+        tmp_path / "b" / "timeseries.csv"
+    ).read_bytes()
+    assert ja != (tmp_path / "c" / "results.json").read_bytes()
+    assert json.loads(ja)["runs"][0]["summary"]["drops"] >= 0
+
+
+def test_max_steps_stop_and_linear_baseline(digits):
+    sc = small("decentral-async", target=0.99)
+    sc = sc.model_copy(update={"run": sc.run.model_copy(update={"max_steps": 100})})
+    r = Simulation(sc, dataset=digits).run()
+    s = r.summary
+    assert s["reason"] == "max_steps" and s["steps"] >= 100
+    flops = sc.job.spec.flops_per_sample(train=True) * 16 * 100
+    assert s["linear_seconds"] == pytest.approx(flops / sc.server.compute)
+    assert s["speedup"] == pytest.approx(s["linear_seconds"] / s["virtual_seconds"])
+
+
+# -- the fault sweep -------------------------------------------------------------------
+
+
+class Invariants:
+    """The coordinator's promises, checked after every batch of outputs."""
+
+    def __init__(self):
+        self.accepted = Counter()
+        self.version = 0
+        self.updates = 0
+
+    def __call__(self, sim, outputs):
+        core = sim.core
+        for o in outputs:
+            if isinstance(o, ev.ResultAccepted):
+                self.accepted[o.task_id] += 1
+                assert self.accepted[o.task_id] == 1, f"task {o.task_id} applied twice"
+            elif isinstance(o, ev.ModelUpdated):
+                assert o.version >= self.version, "version went backwards"
+                self.version = o.version
+                self.updates += 1
+        live = core.book.leases_live()
+        holders = Counter(lease.client_id for lease in live)
+        assert all(n == 1 for n in holders.values()), "a client holds two live leases"
+        if core.finished is None:
+            assert all(lease.client_id in core.conns for lease in live), "lease of a gone client"
+        assert core.params.is_finite()
+
+    def final(self, sim):
+        core = sim.core
+        accepted = {t.task_id for t in core.book.tasks.values() if t.state is TaskState.ACCEPTED}
+        assert accepted == set(self.accepted), "acknowledged results and accepted tasks differ"
+        assert core.accepted_results == sum(self.accepted.values())
+        assert core.version == self.version
+
+
+def fault_scenario(i):
+    rng = np.random.default_rng(1000 + i)
+    strategy = STRATEGIES[i % 4]
+    return parse_scenario(
+        {
+            "name": f"fault-{i}",
+            "seed": i,
+            "job": {
+                "model": {"widths": [64, 8, 10]},
+                "data": {"dataset": "digits", "shards": int(rng.integers(2, 6)), "batch": 8},
+                "strategy": {
+                    "name": strategy,
+                    "tau": int(rng.integers(1, 6)),
+                    "lr": 0.1,
+                    "round_deadline_s": float(rng.uniform(1, 5)),
+                },
+                "link": {"profile": str(rng.choice(["roblox", "mobile", "lan"]))},
+                "lease": {
+                    "min_s": float(rng.uniform(0.5, 3)),
+                    "heartbeat_interval_s": 1.0,
+                    "heartbeat_timeout_s": float(rng.uniform(2, 5)),
+                    "resume_grace_s": float(rng.uniform(0, 3)),
+                },
+                "stop": {"max_time_s": float(rng.uniform(3, 8))},
+                "eval": {"every_versions": 5},
+            },
+            "clients": {
+                "count": int(rng.integers(1, 7)),
+                "compute": {"kind": "lognormal", "median": 1e8, "sigma": 1.0},
+                # latency spikes: a heavy right tail up to seconds
+                "latency": {
+                    "kind": "lognormal",
+                    "median": 0.05,
+                    "sigma": float(rng.uniform(0, 1.5)),
+                },
+                "churn": {
+                    "session": {"kind": "exponential", "mean": float(rng.uniform(0.5, 8))},
+                    "rejoin": {"kind": "exponential", "mean": float(rng.uniform(0.1, 3))},
+                },
+                "silent_drops": float(rng.uniform(0, 1)),
+                "duplicate_results": float(rng.uniform(0, 0.5)),
+                "join_over_s": float(rng.uniform(0, 2)),
+            },
+            "run": {"tick_every_s": 0.5, "sample_every_s": 5.0},
+        }
+    )
+
+
+def test_fault_sweep_keeps_the_coordinators_invariants(digits):
+    totals = Counter()
+    for i in range(200):
+        check = Invariants()
+        sim = Simulation(fault_scenario(i), dataset=digits, observer=check)
+        r = sim.run()
+        check.final(sim)
+        s = r.summary
+        totals["drops"] += s["drops"]
+        totals["frames_lost"] += s["frames_lost"]
+        totals["rejected"] += s["results_rejected"]
+        totals["expired"] += s["leases_expired"]
+        totals["accepted"] += s["results_accepted"]
+    # the sweep really exercised the faults it is about
+    assert totals["drops"] > 100
+    assert totals["frames_lost"] > 100
+    assert totals["rejected"] > 10  # duplicates and stale results refused
+    assert totals["expired"] > 0
+    assert totals["accepted"] > 200
