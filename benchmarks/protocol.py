@@ -6,9 +6,10 @@ Anchor: a memcpy (``np.copyto``) of the same bytes in the same run. Each figure
 is the best of ``--repeat`` runs, since the machine is shared.
 
     python benchmarks/protocol.py [--preset large] [--profile roblox] [--json]
-                                  [--tune-malloc]
+                                  [--no-tune-malloc]
 
-Without ``--tune-malloc`` encode is dominated by the kernel faulting in fresh
+The product's entry points call ``crowdgrad.process.tune_malloc`` and so does
+this benchmark; with ``--no-tune-malloc`` encode is dominated by the kernel faulting in fresh
 pages for each multi-MB frame, not by the codec; with zlib's crc32 (no ``isal``
 installed) the checksum is the next bottleneck (see protocol/checksum.py).
 """
@@ -16,7 +17,6 @@ installed) the checksum is the next bottleneck (see protocol/checksum.py).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 import time
@@ -30,6 +30,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 import numpy as np  # noqa: E402
 
+from crowdgrad.process import tune_malloc  # noqa: E402
 from nn.params import Params  # noqa: E402
 from nn.spec import ModelSpec  # noqa: E402
 from protocol.checksum import BACKEND  # noqa: E402
@@ -48,20 +49,6 @@ def best_seconds(fn: Callable[[], object], repeat: int) -> float:
     return best
 
 
-def tune_malloc() -> bool:
-    """Stop glibc from returning freed multi-MB buffers to the kernel, so each new
-    frame does not page-fault fresh memory (what MALLOC_MMAP_THRESHOLD_ and
-    MALLOC_TRIM_THRESHOLD_ do). Process-wide: a server would do it in its main."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(
-        libc.mallopt(m_trim_threshold, (1 << 31) - 1)
-    )
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="large")
@@ -69,9 +56,11 @@ def main() -> int:
     ap.add_argument("--max-message-bytes", type=int, default=None, help="overrides --profile")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--json", action="store_true", help="print only the three figures as JSON")
-    ap.add_argument("--tune-malloc", action="store_true", help="see tune_malloc()")
+    ap.add_argument(
+        "--no-tune-malloc", action="store_true", help="keep glibc's defaults (see tune_malloc)"
+    )
     args = ap.parse_args()
-    tuned = tune_malloc() if args.tune_malloc else False
+    tuned = False if args.no_tune_malloc else tune_malloc()
 
     spec = ModelSpec.preset(args.preset)
     params = spec.init_params(0)

@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compute threads for BLAS and numba (default: $CROWDGRAD_THREADS or 1)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"crowdgrad.commands.{name}").register(sub)
@@ -48,6 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        from crowdgrad.process import tune_malloc
+        from nn.threads import set_threads
+
+        set_threads(args.threads)
+        tune_malloc()
         return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
         print(f"crowdgrad {args.command}: error: {exc}", file=sys.stderr)
