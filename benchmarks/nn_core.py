@@ -8,9 +8,14 @@ rounds, so a noisy neighbour hits all of them alike; the ratios are the result.
 The machine's float32 GEMM rate (numpy matmul) is the anchor for the
 GEMM-bound rate of a step, ``6 · weights · batch`` FLOPs.
 
+"crowdgrad" splits big layers into neuron groups, one per numba thread, each
+on single-threaded sgemm; "whole" is the same core with one numba thread and
+multi-threaded BLAS on whole layers (the previous design), for comparison.
+
     python benchmarks/nn_core.py              # table
     python benchmarks/nn_core.py --json       # {"gemm_gflops": x, "rows": [...]}
     python benchmarks/nn_core.py --quick      # fewer rounds, for a smoke run
+    python benchmarks/nn_core.py --shapes     # one-core sgemm rate of each step GEMM
 
 torch is the ``bench`` extra (``pip install -e '.[bench]'``); without it the
 torch column is empty.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,6 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+# The same OpenMP wait policy for every contender, set before any OpenMP runtime
+# loads: nn.kernels makes it passive (see there), and torch, imported first,
+# would load the shared libgomp with the default spinning policy for both.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "nn"))
 
@@ -43,6 +54,10 @@ CONFIGS = [
     ("huge", 16),
 ]
 N_ROWS = 2048  # rows of the synthetic dataset each contender samples from
+#: Pause before each measurement: OpenBLAS pool threads busy-wait ~0.1 s after a
+#: call (2^28 cycles), so without it a contender runs against the previous one's
+#: spinning threads, and the order of the contenders decides the result.
+SETTLE_S = 0.2
 
 
 def gemm_gflops(n: int = 2048, reps: int = 5) -> float:
@@ -57,6 +72,42 @@ def gemm_gflops(n: int = 2048, reps: int = 5) -> float:
         a @ b
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best / 1e9
+
+
+def shape_rates(reps: int = 15) -> list[tuple[str, float]]:
+    """One-thread sgemm GFLOP/s of the GEMMs in a step of a 1024² and a 4096² layer.
+
+    Timed in thread CPU time, best of ``reps``: on a shared machine that is close
+    to the unloaded rate, where wall-clock rates of parallel code are not.
+    """
+    from threadpoolctl import threadpool_limits
+
+    from nn.blas import gemm
+
+    rng = np.random.default_rng(0)
+
+    def rate(ta: bool, tb: bool, m: int, n: int, k: int) -> float:
+        A = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+        B = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        C = np.zeros((m, n), np.float32)
+        gemm(ta, tb, 1.0, A, B, 0.0, C)
+        best = float("inf")
+        for _ in range(reps):
+            t = time.thread_time()
+            gemm(ta, tb, 1.0, A, B, 1.0, C)
+            best = min(best, time.thread_time() - t)
+        return 2 * m * n * k / best / 1e9
+
+    out = []
+    with threadpool_limits(limits=1):
+        out.append(("square 2048³", rate(False, False, 2048, 2048, 2048)))
+        for batch, rows, cols in [(16, 1024, 1024), (16, 512, 1024), (128, 1024, 1024),
+                                  (128, 512, 1024), (16, 2048, 4096)]:  # fmt: skip
+            tag = f"batch {batch}, {rows} rows x {cols}"
+            out.append((f"{tag}: forward  Z = A·Wᵀ", rate(False, True, batch, rows, cols)))
+            out.append((f"{tag}: backward dA = dZ·W", rate(False, False, batch, cols, rows)))
+            out.append((f"{tag}: update   W -= dZᵀ·A", rate(True, False, rows, cols, batch)))
+    return out
 
 
 class Contender:
@@ -81,6 +132,7 @@ class Contender:
         self.steps = max(1, int(steps * target_s / max(dt, 1e-9)))
 
     def measure(self) -> None:
+        time.sleep(SETTLE_S)
         t = time.perf_counter()
         self.run(self.steps)
         self.rates.append(self.steps / (time.perf_counter() - t))
@@ -90,7 +142,9 @@ class Contender:
         return statistics.median(self.rates)
 
 
-def crowdgrad_contender(widths, X, Y, batch: int) -> Contender:
+def crowdgrad_contender(widths, X, Y, batch: int, *, whole: bool = False) -> Contender:
+    import numba
+
     from nn.optim import Optimizer, OptState
     from nn.spec import ModelSpec
     from nn.train import train_steps
@@ -99,7 +153,19 @@ def crowdgrad_contender(widths, X, Y, batch: int) -> Contender:
     params = spec.init_params(0)
     state = OptState.init(Optimizer(kind="sgd", lr=1e-3), spec)
     rng = np.random.default_rng(0)
-    return Contender("crowdgrad", lambda s: train_steps(params, state, X, Y, s, batch, rng))
+
+    def run(steps: int) -> None:
+        if not whole:
+            train_steps(params, state, X, Y, steps, batch, rng)
+            return
+        before = numba.get_num_threads()
+        numba.set_num_threads(1)  # no neuron groups: BLAS keeps its thread count
+        try:
+            train_steps(params, state, X, Y, steps, batch, rng)
+        finally:
+            numba.set_num_threads(before)
+
+    return Contender("whole" if whole else "crowdgrad", run)
 
 
 def numpy_contender(widths, X, Y, batch: int) -> Contender:
@@ -151,6 +217,7 @@ def bench_config(preset: str, batch: int, rounds: int, target_s: float, gflops: 
         c
         for c in (
             crowdgrad_contender(widths, X, Y, batch),
+            crowdgrad_contender(widths, X, Y, batch, whole=True),
             torch_contender(widths, X, Y, batch),
             numpy_contender(widths, X, Y, batch),
         )
@@ -168,6 +235,7 @@ def bench_config(preset: str, batch: int, rounds: int, target_s: float, gflops: 
         "preset": preset,
         "batch": batch,
         "crowdgrad_steps_s": cg,
+        "whole_steps_s": rates["whole"],
         "torch_steps_s": th,
         "numpy_steps_s": rates["numpy"],
         "ratio_vs_torch": cg / th if th else None,
@@ -198,7 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=0.15, help="seconds per round")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 0.05 s")
     ap.add_argument("--only", help="comma-separated presets to run")
+    ap.add_argument("--shapes", action="store_true", help="one-core sgemm rate per GEMM shape")
     args = ap.parse_args(argv)
+    if args.shapes:
+        for name, r in shape_rates():
+            print(f"{name:45} {r:6.1f} GFLOP/s (1 thread, CPU time)")
+        return 0
     if args.quick:
         args.rounds, args.target = 2, 0.05
     set_threads(args.threads)
@@ -213,12 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"gemm_gflops": gflops, "threads": args.threads, "rows": rows}))
         return 0
     print(f"float32 GEMM: {gflops:.1f} GFLOP/s   threads: {args.threads}   (train steps/s)")
-    head = f"{'preset':8} {'batch':>5} {'crowdgrad':>10} {'torch':>9} {'numpy':>9} {'ratio':>7}"
+    head = f"{'preset':8} {'batch':>5} {'crowdgrad':>10} {'whole':>9} {'torch':>9} {'numpy':>9}"
+    head += f" {'ratio':>7}"
     print(head + f" {'cg %gemm':>9} {'torch %gemm':>11}")
     for r in rows:
         th = r["torch_steps_s"]
         print(
             f"{r['preset']:8} {r['batch']:5d} {r['crowdgrad_steps_s']:10.1f} "
+            f"{r['whole_steps_s']:9.1f} "
             f"{th if th else float('nan'):9.1f} {r['numpy_steps_s']:9.1f} "
             f"{r['ratio_vs_torch'] or float('nan'):7.2f} "
             f"{100 * r['crowdgrad_gemm_fraction']:8.1f}% "

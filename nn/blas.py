@@ -13,6 +13,9 @@ small products, where a BLAS call costs more than the arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 from llvmlite import binding as _llvm
 from numba import njit, types
@@ -33,7 +36,8 @@ _T = np.uint8(ord("T"))
 def _sgemm_rm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
     # Row-major C[M,N] = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ: swap the
     # operands, keep each one's transpose flag, and every leading dimension is the
-    # stored row length.
+    # row stride, so column blocks of a matrix (a neuron group's slice of
+    # activations) are passed without a copy.
     M, N = C.shape
     K = A.shape[0] if ta else A.shape[1]
     ch = np.empty(2, np.uint8)
@@ -43,9 +47,9 @@ def _sgemm_rm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
     ints[0] = N
     ints[1] = M
     ints[2] = K
-    ints[3] = B.shape[1]
-    ints[4] = A.shape[1]
-    ints[5] = N
+    ints[3] = max(B.strides[0] // B.itemsize, B.shape[1], 1)
+    ints[4] = max(A.strides[0] // A.itemsize, A.shape[1], 1)
+    ints[5] = max(C.strides[0] // C.itemsize, N, 1)
     fl = np.empty(2, np.float32)
     fl[0] = alpha
     fl[1] = beta
@@ -109,7 +113,10 @@ def _loops_axpy(ta, tb, alpha, A, B, C):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def gemm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
-    """``C := alpha·op(A)·op(B) + beta·C`` on C-contiguous row-major 2-D arrays.
+    """``C := alpha·op(A)·op(B) + beta·C`` on row-major 2-D arrays.
+
+    Rows must be contiguous (inner stride 1); the row stride may be larger, as in
+    a column block ``Z[:, j0:j1]``.
 
     ``beta == 0`` ignores what C held (even NaN), as BLAS does. Shapes are the
     caller's contract: kernels derive them from one layout, so they are not
@@ -125,3 +132,41 @@ def gemm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
         _loops_nt(alpha, A, B, C)
     else:
         _loops_axpy(ta, tb, alpha, A, B, C)
+
+
+# -- the thread count of the BLAS behind sgemm ----------------------------------------
+
+
+_controllers: list | None = None
+
+
+def _blas_controllers() -> list:
+    # Every BLAS in the process, not only scipy's: the sgemm capsule points into
+    # scipy's Cython wrapper, not into the library, so the loader cannot say which
+    # one it calls. Numpy's BLAS is pinned alongside for the duration of a call.
+    global _controllers
+    if _controllers is None:
+        from threadpoolctl import ThreadpoolController
+
+        _controllers = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
+    return _controllers
+
+
+@contextmanager
+def sgemm_threads(n: int) -> Iterator[None]:
+    """Run sgemm with ``n`` threads inside the block, then restore the old count.
+
+    Why: neuron-group kernels call sgemm from several numba threads at once, each
+    on its own rows; a multi-threaded BLAS would then start its own pool inside
+    every call and oversubscribe the cores. Not safe against another Python thread
+    changing the same library's thread count at the same time.
+    """
+    libs = _blas_controllers()
+    before = [c.get_num_threads() for c in libs]
+    for c in libs:
+        c.set_num_threads(n)
+    try:
+        yield
+    finally:
+        for c, k in zip(libs, before, strict=True):
+            c.set_num_threads(k)

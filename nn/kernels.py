@@ -16,6 +16,17 @@ Adam write the gradient into a scratch buffer ``G`` and update in one
 elementwise pass. ``train_loop`` runs all steps inside one compiled call, with
 the batch indices drawn by the caller, so Python is entered once per call.
 
+Neuron groups: with ``parts > 1`` threads, a big layer's rows (its neurons) are
+split into one group per thread, and each thread runs single-threaded sgemm on
+its rows: forward writes its own columns of Z (no reduction); backward computes
+its partial ``dA_prev`` from its rows of the old W into a private buffer and then
+updates those same rows, so threads never share a row. The partial ``dA_prev``
+are summed in group order, so a run is bitwise reproducible for a given
+``parts``; 1 and 2 threads differ by float rounding only. Why not a two-thread
+sgemm on the whole layer: the elementwise passes split too, nothing crosses
+threads inside a layer, and the threads wait passively between layers instead of
+spinning (see docs/performance.md for what was measured and what was not).
+
 Every kernel is ``nogil`` (clients run it off their IO thread) and generic over
 float32/float64: float64 goes through loops, which is the finite-difference
 check path. Codes for activations, losses and optimizers are the tuples below.
@@ -24,9 +35,19 @@ check path. Codes for activations, losses and optimizers are the tuples below.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
-from numba import njit
+
+# Neuron-group regions end in a barrier. GNU OpenMP's default is to spin there, and
+# on a shared machine (a volunteer's desktop, a 2-core VM running tests) the spinner
+# burns the timeslice its descheduled partner needs: large/16 on 2 threads at load
+# average 5 ran 4x slower than on one thread, and as fast as one thread with
+# passive waiting. Set before numba loads its OpenMP layer (first parallel call);
+# an explicit setting by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from numba import njit, prange
 
 from nn.blas import gemm
 
@@ -125,9 +146,92 @@ def loss_grad_(out, loss, T, labels, idx, D):  # pragma: no cover - compiled
     return total / B
 
 
+# -- neuron groups: a big layer's rows split across threads ---------------------------
+
+#: A layer is split into row groups (one per thread) from this many multiply-adds
+#: per step (batch·out·in) and at least ``PAR_MIN_ROWS`` rows per group; below it a
+#: parallel region costs more than it saves.
+PAR_MIN_MACS = 1 << 22
+PAR_MIN_ROWS = 64
+
+
 @njit(cache=True, nogil=True)
-def forward(data, shapes, offs, acts, Xb, abuf, aoff):  # pragma: no cover - compiled
-    """Fill every layer's activations (``abuf`` at ``aoff[l]``) for the batch ``Xb``."""
+def split_layer(B, o, i, parts):  # pragma: no cover - compiled
+    """Row groups for a layer of ``o`` neurons: ``parts`` when worth it, else 1."""
+    if parts < 2 or B * o * i < PAR_MIN_MACS:
+        return 1
+    return max(1, min(parts, o // PAR_MIN_ROWS))
+
+
+@njit(cache=True, nogil=True)
+def _rows(o, p, n):  # pragma: no cover - compiled
+    return (o * p) // n, (o * (p + 1)) // n
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def forward_groups_(prev, W, bvec, Z, act, n):  # pragma: no cover - compiled
+    """``Z[:, g] = act(prev·W[g]ᵀ + b[g])`` for ``n`` row groups g in parallel.
+
+    No reduction: each group owns its columns of Z, so the result is the same
+    for any thread count given the same ``n``.
+    """
+    for p in prange(n):
+        r0, r1 = _rows(W.shape[0], p, n)
+        Zp = Z[:, r0:r1]
+        gemm(False, True, 1.0, prev, W[r0:r1], 0.0, Zp)
+        bias_act_(Zp, bvec[r0:r1], act)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def backward_groups_(
+    dZ, A, act, prev, W, bvec, dA, part, GW, Gb, mode, lr, n
+):  # pragma: no cover - compiled
+    """One layer's backward with its rows split into ``n`` groups in parallel.
+
+    Group p reads its rows of the old W for its share of ``dA = dZ·W`` and then
+    updates (or writes the gradient of) the same rows, so no group touches
+    another's rows. The shares are partial sums over neurons: group 0 writes dA,
+    group p > 0 its slice of ``part``, and they are added in group order after the
+    parallel region, which keeps the result reproducible for a given ``n``.
+    ``dA`` of size 0 skips that product (the first layer).
+    """
+    B, i = prev.shape
+    for p in prange(n):
+        r0, r1 = _rows(W.shape[0], p, n)
+        dZp = dZ[:, r0:r1]
+        act_grad_(dZp, A[:, r0:r1], act)
+        if dA.size:
+            dst = dA if p == 0 else part[(p - 1) * B * i : p * B * i].reshape(B, i)
+            gemm(False, False, 1.0, dZp, W[r0:r1], 0.0, dst)
+        if mode == MODE_SGD:
+            gemm(True, False, -lr, dZp, prev, 1.0, W[r0:r1])
+            for r in range(B):
+                for j in range(r0, r1):
+                    bvec[j] -= lr * dZ[r, j]
+        else:
+            gemm(True, False, 1.0, dZp, prev, 0.0, GW[r0:r1])
+            for j in range(r0, r1):
+                Gb[j] = 0
+            for r in range(B):
+                for j in range(r0, r1):
+                    Gb[j] += dZ[r, j]
+    if dA.size and n > 1:
+        for r in prange(B):
+            for p in range(1, n):
+                src = part[(p - 1) * B * i + r * i : (p - 1) * B * i + (r + 1) * i]
+                for k in range(i):
+                    dA[r, k] += src[k]
+
+
+# -- the whole network ----------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def forward(data, shapes, offs, acts, Xb, abuf, aoff, parts=1):  # pragma: no cover - compiled
+    """Fill every layer's activations (``abuf`` at ``aoff[l]``) for the batch ``Xb``.
+
+    ``parts`` is the number of threads a big layer's rows may be split over.
+    """
     B = Xb.shape[0]
     prev = Xb
     for l in range(shapes.shape[0]):
@@ -135,19 +239,27 @@ def forward(data, shapes, offs, acts, Xb, abuf, aoff):  # pragma: no cover - com
         w0, b0 = offs[l, 0], offs[l, 1]
         W = data[w0 : w0 + o * i].reshape(o, i)
         Z = abuf[aoff[l] : aoff[l] + B * o].reshape(B, o)
-        gemm(False, True, 1.0, prev, W, 0.0, Z)
-        bias_act_(Z, data[b0 : b0 + o], acts[l])
+        n = split_layer(B, o, i, parts)
+        if n > 1:
+            forward_groups_(prev, W, data[b0 : b0 + o], Z, acts[l], n)
+        else:
+            gemm(False, True, 1.0, prev, W, 0.0, Z)
+            bias_act_(Z, data[b0 : b0 + o], acts[l])
         prev = Z
     return prev
 
 
 @njit(cache=True, nogil=True)
-def backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, lr):  # pragma: no cover
+def backward(
+    data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, lr, parts, part
+):  # pragma: no cover - compiled
     """Backpropagate ``dLoss/dout`` (the first ``B·K`` values of D1) to every layer.
 
     ``mode == MODE_GRAD`` writes the gradient into the flat ``G`` (same layout as
     ``data``); ``MODE_SGD`` applies ``data -= lr·grad`` as it goes and leaves G alone.
-    D1 and D2 are ping-pong scratch of ``B·max(width)`` values.
+    D1 and D2 are ping-pong scratch of ``B·max(width)`` values. With ``parts > 1``
+    big layers run as neuron groups (``backward_groups_``), which need ``part``:
+    ``(parts - 1)·B·max(width)`` scratch values.
     """
     B = Xb.shape[0]
     L = shapes.shape[0]
@@ -157,8 +269,19 @@ def backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, lr):  # 
         w0, b0 = offs[l, 0], offs[l, 1]
         W = data[w0 : w0 + o * i].reshape(o, i)
         dZ = cur[: B * o].reshape(B, o)
-        act_grad_(dZ, abuf[aoff[l] : aoff[l] + B * o].reshape(B, o), acts[l])
+        A = abuf[aoff[l] : aoff[l] + B * o].reshape(B, o)
         prev = Xb if l == 0 else abuf[aoff[l - 1] : aoff[l - 1] + B * i].reshape(B, i)
+        n = split_layer(B, o, i, parts)
+        if n > 1:
+            dA = other[: B * i if l > 0 else 0].reshape(B if l > 0 else 0, i)
+            GW = G[w0 : w0 + o * i].reshape(o, i) if mode == MODE_GRAD else W
+            Gb = G[b0 : b0 + o] if mode == MODE_GRAD else data[b0 : b0 + o]
+            backward_groups_(
+                dZ, A, acts[l], prev, W, data[b0 : b0 + o], dA, part, GW, Gb, mode, lr, n
+            )
+            cur, other = other, cur
+            continue
+        act_grad_(dZ, A, acts[l])
         if l > 0:
             gemm(False, False, 1.0, dZ, W, 0.0, other[: B * i].reshape(B, i))
         if mode == MODE_SGD:
@@ -213,7 +336,7 @@ def loss_and_grad(data, shapes, offs, acts, loss, X, T, labels, G):  # pragma: n
     _gather(X, idx, Xb)
     out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
     value = loss_grad_(out, loss, T, labels, idx, D1[: out.size].reshape(out.shape))
-    backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0)
+    backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, 1, D1[:0])
     return value
 
 
@@ -265,22 +388,27 @@ def optimizer_update_(
 @njit(cache=True, nogil=True)
 def train_loop(  # pragma: no cover - compiled
     data, shapes, offs, acts, loss, X, T, labels, idx, batch,
-    opt, lr, mu, nesterov, b1, b2, eps, t0, buf1, buf2, G, losses,
+    opt, lr, mu, nesterov, b1, b2, eps, t0, buf1, buf2, G, losses, parts,
 ):  # fmt: skip
     """``len(losses)`` train steps; step s uses rows ``idx[s·batch:(s+1)·batch]``.
 
     ``t0`` is the optimizer's step count before the call (Adam's bias correction).
     ``losses[s]`` receives step s's mean batch loss, measured before its update.
+    ``parts`` threads may share a big layer's rows (neuron groups); the caller
+    keeps BLAS single-threaded then (``nn.blas.sgemm_threads``).
     """
     aoff, abuf, D1, D2, Xb = _workspace(shapes, batch, data)
+    part = np.empty((max(parts, 1) - 1) * D1.shape[0], data.dtype)
     K = shapes[shapes.shape[0] - 1, 0]
     for s in range(losses.shape[0]):
         bidx = idx[s * batch : (s + 1) * batch]
         _gather(X, bidx, Xb)
-        out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
+        out = forward(data, shapes, offs, acts, Xb, abuf, aoff, parts)
         losses[s] = loss_grad_(out, loss, T, labels, bidx, D1[: batch * K].reshape(batch, K))
         if opt == _SGD:
-            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_SGD, lr)
+            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_SGD, lr, parts, part)
         else:
-            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0)
+            backward(
+                data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, parts, part
+            )
             optimizer_update_(data, G, opt, lr, mu, nesterov, b1, b2, eps, t0 + s + 1, buf1, buf2)

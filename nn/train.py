@@ -13,11 +13,14 @@ argmax of the prediction with the label (or with the argmax of a float target).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from nn import kernels
+from nn.blas import sgemm_threads
 from nn.optim import OptState
 from nn.params import Params
 from nn.spec import ModelSpec
@@ -113,6 +116,20 @@ def check_targets(y: np.ndarray, n: int, spec: ModelSpec) -> tuple[np.ndarray, n
     return T, labels
 
 
+def group_threads(lay: Layout, batch: int) -> int:
+    """Threads that share a big layer's rows (neuron groups) in ``train_steps``.
+
+    numba's thread count in the calling thread (``nn.threads.set_threads``), or 1
+    when no layer is big enough to split: then BLAS keeps its own thread count.
+    """
+    n = numba.get_num_threads()
+    if n < 2:
+        return 1
+    o, i = lay.shapes[:, 0], lay.shapes[:, 1]
+    big = (batch * o * i >= kernels.PAR_MIN_MACS) & (o >= 2 * kernels.PAR_MIN_ROWS)
+    return n if big.any() else 1
+
+
 def batch_indices(n: int, steps: int, batch: int, rng: np.random.Generator) -> np.ndarray:
     """``steps·batch`` row indices: consecutive permutations of ``range(n)``, so
     sampling is without replacement within each epoch of the call."""
@@ -161,12 +178,14 @@ def train_steps(
     lay = layout_of(spec)
     idx = batch_indices(X.shape[0], int(steps), int(batch), rng)
     losses = np.empty(int(steps), np.float64)
-    kernels.train_loop(
-        params.data, lay.shapes, lay.offs, lay.acts, lay.loss, X, T, labels, idx, int(batch),
-        kernels.code_of(opt.kind, kernels.OPT_CODES, "optimizer"), float(opt.lr),
-        float(opt.momentum), bool(opt.nesterov), float(opt.beta1), float(opt.beta2),
-        float(opt.eps), opt_state.step, buf1, buf2, G, losses,
-    )  # fmt: skip
+    parts = group_threads(lay, int(batch))
+    with sgemm_threads(1) if parts > 1 else nullcontext():
+        kernels.train_loop(
+            params.data, lay.shapes, lay.offs, lay.acts, lay.loss, X, T, labels, idx, int(batch),
+            kernels.code_of(opt.kind, kernels.OPT_CODES, "optimizer"), float(opt.lr),
+            float(opt.momentum), bool(opt.nesterov), float(opt.beta1), float(opt.beta2),
+            float(opt.eps), opt_state.step, buf1, buf2, G, losses, parts,
+        )  # fmt: skip
     opt_state.step += int(steps)
     return TrainMetrics(
         steps=int(steps),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nn.blas import BLAS_MIN_MACS, gemm
+from nn.blas import BLAS_MIN_MACS, _blas_controllers, gemm, sgemm_threads
 
 
 @settings(max_examples=60, deadline=None)
@@ -38,3 +39,29 @@ def test_beta_zero_ignores_nan_in_c() -> None:
         C = np.full((m, m), np.nan, np.float32)
         gemm(False, False, 1.0, A, A, 0.0, C)
         assert (m == C).all()
+
+
+@pytest.mark.parametrize(("ta", "tb"), [(False, True), (False, False), (True, False)])
+def test_gemm_on_column_blocks_uses_the_row_stride(ta: bool, tb: bool) -> None:
+    # Neuron groups pass Z[:, j0:j1] and dZ[:, j0:j1]: rows contiguous, stride wider.
+    rng = np.random.default_rng(0)
+    m, n, k = 24, 40, 36
+    Abig = rng.standard_normal((k + 5, m + 7) if ta else (m + 5, k + 7)).astype(np.float32)
+    A = Abig[:k, 3 : 3 + m] if ta else Abig[:m, 3 : 3 + k]
+    B = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    Cbig = rng.standard_normal((m, n + 9)).astype(np.float32)
+    C = Cbig[:, 4 : 4 + n]
+    outside = Cbig[:, :4].copy(), Cbig[:, 4 + n :].copy()
+    want = 0.5 * (A.T if ta else A).astype(np.float64) @ (B.T if tb else B) + C
+    gemm(ta, tb, 0.5, A, B, 1.0, C)
+    np.testing.assert_allclose(C, want, rtol=1e-5, atol=1e-5 * k)
+    assert np.array_equal(Cbig[:, :4], outside[0]) and np.array_equal(Cbig[:, 4 + n :], outside[1])
+
+
+def test_sgemm_threads_pins_and_restores() -> None:
+    libs = _blas_controllers()
+    assert libs, "threadpoolctl found no BLAS"
+    before = [c.get_num_threads() for c in libs]
+    with sgemm_threads(1):
+        assert all(c.get_num_threads() == 1 for c in libs)
+    assert [c.get_num_threads() for c in libs] == before

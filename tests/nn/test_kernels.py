@@ -117,3 +117,42 @@ def test_softmax_ce_is_stable_for_large_logits() -> None:
 def test_code_of_names_unknown_activation() -> None:
     with pytest.raises(ValueError, match="'swish'"):
         kernels.code_of("swish", kernels.ACT_CODES, "activation")
+
+
+def _train_loop(spec, data, X, T, labels, idx, batch, opt, parts):
+    lay = layout_of(spec)
+    steps = len(idx) // batch
+    n = data.size
+    buf1 = np.zeros(n if opt else 0, data.dtype)
+    buf2 = np.zeros(n if opt == 2 else 0, data.dtype)
+    G = np.empty(n if opt else 0, data.dtype)
+    losses = np.empty(steps)
+    kernels.train_loop(
+        data, lay.shapes, lay.offs, lay.acts, lay.loss, X, T, labels, idx, batch,
+        opt, 0.01, 0.9, False, 0.9, 0.999, 1e-8, 0, buf1, buf2, G, losses, parts,
+    )  # fmt: skip
+    return losses
+
+
+@pytest.mark.parametrize("opt", [0, 2], ids=["sgd", "adam"])
+@pytest.mark.parametrize("parts", [2, 3])
+def test_neuron_groups_equal_the_whole_layer(opt: int, parts: int) -> None:
+    # Any number of groups, uneven ones included (512 rows in 3), whatever the
+    # thread count: prange runs the groups serially on one thread.
+    spec = ModelSpec(widths=(12, 512, 512, 4), activations=("relu", "tanh", "identity"))
+    data, X, T, labels = _problem(spec, 64, np.float32, seed=4)
+    idx = np.random.default_rng(0).integers(0, 64, 5 * 16).astype(np.int64)
+    assert kernels.split_layer(16, 512, 512, parts) == parts
+    whole, grouped = data.copy(), data.copy()
+    lw = _train_loop(spec, whole, X, T, labels, idx, 16, opt, 1)
+    lg = _train_loop(spec, grouped, X, T, labels, idx, 16, opt, parts)
+    np.testing.assert_allclose(lg, lw, rtol=1e-5)
+    assert _rel_err(grouped, whole.astype(np.float64)) <= 1e-5
+    assert not np.array_equal(grouped, data)
+
+
+def test_split_layer_keeps_small_layers_whole() -> None:
+    assert kernels.split_layer(16, 512, 512, 1) == 1
+    assert kernels.split_layer(16, 10, 1024, 2) == 1  # too few rows per group
+    assert kernels.split_layer(2, 512, 512, 2) == 1  # too few multiply-adds
+    assert kernels.split_layer(128, 1024, 1024, 4) == 4

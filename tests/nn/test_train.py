@@ -11,7 +11,16 @@ from nn.data import load_digits
 from nn.optim import Optimizer, OptState
 from nn.params import Params
 from nn.spec import ModelSpec
-from nn.train import batch_indices, compute_gradient, evaluate, fit, predict, train_steps
+from nn.train import (
+    batch_indices,
+    compute_gradient,
+    evaluate,
+    fit,
+    group_threads,
+    layout_of,
+    predict,
+    train_steps,
+)
 from tests.nn import nn_reference as ref
 
 OPTIMIZERS = [
@@ -100,6 +109,62 @@ def test_same_seed_single_thread_is_bitwise_equal() -> None:
         numba.set_num_threads(before)
     assert a.array_equal(b)
     assert not a.array_equal(c)
+
+
+# 16 rows x 512 x 512 reaches kernels.PAR_MIN_MACS: the hidden layers run as neuron groups.
+GROUPED = (20, 512, 512, 5)
+
+
+def _with_numba_threads(n: int, fn):
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        return fn()
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+@pytest.mark.parametrize("opt", [OPTIMIZERS[0], OPTIMIZERS[3]], ids=lambda o: o.kind)
+def test_neuron_groups_on_two_threads_match_reference(opt: Optimizer) -> None:
+    spec = ModelSpec(widths=GROUPED, loss="mse")
+    assert _with_numba_threads(2, lambda: group_threads(layout_of(spec), 16)) == 2
+    X, y = _data(spec, 64)
+    params = spec.init_params(1)
+    Ws = [W.astype(np.float64) for W in params.W]
+    bs = [b.astype(np.float64) for b in params.b]
+    steps, batch = 8, 16
+    state = OptState.init(opt, spec)
+    _with_numba_threads(
+        2, lambda: train_steps(params, state, X, y, steps, batch, np.random.default_rng(5))
+    )
+    idx = batch_indices(len(X), steps, batch, np.random.default_rng(5))
+    ropt = ref.RefOptimizer(opt.kind, opt.lr, opt.momentum, opt.nesterov, opt.beta1, opt.beta2)
+    ref.train(Ws, bs, spec.activations, "mse", X.astype(np.float64), y, idx, batch, ropt)
+    want = Params.from_layers(spec, list(zip(Ws, bs, strict=True))).data.astype(np.float64)
+    assert np.max(np.abs(params.data - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_group_threads_is_one_for_small_models_or_one_thread() -> None:
+    big = layout_of(ModelSpec(widths=GROUPED))
+    assert _with_numba_threads(1, lambda: group_threads(big, 16)) == 1
+    assert _with_numba_threads(2, lambda: group_threads(big, 4)) == 1  # too few MACs
+    small = layout_of(ModelSpec(widths=(20, 64, 48, 5)))
+    assert _with_numba_threads(2, lambda: group_threads(small, 128)) == 1
+
+
+def test_neuron_groups_are_bitwise_reproducible() -> None:
+    spec = ModelSpec(widths=GROUPED, loss="mse")
+    X, y = _data(spec, 64)
+
+    def run() -> Params:
+        params = spec.init_params(3)
+        state = OptState.init(Optimizer(kind="sgd", lr=0.01), spec)
+        train_steps(params, state, X, y, 6, 16, np.random.default_rng(1))
+        return params
+
+    a, b = _with_numba_threads(2, run), _with_numba_threads(2, run)
+    assert a.array_equal(b)
 
 
 def test_predict_gives_probabilities_for_softmax_ce() -> None:
