@@ -10,6 +10,8 @@ as ``seed``; the result is deterministic given those and the base params.
   without replacement from the shard;
 - ``train``: ``steps`` local optimizer steps from the base params; the update
   is the delta ``local − base``.
+- ``distill``: the same, but each step follows ``compression.distill``'s loss
+  toward the task's ``teacher_logits`` (rows aligned with ``indices``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compression.distill import distill_steps
 from nn.data import Dataset, load_dataset
 from nn.optim import Optimizer, OptState
 from nn.params import Params
@@ -65,11 +68,20 @@ def run_task(task: m.Task, base: Params, data: Dataset | None = None) -> Compute
         rows = batch_indices(X.shape[0], 1, min(task.steps * task.batch, X.shape[0]), rng)
         loss, grad = compute_gradient(base, X[rows], y[rows])
         return ComputeOutput(update=grad.data, loss=loss, samples=rows.size, steps=1)
-    if task.kind == "train":
+    if task.kind in ("train", "distill"):
         local = base.copy()
         opt = Optimizer.from_dict(task.optimizer) if task.optimizer else Optimizer()
         state = OptState.init(opt, base.spec)
-        metrics = train_steps(local, state, X, y, task.steps, task.batch, rng)
+        if task.kind == "train":
+            metrics = train_steps(local, state, X, y, task.steps, task.batch, rng)
+        else:
+            if task.teacher_logits is None or task.teacher_logits.shape[0] != X.shape[0]:
+                raise ValueError(f"task {task.task_id}: teacher_logits do not match the samples")
+            metrics = distill_steps(
+                local, state, X, task.teacher_logits.astype(np.float32), y,
+                steps=task.steps, batch=task.batch, temperature=task.temperature,
+                alpha=task.distill_alpha, rng=rng,
+            )  # fmt: skip
         delta = local.data - base.data
         return ComputeOutput(
             update=delta, loss=metrics.loss, samples=metrics.samples, steps=metrics.steps

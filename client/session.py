@@ -17,7 +17,11 @@ Rules:
   dies first, the result waits; after the next ``welcome`` (with the resume
   token) it is sent again, and the server applies it at most once.
 - The model of the last task is cached with its version, so a task that names
-  ``base_version`` needs no download.
+  ``base_version`` needs no download, and one that names ``delta_base`` downloads
+  only the difference and adds it to the cached copy.
+- With ``task.error_feedback`` the session keeps, per chunk of rows, what the
+  upload codec dropped and adds it to the same rows of its next result
+  (compression.feedback); the residual outlives tasks and reconnects.
 
 Connection phases (transitions table; anything else is the driver's bug)::
 
@@ -31,10 +35,12 @@ import enum
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from compression import ErrorFeedback, codecs
+from compression.transfer import feedback_chunks
 from nn.params import Params
 from protocol import messages as m
 from protocol.chunking import Reassembler, chunk_params
@@ -70,7 +76,10 @@ class Capabilities:
     memory: int = 0
     platform: str = ""
     limits: LinkLimits | None = None
-    codecs: tuple[str, ...] = ("fp32",)
+    #: every codec this build decodes (a parameterised name covers its whole wire id)
+    codecs: tuple[str, ...] = field(default_factory=lambda: tuple(codecs.names()))
+    #: applies model deltas (task.delta_base)
+    deltas: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,6 +133,8 @@ class ClientSession:
         self.pending: _Pending | None = None
         self.rtt: float | None = None
         self._download: Reassembler | None = None
+        self._delta_base: int | None = None
+        self.feedback: ErrorFeedback | None = None
         self._pacer: Pacer | None = None
         self._outbox: deque[Send] = deque()
         self._hb_seq = 0
@@ -147,6 +158,7 @@ class ClientSession:
             limits=self.caps.limits,
             codecs=self.caps.codecs,
             resume=self.resume_token,
+            deltas=self.caps.deltas,
         )
         self._last_sent = now
         return [Send(message=hello, frame=m.encode(hello))]
@@ -206,13 +218,21 @@ class ClientSession:
         delta = Params.from_flat(
             task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
         )
-        chunks = chunk_params(
-            delta,
-            max_message_bytes=limit,
-            codec=task.upload_codec,
-            transfer=task.task_id,
-            rng=self.rng,
-        )
+        if task.error_feedback:
+            codec = codecs.get(task.upload_codec)
+            if self.feedback is None or self.feedback.codec is not codec:
+                self.feedback = ErrorFeedback(codec)
+            chunks = feedback_chunks(
+                delta, self.feedback, max_message_bytes=limit, transfer=task.task_id, rng=self.rng
+            )
+        else:
+            chunks = chunk_params(
+                delta,
+                max_message_bytes=limit,
+                codec=task.upload_codec,
+                transfer=task.task_id,
+                rng=self.rng,
+            )
         result = m.Result(
             task_id=task.task_id,
             model_version=task.model_version,
@@ -242,7 +262,15 @@ class ClientSession:
         """Heartbeats and paced frames."""
         self._advance(now)
         out: list[Action] = []
-        if self.phase is Phase.READY and now - self._last_sent >= self.heartbeat_interval:
+        # A heartbeat only when nothing is waiting: queued frames prove liveness
+        # when they go, and a heartbeat behind them would only add to the queue.
+        # The comparison is the very expression next_wakeup returns, so a tick at
+        # that time always fires.
+        if (
+            self.phase is Phase.READY
+            and not self._outbox
+            and now >= self._last_sent + self.heartbeat_interval
+        ):
             self._hb_seq += 1
             self._queue(m.Heartbeat(seq=self._hb_seq, time=now))
         self._flush(now, out)
@@ -251,10 +279,9 @@ class ClientSession:
     def next_wakeup(self) -> float | None:
         if self.phase is not Phase.READY:
             return None
-        t = self._last_sent + self.heartbeat_interval
         if self._outbox and self._pacer is not None:
-            t = min(t, self._pacer.next_send_time(len(self._outbox[0].frame), self._now))
-        return t
+            return self._pacer.next_send_time(len(self._outbox[0].frame), self._now)
+        return self._last_sent + self.heartbeat_interval
 
     # -- internals -----------------------------------------------------------------
 
@@ -274,6 +301,12 @@ class ClientSession:
         self.task = msg
         self.computing = None
         self._download = None
+        self._delta_base = msg.delta_base
+        if msg.delta_base is not None and (
+            self.model is None or self.model_version != msg.delta_base
+        ):
+            log.warning("task %s: delta base %s not held", msg.task_id, msg.delta_base)
+            return
         if msg.base_version is not None:
             if self.model is None or self.model_version != msg.base_version:
                 log.warning("task %s: base version %s not held", msg.task_id, msg.base_version)
@@ -297,7 +330,18 @@ class ClientSession:
             return
         if dl.done:
             self._download = None
-            self.model = dl.params()
+            if self._delta_base is not None:
+                assert self.model is not None and self.model_version == self._delta_base
+                model = self.model.copy()  # a running compute may still read the old one
+                model.add_(dl.params())
+                if not model.is_finite():
+                    log.warning("model delta made the model non-finite: dropped")
+                    self.model = None
+                    self.model_version = None
+                    return
+                self.model = model
+            else:
+                self.model = dl.params()
             self.model_version = self.task.model_version
             self._request(out)
 

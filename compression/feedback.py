@@ -51,6 +51,10 @@ class ErrorFeedback:
         r = self._residual.get(key)
         return None if r is None else r.copy()
 
+    def blocks(self) -> list[Hashable]:
+        """The blocks that owe a residual, in the order they were first encoded."""
+        return list(self._residual)
+
     def residual_norm(self) -> float:
         """L2 norm over all residuals: a cheap health signal (it must stay bounded)."""
         return float(

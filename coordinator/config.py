@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from compression import CodecError, get
 from nn.spec import ModelSpec
 
 StrategyName = Literal["central-sync", "central-async", "decentral-sync", "decentral-async"]
@@ -179,8 +180,45 @@ class ValidationSection(_Section):
 
 
 class CodecSection(_Section):
+    """Codec names (``compression.codecs.get`` grammar) for each direction.
+
+    ``model`` encodes full-model downloads, ``update`` the clients' results. With
+    ``delta`` set, a client already holding a recent version downloads only
+    ``current − held`` in that codec (full model when the held version is older
+    than the last ``delta_versions`` served, or after ``max_delta_chain`` deltas
+    in a row, which bounds the drift a lossy delta codec accumulates).
+    ``error_feedback`` makes clients keep what the update codec dropped and add
+    it to their next update.
+    """
+
     model: str = "fp32"
     update: str = "fp32"
+    error_feedback: bool = False
+    delta: str | None = None
+    delta_versions: int = Field(default=16, ge=1)
+    max_delta_chain: int = Field(default=16, ge=1)
+
+    @model_validator(mode="after")
+    def _known_codecs(self) -> CodecSection:
+        for key in ("model", "update", "delta"):
+            name = getattr(self, key)
+            if name is None:
+                continue
+            try:
+                get(name)
+            except CodecError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+        return self
+
+
+class DistillSection(_Section):
+    """Knowledge distillation as the job: the model is the student, ``teacher`` an
+    ``nn.modelfile`` path; train tasks become ``distill`` tasks that carry the
+    teacher's logits for their shard (the teacher itself never leaves the server)."""
+
+    teacher: str | None = None
+    temperature: float = Field(default=4.0, ge=1e-3, le=1e3)
+    alpha: float = Field(default=0.7, ge=0, le=1, description="weight of the soft targets")
 
 
 class JobConfig(_Section):
@@ -195,6 +233,16 @@ class JobConfig(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     validation: ValidationSection = Field(default_factory=ValidationSection)
     codecs: CodecSection = Field(default_factory=CodecSection)
+    distill: DistillSection = Field(default_factory=DistillSection)
+
+    @model_validator(mode="after")
+    def _distill_needs_train_tasks(self) -> JobConfig:
+        if self.distill.teacher is not None:
+            if not self.strategy.name.startswith("decentral"):
+                raise ValueError("distill.teacher: needs a decentral-* strategy (train tasks)")
+            if self.model.loss != "softmax_ce":
+                raise ValueError("distill.teacher: the student needs loss = 'softmax_ce'")
+        return self
 
     @property
     def spec(self) -> ModelSpec:

@@ -31,6 +31,7 @@ Rules that protect the model (docs/coordinator.md):
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 from collections import deque
@@ -39,14 +40,19 @@ from typing import Any
 
 import numpy as np
 
+from compression import CodecError
+from compression import get as get_codec
+from compression.distill import teacher_targets
 from coordinator import events as ev
 from coordinator.config import JobConfig
+from coordinator.downloads import DeltaServer
 from coordinator.evaluation import Evaluator
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskPlan, TaskState
 from coordinator.registry import ClientRecord, Registry
 from coordinator.strategies import ClientView, ModelState, StepReport, make_strategy
 from coordinator.validation import Reject, UpdateValidator
 from nn.data import Dataset, load_dataset, shard
+from nn.modelfile import load_model
 from nn.params import Params
 from protocol import messages as m
 from protocol.chunking import Reassembler, chunk_params
@@ -69,7 +75,37 @@ class _Conn:
     pacer: Pacer
     meter: RateMeter
     outbox: deque[ev.Send] = field(default_factory=deque)
-    uploads: dict[str, tuple[m.Result, Reassembler]] = field(default_factory=dict)
+    uploads: dict[str, _Upload] = field(default_factory=dict)
+    #: the client applies model deltas in the job's delta codec (from hello)
+    deltas: bool = False
+    #: deltas sent in a row since the last full model (drift bound)
+    delta_chain: int = 0
+
+
+@dataclass(slots=True)
+class _Upload:
+    """A result whose chunks are arriving, and the bytes they took so far."""
+
+    result: m.Result
+    reasm: Reassembler
+    frame_bytes: int = 0
+    payload_bytes: int = 0
+
+
+def _codec_id(name: str) -> int:
+    return int(get_codec(name).id)
+
+
+def _codec_ids(names: tuple[str, ...]) -> set[int]:
+    """Wire ids of the codecs a peer named (a parameterised name stands for its
+    whole id: the layout does not depend on the parameter); unknown names skip."""
+    ids = set()
+    for name in names:
+        try:
+            ids.add(_codec_id(name))
+        except CodecError:
+            continue
+    return ids
 
 
 def server_limits(job: JobConfig) -> LinkLimits:
@@ -93,6 +129,7 @@ class Coordinator:
         seed: int = 0,
         *,
         dataset: Dataset | None = None,
+        teacher: Params | None = None,
     ) -> None:
         spec = job.spec
         if params is None:
@@ -114,7 +151,7 @@ class Coordinator:
             rng=np.random.default_rng(strat_seq),
         )
         self.codec_rng = np.random.default_rng(codec_seq)
-        self.book = LeaseBook()
+        self.book = LeaseBook(on_release=self._released)
         self.registry = Registry(seed)
         self.validator = UpdateValidator(job.validation, size=spec.num_params)
         self.dataset = dataset or load_dataset(job.data.dataset, seed=job.data.seed)
@@ -122,15 +159,36 @@ class Coordinator:
             self.dataset.y_train, job.data.shards, kind=job.data.sharding, seed=job.data.seed
         )
         self._shard_idx = [s.astype(np.int32) for s in self.shards]
+        if teacher is None and job.distill.teacher is not None:
+            teacher = load_model(job.distill.teacher)[0]
+        #: distillation job: the teacher's logits per training row (float16), else None
+        self.teacher_logits = (
+            None if teacher is None else teacher_targets(teacher, spec, self.dataset.X_train)
+        )
         self.evaluator = Evaluator(self.dataset, job.eval)
         self.limits = server_limits(job)
         self.conns: dict[str, _Conn] = {}
+        # Bookkeeping that keeps an event O(what changed), not O(clients): join
+        # order (dispatch and flush go in it), clients without a live lease, and
+        # when each non-empty outbox's head may go (a heap, stale entries skipped).
+        self._order: dict[str, int] = {}
+        self._joined = 0
+        self._idle: set[str] = set()
+        self._dirty: set[str] = set()
+        self._ready: dict[str, float] = {}
+        self._ready_heap: list[tuple[float, int, str]] = []
         self.accepted_results = 0
         self.finished: ev.JobFinished | None = None
         self.started_at: float | None = None
         self._now = -math.inf
         self._orphans: dict[int, Task] = {}
         self._model_cache: tuple[int, str, list[m.Chunk], list[bytes]] | None = None
+        self._update_codec = int(get_codec(job.codecs.update).id)
+        self.deltas = (
+            DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
+            if job.codecs.delta is not None
+            else None
+        )
         self._restored_accepted: set[int] = set()
 
     # -- public API ----------------------------------------------------------------
@@ -149,7 +207,12 @@ class Coordinator:
                 ErrorCode.UNSUPPORTED_VERSION,
                 f"hello.version {hello.version} not served; supported {m.SUPPORTED_VERSIONS}",
             )
-        missing = {self.job.codecs.model, self.job.codecs.update} - set(hello.codecs)
+        offered = _codec_ids(hello.codecs)
+        missing = [
+            c
+            for c in (self.job.codecs.model, self.job.codecs.update)
+            if _codec_id(c) not in offered
+        ]
         if missing:
             return self._refuse(
                 client_id, ErrorCode.BAD_FIELD, f"hello.codecs: job needs {sorted(missing)}"
@@ -163,7 +226,15 @@ class Coordinator:
             now=now,
         )
         conn = _Conn(client_id, limits, Pacer(limits), RateMeter(limits))
+        conn.deltas = (
+            hello.deltas
+            and self.job.codecs.delta is not None
+            and _codec_id(self.job.codecs.delta) in offered
+        )
         self.conns[client_id] = conn
+        self._order[client_id] = self._joined
+        self._joined += 1
+        self._idle.add(client_id)
         welcome = m.Welcome(
             session_id=client_id,
             resume_token=rec.resume_id,
@@ -188,13 +259,13 @@ class Coordinator:
             raise ValueError(f"receive: client {client_id!r} is not connected")
         rec = self.registry.get(client_id)
         assert rec is not None
-        rec.last_seen = now
+        self.registry.touch(rec, now)
         try:
             if nbytes is not None:
                 violation = conn.meter.observe(nbytes, now)
                 if violation is not None:
                     raise violation
-            self._handle(conn, rec, message, now, out)
+            self._handle(conn, rec, message, now, out, nbytes=nbytes)
         except ProtocolError as exc:
             self._close(conn, exc.code, exc.message, now, out)
         self._dispatch(now, out)
@@ -217,12 +288,19 @@ class Coordinator:
         self._advance(now)
         if self.finished is None:
             timeout = self.job.lease.heartbeat_timeout_s
-            for conn in list(self.conns.values()):
-                rec = self.registry.get(conn.client_id)
-                if rec is not None and now - rec.last_seen > timeout:
-                    self._close(conn, ErrorCode.TIMEOUT, f"no message for {timeout:g} s", now, out)
+            late: list[str] = []
+            for rec in self.registry.least_recently_seen():
+                if not now > rec.last_seen + timeout:
+                    break
+                late.append(rec.client_id)
+            for client_id in sorted(late, key=self._order.__getitem__):
+                conn = self.conns[client_id]
+                self._close(conn, ErrorCode.TIMEOUT, f"no message for {timeout:g} s", now, out)
             for lease in self.book.due(now):
                 self.book.end(lease, LeaseState.EXPIRED, now)
+                expired = self.registry.get(lease.client_id)
+                if expired is not None:
+                    expired.version_held = None  # it may not have finished the download
                 task = self.book.tasks[lease.task_id]
                 reissued = self._lease_lost(task, now)
                 out.append(
@@ -238,14 +316,14 @@ class Coordinator:
             for tid, task in list(self._orphans.items()):
                 if task.state is not TaskState.OPEN:
                     del self._orphans[tid]
-                elif task.orphaned_at is not None and now - task.orphaned_at >= grace:
+                elif task.orphaned_at is not None and now >= task.orphaned_at + grace:
                     del self._orphans[tid]
                     self.book.resolve_task(task, TaskState.DROPPED, now)
             report = self.strategy.on_tick(now)
             if report is not None:
                 self._stepped(report, now, out)
             limit = self.job.stop.max_time_s
-            if limit is not None and self.started_at is not None and now - self.started_at >= limit:
+            if limit is not None and self.started_at is not None and now >= self.started_at + limit:
                 self._finish("max_time", now, out)
         self._dispatch(now, out)
         self._flush_all(now, out)
@@ -254,16 +332,18 @@ class Coordinator:
     def next_wakeup(self) -> float | None:
         """The earliest time ``tick`` has something to do (None: only on new input)."""
         times: list[float] = []
-        for conn in self.conns.values():
-            if conn.outbox:
-                n = len(conn.outbox[0].frame)
-                times.append(conn.pacer.next_send_time(n, max(self._now, 0.0)))
+        heap, ready = self._ready_heap, self._ready
+        while heap and ready.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)  # flushed or gone since
+        if heap:
+            times.append(heap[0][0])
         if self.finished is None:
-            times += [x.deadline for x in self.book.leases_live()]
-            timeout = self.job.lease.heartbeat_timeout_s
-            times += [
-                r.last_seen + timeout + 1e-9 for r in self.registry.connected() if r.connected
-            ]
+            deadline = self.book.next_deadline()
+            if deadline is not None:
+                times.append(deadline)
+            oldest = next(self.registry.least_recently_seen(), None)
+            if oldest is not None:
+                times.append(oldest.last_seen + self.job.lease.heartbeat_timeout_s + 1e-9)
             deadline = getattr(self.strategy, "deadline", None)
             if deadline is not None:
                 times.append(deadline)
@@ -292,12 +372,18 @@ class Coordinator:
 
     @classmethod
     def restore(
-        cls, job: JobConfig, state: dict[str, Any], seed: int = 0, *, dataset: Dataset | None = None
+        cls,
+        job: JobConfig,
+        state: dict[str, Any],
+        seed: int = 0,
+        *,
+        dataset: Dataset | None = None,
+        teacher: Params | None = None,
     ) -> Coordinator:
         """A coordinator resumed from ``state_dict()``; clients reconnect with resume ids
         unknown to it, so they start fresh records, and old task ids are never reused."""
         params = Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32))
-        core = cls(job, params, seed, dataset=dataset)
+        core = cls(job, params, seed, dataset=dataset, teacher=teacher)
         core.model.version = int(state["version"])
         core.model.contributions = int(state["contributions"])
         core.strategy.load_state_dict(state["strategy"])
@@ -310,24 +396,40 @@ class Coordinator:
     # -- message handling ----------------------------------------------------------
 
     def _handle(
-        self, conn: _Conn, rec: ClientRecord, msg: m.Message, now: float, out: list[ev.Output]
+        self,
+        conn: _Conn,
+        rec: ClientRecord,
+        msg: m.Message,
+        now: float,
+        out: list[ev.Output],
+        *,
+        nbytes: int | None = None,
     ) -> None:
         match msg:
             case m.Heartbeat():
                 self._queue(conn, m.Heartbeat(seq=msg.seq, time=now, echo=msg.time))
             case m.Result():
                 self._start_upload(conn, msg, now, out)
+                upload = conn.uploads[msg.task_id]
+                upload.frame_bytes += nbytes if nbytes is not None else len(m.encode(msg))
             case m.Chunk():
                 upload = conn.uploads.get(msg.transfer)
                 if upload is None:
                     raise ProtocolError(
                         ErrorCode.UNKNOWN_TASK, f"chunk.transfer {msg.transfer!r}: no result sent"
                     )
-                result, reasm = upload
-                reasm.add(msg)
-                if reasm.done:
+                if msg.codec != self._update_codec:
+                    raise ProtocolError(
+                        ErrorCode.BAD_CHUNK,
+                        f"chunk {msg.seq} of {msg.transfer!r}: codec id {msg.codec}, the task "
+                        f"asked for {self.job.codecs.update!r} (id {self._update_codec})",
+                    )
+                upload.reasm.add(msg)
+                upload.frame_bytes += nbytes if nbytes is not None else len(m.encode(msg))
+                upload.payload_bytes += len(msg.payload)
+                if upload.reasm.done:
                     del conn.uploads[msg.transfer]
-                    self._on_result(conn, rec, result, reasm.params().data, now, out)
+                    self._on_result(conn, rec, upload, now, out)
             case m.Bye():
                 out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason="bye"))
                 self._drop(conn.client_id, f"bye: {msg.reason}", now, out)
@@ -346,17 +448,18 @@ class Coordinator:
         if msg.task_id in conn.uploads:
             raise ProtocolError(ErrorCode.DUPLICATE, f"result {msg.task_id!r}: already uploading")
         reasm = Reassembler.for_params(self.job.spec, transfer=msg.task_id, total=msg.num_chunks)
-        conn.uploads[msg.task_id] = (msg, reasm)
+        conn.uploads[msg.task_id] = _Upload(msg, reasm)
 
     def _on_result(
         self,
         conn: _Conn,
         rec: ClientRecord,
-        result: m.Result,
-        update: np.ndarray,
+        upload: _Upload,
         now: float,
         out: list[ev.Output],
     ) -> None:
+        result = upload.result
+        update = upload.reasm.params().data
         tid = int(result.task_id) if result.task_id.isdigit() else -1
         task = self.book.tasks.get(tid)
         lease = self._lease_for(task, conn.client_id) if task is not None else None
@@ -404,6 +507,8 @@ class Coordinator:
                 staleness=outcome.staleness,
                 version=self.model.version,
                 now=now,
+                frame_bytes=upload.frame_bytes,
+                payload_bytes=upload.payload_bytes,
             )
         )
         if outcome.step is not None:
@@ -469,8 +574,12 @@ class Coordinator:
             return
         if self.started_at is None and self.conns:
             self.started_at = now
-        for conn in self.conns.values():
-            if self.book.live_lease_of(conn.client_id) is not None:
+        if not self._idle:
+            return
+        for client_id in sorted(self._idle, key=self._order.__getitem__):
+            conn = self.conns[client_id]
+            if self.book.live_lease_of(client_id) is not None:
+                self._idle.discard(client_id)
                 continue
             rec = self.registry.get(conn.client_id)
             assert rec is not None
@@ -483,6 +592,12 @@ class Coordinator:
             if plan is None:
                 continue  # this client waits; another may still get work (a reissue)
             self._lease(conn, rec, plan, now, out)
+            self._idle.discard(client_id)
+
+    def _released(self, client_id: str) -> None:
+        """The lease book resolved this client's live lease: it may get work again."""
+        if client_id in self.conns:
+            self._idle.add(client_id)
 
     def _lease(
         self, conn: _Conn, rec: ClientRecord, plan: TaskPlan, now: float, out: list[ev.Output]
@@ -495,7 +610,7 @@ class Coordinator:
             task = self.book.new_task(plan, version=self.model.version, now=now)
             self.strategy.on_task_created(task)
         self._orphans.pop(task.task_id, None)
-        version, transfer, chunks, frames = self._model_chunks(conn)
+        version, transfer, chunks, frames, delta_base = self._download(conn, rec)
         send_model = rec.version_held != version
         model_bytes = sum(len(f) for f in frames) if send_model else 0
         flops = self.job.spec.flops_per_sample() * task.steps * task.batch
@@ -506,7 +621,7 @@ class Coordinator:
         lease = self.book.lease(task, conn.client_id, now=now, deadline=now + lease_s)
         msg = m.Task(
             task_id=str(task.task_id),
-            kind="gradient" if task.kind == "gradient" else "train",
+            kind=self._task_kind(task),
             model_version=version,
             spec=self.job.spec,
             dataset=f"{self.job.data.dataset}#{self.job.data.seed}",
@@ -521,6 +636,9 @@ class Coordinator:
             model_transfer=transfer if send_model else None,
             num_chunks=len(chunks) if send_model else 0,
             upload_codec=self.job.codecs.update,
+            error_feedback=self.job.codecs.error_feedback,
+            delta_base=delta_base if send_model else None,
+            **self._distill_fields(task),
         )
         self._queue(conn, msg)
         if send_model:
@@ -536,12 +654,54 @@ class Coordinator:
                 shard=task.shard,
                 deadline=lease.deadline,
                 now=now,
+                download="none" if not send_model else "full" if delta_base is None else "delta",
+                download_bytes=model_bytes,
             )
         )
+
+    def _task_kind(self, task: Task) -> str:
+        if task.kind == "gradient":
+            return "gradient"
+        return "train" if self.teacher_logits is None else "distill"
+
+    def _distill_fields(self, task: Task) -> dict[str, Any]:
+        """A distill task carries its shard's teacher logits (docs/coordinator.md)."""
+        if self._task_kind(task) != "distill":
+            return {}
+        assert self.teacher_logits is not None
+        return {
+            "teacher_logits": self.teacher_logits[self._shard_idx[task.shard]],
+            "temperature": self.job.distill.temperature,
+            "distill_alpha": self.job.distill.alpha,
+        }
 
     def _optimizer(self) -> dict[str, Any]:
         s = self.job.strategy
         return {"kind": s.client_optimizer, "lr": s.lr, "momentum": s.momentum}
+
+    def _download(
+        self, conn: _Conn, rec: ClientRecord
+    ) -> tuple[int, str, list[m.Chunk], list[bytes], int | None]:
+        """What a client needs for the current version: the full model, or a delta
+        from the version it holds (coordinator/downloads.py; last item: its base)."""
+        v = self.model.version
+        held = rec.version_held
+        if self.deltas is not None and held != v:
+            self.deltas.served(v, self.model.params)
+            if (
+                conn.deltas
+                and held is not None
+                and conn.delta_chain < self.deltas.max_chain
+                and (
+                    d := self.deltas.delta(held, v, max_message_bytes=conn.limits.max_message_bytes)
+                )
+                is not None
+            ):
+                conn.delta_chain += 1
+                return v, d.transfer, d.chunks, d.frames, held
+        if held != v:
+            conn.delta_chain = 0
+        return (*self._model_chunks(conn), None)
 
     def _model_chunks(self, conn: _Conn) -> tuple[int, str, list[m.Chunk], list[bytes]]:
         """The current model as chunks and frames, built once per version.
@@ -642,6 +802,10 @@ class Coordinator:
 
     def _drop(self, client_id: str, reason: str, now: float, out: list[ev.Output]) -> None:
         self.conns.pop(client_id, None)
+        self._order.pop(client_id, None)
+        self._idle.discard(client_id)
+        self._dirty.discard(client_id)
+        self._ready.pop(client_id, None)
         self.registry.leave(client_id)
         lease = self.book.live_lease_of(client_id)
         if lease is not None:
@@ -650,7 +814,10 @@ class Coordinator:
         out.append(ev.ClientLeft(client_id=client_id, reason=reason, now=now))
 
     def _queue(self, conn: _Conn, msg: m.Message) -> None:
+        """Append to the outbox (the only way, bar frames queued right behind one:
+        it marks the connection for the next flush)."""
         conn.outbox.append(ev.Send(client_id=conn.client_id, message=msg, frame=m.encode(msg)))
+        self._dirty.add(conn.client_id)
 
     def _flush(self, conn: _Conn, now: float, out: list[ev.Output]) -> None:
         while conn.outbox:
@@ -660,8 +827,25 @@ class Coordinator:
             out.append(conn.outbox.popleft())
 
     def _flush_all(self, now: float, out: list[ev.Output]) -> None:
-        for conn in self.conns.values():
+        """Flush, in join order, the connections with new frames or a head now due."""
+        heap, ready = self._ready_heap, self._ready
+        todo = self._dirty
+        while heap and heap[0][0] <= now:
+            t, _, client_id = heapq.heappop(heap)
+            if ready.get(client_id) == t:
+                todo.add(client_id)
+        if not todo:
+            return
+        self._dirty = set()
+        for client_id in sorted(todo, key=self._order.__getitem__):
+            conn = self.conns[client_id]
             self._flush(conn, now, out)
+            if conn.outbox:
+                t = conn.pacer.next_send_time(len(conn.outbox[0].frame), max(now, 0.0))
+                ready[client_id] = t
+                heapq.heappush(heap, (t, self._order[client_id], client_id))
+            else:
+                ready.pop(client_id, None)
 
     # -- introspection (tests, dashboard) ------------------------------------------
 

@@ -66,6 +66,9 @@ class ClientLeft:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskLeased:
+    """``download`` is how the model went: ``none`` (held), ``full`` or ``delta``;
+    ``download_bytes`` its exact frame bytes."""
+
     client_id: ClientId
     task_id: int
     lease_id: int
@@ -73,6 +76,8 @@ class TaskLeased:
     shard: int
     deadline: float
     now: float
+    download: str = "full"
+    download_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,11 +91,16 @@ class LeaseExpired:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResultAccepted:
+    """``frame_bytes``: the result and its chunk frames as received (exact when the
+    driver passes ``nbytes``); ``payload_bytes``: the chunks' encoded payloads."""
+
     client_id: ClientId
     task_id: int
     staleness: int
     version: int
     now: float
+    frame_bytes: int = 0
+    payload_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

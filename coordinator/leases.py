@@ -25,6 +25,8 @@ Every lease therefore resolves; what happens to the task after EXPIRED/LOST
 from __future__ import annotations
 
 import enum
+import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -127,16 +129,32 @@ class Lease:
 
 
 class LeaseBook:
-    """All tasks and leases of a job, with ids from counters (deterministic)."""
+    """All tasks and leases of a job, with ids from counters (deterministic).
 
-    __slots__ = ("_by_client", "_next_lease", "_next_task", "leases", "tasks")
+    Deadlines live in a heap (resolved leases leave it lazily), so finding the
+    next or the due deadlines costs O(log n), not a scan of every live lease.
+    ``on_release(client_id)`` is called when a client's live lease resolves (the
+    core keeps its set of idle clients with it).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "_by_client",
+        "_deadlines",
+        "_next_lease",
+        "_next_task",
+        "leases",
+        "on_release",
+        "tasks",
+    )
+
+    def __init__(self, on_release: Callable[[str], None] | None = None) -> None:
         self.tasks: dict[int, Task] = {}
         self.leases: dict[int, Lease] = {}
         self._by_client: dict[str, int] = {}
+        self._deadlines: list[tuple[float, int]] = []
         self._next_task = 1
         self._next_lease = 1
+        self.on_release = on_release
 
     def new_task(self, plan: TaskPlan, *, version: int, now: float) -> Task:
         task = Task(
@@ -169,6 +187,7 @@ class LeaseBook:
         self._next_lease += 1
         self.leases[lease.lease_id] = lease
         self._by_client[client_id] = lease.lease_id
+        heapq.heappush(self._deadlines, (deadline, lease.lease_id))
         task.leases.append(lease.lease_id)
         task.clients.append(client_id)
         task.orphaned_at = None
@@ -187,11 +206,26 @@ class LeaseBook:
         lease.move(to, now)
         if self._by_client.get(lease.client_id) == lease.lease_id:
             del self._by_client[lease.client_id]
+            if self.on_release is not None:
+                self.on_release(lease.client_id)
 
     def due(self, now: float) -> list[Lease]:
         """Live leases whose deadline has passed, oldest first."""
-        live = (self.leases[i] for i in self._by_client.values())
-        return sorted((x for x in live if x.deadline <= now), key=lambda x: x.lease_id)
+        heap, due = self._deadlines, []
+        while heap and heap[0][0] <= now:
+            lease = self.leases[heapq.heappop(heap)[1]]
+            if lease.live:
+                due.append(lease)
+        for lease in due:  # still live until the caller resolves them
+            heapq.heappush(heap, (lease.deadline, lease.lease_id))
+        return sorted(due, key=lambda x: x.lease_id)
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a live lease."""
+        heap = self._deadlines
+        while heap and not self.leases[heap[0][1]].live:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def open_tasks(self) -> list[Task]:
         return [t for t in self.tasks.values() if t.state is TaskState.OPEN]

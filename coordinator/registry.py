@@ -10,6 +10,7 @@ and a counter, so a replay issues the same ids.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -43,10 +44,12 @@ class ClientRecord:
 
 
 class Registry:
-    __slots__ = ("_by_conn", "_by_resume", "_counter", "_salt")
+    __slots__ = ("_by_conn", "_by_resume", "_counter", "_salt", "_seen")
 
     def __init__(self, seed: int) -> None:
         self._by_conn: dict[str, ClientRecord] = {}
+        #: connected records, least recently seen first (``touch`` moves to the end)
+        self._seen: dict[str, ClientRecord] = {}
         self._by_resume: dict[str, ClientRecord] = {}
         self._counter = 0
         self._salt = f"crowdgrad:{seed}:".encode()
@@ -73,6 +76,7 @@ class Registry:
             old.flops = flops
             old.last_seen = now
             self._by_conn[client_id] = old
+            self._seen[client_id] = old
             return old, True
         rec = ClientRecord(
             client_id=client_id,
@@ -84,9 +88,24 @@ class Registry:
         )
         self._by_conn[client_id] = rec
         self._by_resume[rec.resume_id] = rec
+        self._seen[client_id] = rec
         return rec, False
 
+    def touch(self, rec: ClientRecord, now: float) -> None:
+        """The client was heard from at ``now`` (never earlier than before)."""
+        rec.last_seen = now
+        seen = self._seen
+        if seen.pop(rec.client_id, None) is not None:
+            seen[rec.client_id] = rec
+
+    def least_recently_seen(self) -> Iterator[ClientRecord]:
+        """Connected records by ``last_seen``, oldest first, so a heartbeat check
+        stops at the first client that is not late (collect, then close: the
+        iterator is live)."""
+        return iter(self._seen.values())
+
     def leave(self, client_id: str) -> ClientRecord | None:
+        self._seen.pop(client_id, None)
         rec = self._by_conn.pop(client_id, None)
         if rec is not None:
             rec.connected = False

@@ -18,6 +18,7 @@ unknown codec, a bad checksum or a payload the codec refuses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -81,10 +82,12 @@ def named_layout(arrays: Mapping[str, np.ndarray]) -> Layout:
     return tuple(Block(i, name, tuple(np.shape(a))) for i, (name, a) in enumerate(arrays.items()))
 
 
-def _overhead(transfer: str, part: str) -> int:
-    """Worst-case frame bytes of a chunk besides its payload (every int at max)."""
+@functools.lru_cache(maxsize=256)
+def _overhead_for(transfer_bytes: int, part: str) -> int:
+    """Worst-case frame bytes of a chunk besides its payload (every int at max).
+    Only the transfer id's length matters: msgpack sizes a str by its length."""
     probe = Chunk(
-        transfer=transfer,
+        transfer="x" * transfer_bytes,
         seq=(1 << 24) - 2,
         total=(1 << 24) - 1,
         layer=65535,
@@ -106,10 +109,22 @@ def plan_chunks(
     Raises ValueError when one row of a block cannot fit: a configuration error
     to fix before anything is sent (raise the limit or use a smaller codec).
     """
+    pieces = _plan(tuple(layout), max_message_bytes, codec, len(transfer.encode()))
+    if len(pieces) > 1 << 24:
+        raise ValueError(f"transfer {transfer!r}: {len(pieces)} chunks, more than 2**24")
+    return list(pieces)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(
+    layout: tuple[Block, ...], max_message_bytes: int, codec: str | int, transfer_bytes: int
+) -> tuple[Piece, ...]:
+    """The plan depends only on these, so every task of a job reuses one (the
+    simulator plans hundreds of transfers per virtual second)."""
     c = codecs.get(codec)
     pieces: list[Piece] = []
     for blk in layout:
-        budget = max_message_bytes - _overhead(transfer, blk.part)
+        budget = max_message_bytes - _overhead_for(transfer_bytes, blk.part)
         if c.encoded_size(blk.rows_shape(0, 1)) > budget:
             raise ValueError(
                 f"block ({blk.layer}, {blk.part!r}): one row of shape {blk.shape[1:] or (1,)} "
@@ -130,9 +145,7 @@ def plan_chunks(
                     hi = mid - 1
             pieces.append(Piece(blk, r0, r0 + lo))
             r0 += lo
-    if len(pieces) > 1 << 24:
-        raise ValueError(f"transfer {transfer!r}: {len(pieces)} chunks, more than 2**24")
-    return pieces
+    return tuple(pieces)
 
 
 def _payload(c: codecs.Codec, block: np.ndarray, rng: np.random.Generator | None) -> bytes:

@@ -167,6 +167,14 @@ def _indices(v: Any, where: str) -> np.ndarray:
     return v
 
 
+def _logits(v: Any, where: str) -> np.ndarray:
+    if not isinstance(v, np.ndarray) or v.ndim != 2 or v.dtype.name not in ("float32", "float16"):
+        raise _bad(where, "2-D float32/float16 ndarray", v)
+    if not np.isfinite(v).all():
+        raise _bad(where, "finite values", "non-finite")
+    return v
+
+
 def _spec(v: Any, where: str) -> ModelSpec:
     if isinstance(v, ModelSpec):
         return v
@@ -291,7 +299,8 @@ class Message:
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Hello(Message):
-    """Client -> server, first frame: who I am and what link I ask for."""
+    """Client -> server, first frame: who I am and what link I ask for.
+    ``deltas``: this client applies ``task.delta_base`` downloads."""
 
     TYPE: ClassVar[str] = "hello"
     version: int = PROTOCOL_VERSION
@@ -304,6 +313,7 @@ class Hello(Message):
     codecs: tuple[str, ...] = ("fp32",)
     token: str | None = None
     resume: str | None = None
+    deltas: bool = False
 
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
@@ -316,6 +326,7 @@ class Hello(Message):
         "codecs": _strs(32, 32),
         "token": _opt(_str(512)),
         "resume": _opt(_str(128)),
+        "deltas": _bool,
     }
 
 
@@ -343,7 +354,12 @@ class Welcome(Message):
 class Task(Message):
     """Server -> client: a unit of work. The model is either already held by the
     client (``base_version``) or follows as ``num_chunks`` chunks of transfer
-    ``model_transfer`` (shared between tasks so frames can be reused)."""
+    ``model_transfer`` (shared between tasks so frames can be reused); with
+    ``delta_base`` the chunks are ``model_version − delta_base``, to add to the
+    client's copy of ``delta_base``. ``error_feedback`` asks the client to carry
+    what ``upload_codec`` dropped into its next result. A ``distill`` task trains
+    the student toward ``teacher_logits`` (one row per entry of ``indices``) at
+    ``temperature``, mixed with the hard labels by ``distill_alpha``."""
 
     TYPE: ClassVar[str] = "task"
     task_id: str
@@ -362,6 +378,11 @@ class Task(Message):
     model_transfer: str | None = None
     num_chunks: int = 0
     upload_codec: str = "fp32"
+    error_feedback: bool = False
+    delta_base: int | None = None
+    teacher_logits: np.ndarray | None = None
+    temperature: float = 4.0
+    distill_alpha: float = 0.7
 
     SCHEMA: ClassVar[dict[str, Check]] = {
         "task_id": _str(128, empty=False),
@@ -380,6 +401,11 @@ class Task(Message):
         "model_transfer": _opt(_str(128, empty=False)),
         "num_chunks": _int(0, 1 << 24),
         "upload_codec": _str(32, empty=False),
+        "error_feedback": _bool,
+        "delta_base": _opt(_int(0, I64)),
+        "teacher_logits": _opt(_logits),
+        "temperature": _float(1e-3, 1e3),
+        "distill_alpha": _float(0.0, 1.0),
     }
 
     def _cross(self) -> None:
@@ -395,6 +421,29 @@ class Task(Message):
             raise ProtocolError(
                 ErrorCode.BAD_FIELD, "task.num_chunks: need base_version or num_chunks > 0"
             )
+        if self.delta_base is not None:
+            if not self.num_chunks or self.base_version is not None:
+                raise ProtocolError(
+                    ErrorCode.BAD_FIELD,
+                    "task.delta_base: needs model chunks (num_chunks > 0) and no base_version",
+                )
+            if self.delta_base >= self.model_version:
+                raise _bad(
+                    "task.delta_base", f"< model_version ({self.model_version})", self.delta_base
+                )
+        if self.kind == "distill":
+            t = self.teacher_logits
+            if t is None or self.indices is None:
+                raise ProtocolError(
+                    ErrorCode.BAD_FIELD,
+                    "task.teacher_logits: a distill task needs them and indices",
+                )
+            if t.shape != (self.indices.size, self.spec.widths[-1]):
+                raise _bad(
+                    "task.teacher_logits",
+                    f"shape [{self.indices.size}, {self.spec.widths[-1]}] (indices × outputs)",
+                    t,
+                )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

@@ -1,0 +1,65 @@
+"""Chunking a model delta through error feedback: the upload side of a lossy codec.
+
+``protocol.chunking.chunk_params`` encodes each chunk's rows with a stateless
+codec; here each chunk's rows go through an :class:`ErrorFeedback` instead, keyed
+by the chunk's block and row range, so the residual of rows ``[r0, r1)`` of
+``(layer, part)`` is folded into the same rows of the next update. The chunk plan
+depends only on the spec, codec and frame limit, all fixed for a session, so the
+keys repeat from one update to the next; if the limit changes, rows keyed by the
+old ranges are simply new keys (their old residuals wait, unused, until reset).
+
+Not imported by ``compression/__init__`` because it needs ``protocol`` (which
+itself imports ``compression.codecs``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compression.feedback import ErrorFeedback
+from nn.params import Params
+from protocol.checksum import crc32
+from protocol.chunking import params_layout, plan_chunks
+from protocol.messages import Chunk
+
+
+def feedback_chunks(
+    delta: Params,
+    feedback: ErrorFeedback,
+    *,
+    max_message_bytes: int,
+    transfer: str,
+    rng: np.random.Generator | None = None,
+) -> list[Chunk]:
+    """``delta`` as chunks in ``feedback.codec``, each carrying its rows' residual."""
+    codec = feedback.codec
+    layout = params_layout(delta.spec)
+    arrays = {
+        blk.key: a
+        for blk, a in zip(
+            layout, [a for W, b in zip(delta.W, delta.b, strict=True) for a in (W, b)], strict=True
+        )
+    }
+    pieces = plan_chunks(
+        layout, max_message_bytes=max_message_bytes, codec=codec.name, transfer=transfer
+    )
+    out: list[Chunk] = []
+    for seq, p in enumerate(pieces):
+        rows = np.ascontiguousarray(arrays[p.block.key][p.row_start : p.row_end])
+        key = (p.block.layer, p.block.part, p.row_start, p.row_end)
+        payload = feedback.encode(key, rows, rng=rng)
+        out.append(
+            Chunk(
+                transfer=transfer,
+                seq=seq,
+                total=len(pieces),
+                layer=p.block.layer,
+                part=p.block.part,
+                row_start=p.row_start,
+                row_end=p.row_end,
+                codec=int(codec.id),
+                crc=crc32(payload),
+                payload=payload,
+            )
+        )
+    return out
