@@ -9,17 +9,21 @@ lands; everything a player says goes up its link and is fed to
 ``Coordinator.receive`` when it lands. Nothing is decoded on the way: the
 objects travel, their encoded sizes set the timing.
 
-A player answers the protocol the way the desktop client does: ``hello`` on
-connect, heartbeats every ``heartbeat_interval``, a ``task`` (plus the model's
-chunks when it does not hold that version) is computed with
-``client.compute.run_task`` at once, and the ``result`` and the update's chunks
-go up ``FLOPs / rate`` seconds later. A newer task supersedes an unfinished one.
+A player does not speak the protocol itself: it drives the real
+:class:`client.session.ClientSession` (one per player, kept across connections,
+like a tab that reconnects) and carries out its actions. ``Send`` goes up the
+link; a ``ComputeRequest`` runs ``client.compute.run_task`` ``FLOPs / rate``
+seconds later and hands the update to ``compute_done``; ``Finished`` retires
+the player. The session is ticked at its own ``next_wakeup()`` (heartbeats,
+paced frames). The driver only models links, compute time and churn.
 
 Faults: a churn drop kills the link (frames in flight are lost) and the
 coordinator hears ``disconnect`` one latency later, or never for a "silent"
 drop (then only its heartbeat timeout notices). A coordinator ``Close`` ends the
-connection after the frames already sent have landed. A player that rejoins
-keeps the model it held and offers its resume token, like a reconnecting tab.
+connection after the frames already sent have landed. A dropped player keeps
+computing; the session sends the finished result after it rejoins with its
+resume token. ``clients.duplicate_results`` makes the transport repeat a whole
+upload (result and chunks) once.
 
 The coordinator is ticked at its own ``next_wakeup()`` (pacing, leases,
 heartbeats) and at least every ``run.tick_every_s``.
@@ -36,14 +40,21 @@ from typing import Any
 import numpy as np
 
 from client.compute import run_task
+from client.session import (
+    Action,
+    Capabilities,
+    ClientSession,
+    ComputeRequest,
+    Finished,
+    Phase,
+    Send,
+)
 from coordinator import events as ev
 from coordinator.core import Coordinator
 from nn.data import Dataset, load_dataset
 from nn.optim import Optimizer, OptState
-from nn.params import Params
 from nn.train import evaluate, train_steps
 from protocol import messages as m
-from protocol.chunking import Reassembler, chunk_params
 from simulations.churn import Lifecycle
 from simulations.engine import Engine, Event, Priority
 from simulations.network import Link
@@ -51,9 +62,6 @@ from simulations.report import RunResult, Sample
 from simulations.scenario import Scenario
 
 log = logging.getLogger(__name__)
-
-#: How far a repeated wakeup is pushed past the last tick (see ``_arm_tick``).
-TICK_GUARD_S = 1e-6
 
 
 @dataclass(slots=True)
@@ -76,27 +84,31 @@ class Stats:
 
 
 class Player:
-    """One simulated client across its connections (see the module docstring)."""
+    """One simulated client: a real :class:`ClientSession` plus a link, a compute
+    rate and a churn lifecycle (see the module docstring)."""
 
     def __init__(self, sim: Simulation, index: int) -> None:
         self.sim = sim
         self.index = index
         self.rng = sim.engine.rng(f"player/{index}")
         self.flops = max(1.0, sim.scenario.clients.compute.sample(self.rng))
+        codecs = tuple(sorted({sim.job.codecs.model, sim.job.codecs.update}))
+        self.client = ClientSession(
+            f"player-{index}",
+            Capabilities(flops=self.flops, limits=sim.limits, codecs=codecs),
+            seed=int(self.rng.integers(2**32)),
+        )
         self.session = 0
         self.conn_id: str | None = None
         self.link: Link | None = None
         self.connected = False  # the coordinator knows this connection
-        self.resume: str | None = None
-        self.held: Params | None = None
-        self.held_version: int | None = None
-        self.task: m.Task | None = None
-        self.reasm: Reassembler | None = None
         self.compute_event: Event | None = None
-        self.heartbeat_event: Event | None = None
-        self.heartbeat_interval = 5.0
-        self.max_frame = sim.limits.max_message_bytes
+        self.wake_event: Event | None = None
         self.gone = False  # left for good (job over)
+        # a duplicated upload being collected: its task id, chunks to come, frames
+        self._dup_task: str | None = None
+        self._dup_left = 0
+        self._dup_frames: list[tuple[m.Message, int]] = []
         self.lifecycle = Lifecycle(
             sim.engine,
             sim.scenario.clients.churn,
@@ -108,36 +120,16 @@ class Player:
     # -- connection ----------------------------------------------------------------
 
     def connect(self) -> None:
-        if self.gone or self.sim.done:
+        if self.gone or self.sim.done or self.client.phase is Phase.FINISHED:
             return
         self.session += 1
         self.conn_id = f"p{self.index}.{self.session}"
         self.link = Link(self.sim.engine, self.sim.link_spec, name=self.conn_id)
-        self.task, self.reasm = None, None
-        hello = m.Hello(
-            client=f"player-{self.index}",
-            flops=self.flops,
-            limits=self.sim.limits,
-            codecs=tuple(sorted({self.sim.job.codecs.model, self.sim.job.codecs.update})),
-            resume=self.resume,
-        )
-        self._up(hello, first=True)
-
-    def _up(self, msg: m.Message, *, first: bool = False, size: int | None = None) -> None:
-        link, conn_id = self.link, self.conn_id
-        if link is None or conn_id is None:
-            return
-        nbytes = size if size is not None else len(m.encode(msg))
-        self.sim.stats.bytes_up += nbytes
-        link.send(
-            up=True,
-            nbytes=nbytes,
-            on_delivery=self.sim.at_server,
-            args=(self, conn_id, msg, nbytes, first),
-        )
+        self._dup_task = None
+        self._do(self.client.start(self.sim.engine.now))
 
     def drop(self) -> None:
-        """Churn: the player vanishes now, mid-whatever."""
+        """Churn: the player's connection vanishes now, mid-whatever."""
         if self.link is None:
             return
         self.sim.stats.drops += 1
@@ -153,11 +145,12 @@ class Player:
                 )
 
     def _teardown(self) -> None:
-        self.sim.engine.cancel(self.compute_event)
-        self.sim.engine.cancel(self.heartbeat_event)
-        self.compute_event = self.heartbeat_event = None
+        """The socket is gone; the session keeps its model, computation and result."""
         self.link, self.conn_id, self.connected = None, None, False
-        self.task, self.reasm = None, None
+        self._dup_task = None
+        if self.client.phase in (Phase.HELLO_SENT, Phase.READY):
+            self.client.connection_lost(self.sim.engine.now)
+        self._arm_wakeup()
 
     def closed_by_server(self, conn_id: str, final: bool) -> None:
         if conn_id != self.conn_id:
@@ -165,104 +158,120 @@ class Player:
         if self.link is not None:
             self.sim.stats.frames_lost += self.link.drop()
         self._teardown()
-        if final:
-            self.gone = True
-            self.lifecycle.stop()
-        else:
-            # Refused or closed for misbehaviour: try again after a rejoin delay.
-            self.lifecycle.stop()
-            rejoin = self.sim.scenario.clients.churn.rejoin
-            if rejoin is not None:
-                self.sim.engine.schedule(
-                    rejoin.sample(self.rng), self.connect, priority=Priority.CHURN
-                )
+        self.lifecycle.stop()
+        if final or self.client.phase is Phase.FINISHED:
+            self._retire()
+            return
+        # Refused, timed out or closed for misbehaviour: try again after a rejoin delay.
+        rejoin = self.sim.scenario.clients.churn.rejoin
+        if rejoin is not None:
+            self.sim.engine.schedule(rejoin.sample(self.rng), self.connect, priority=Priority.CHURN)
 
-    # -- protocol ------------------------------------------------------------------
+    def _retire(self) -> None:
+        self.gone = True
+        self.lifecycle.stop()
+        self.sim.engine.cancel(self.compute_event)
+        self.sim.engine.cancel(self.wake_event)
+        self.compute_event = self.wake_event = None
+
+    # -- the session's actions -----------------------------------------------------
 
     def on_message(self, conn_id: str, msg: m.Message) -> None:
-        if conn_id != self.conn_id:
+        if conn_id != self.conn_id or self.client.phase not in (Phase.HELLO_SENT, Phase.READY):
             return  # a frame for a connection that no longer exists
-        match msg:
-            case m.Welcome():
-                self.resume = msg.resume_token or None
-                self.heartbeat_interval = msg.heartbeat_interval
-                self.max_frame = msg.limits.max_message_bytes
-                self._schedule_heartbeat()
-            case m.Task():
-                self.sim.engine.cancel(self.compute_event)
-                self.compute_event = None
-                self.task = msg
-                if msg.model_transfer is not None:
-                    self.reasm = Reassembler.for_params(
-                        msg.spec, transfer=msg.model_transfer, total=msg.num_chunks
-                    )
-                else:
-                    self.reasm = None
-                    self._start_compute()
-            case m.Chunk():
-                if self.reasm is None or msg.transfer != self.reasm.transfer:
-                    return
-                self.reasm.add(msg)
-                if self.reasm.done and self.task is not None:
-                    self.held = self.reasm.params()
-                    self.held_version = self.task.model_version
-                    self.reasm = None
-                    self._start_compute()
-            case m.Ack() | m.Heartbeat() | m.Error() | m.Bye():
-                pass
-            case _:
-                log.debug("player %d ignores %s", self.index, msg.TYPE)
+        self._do(self.client.receive(msg, self.sim.engine.now))
 
-    def _schedule_heartbeat(self) -> None:
-        self.heartbeat_event = self.sim.engine.schedule(
-            self.heartbeat_interval, self._heartbeat, priority=Priority.COMPUTE
+    def _wake(self) -> None:
+        self.wake_event = None
+        self._do(self.client.tick(self.sim.engine.now), ticked=True)
+
+    def _do(self, actions: list[Action], *, ticked: bool = False) -> None:
+        for a in actions:
+            match a:
+                case Send():
+                    self._up(a.message, len(a.frame))
+                case ComputeRequest():
+                    self._compute(a)
+                case Finished():
+                    self._retire()
+        if not self.gone:
+            self._arm_wakeup(ticked=ticked)
+
+    def _arm_wakeup(self, *, ticked: bool = False) -> None:
+        at = self.client.next_wakeup()
+        now = self.sim.engine.now
+        tol = 1e-9 * max(1.0, abs(now))  # Pacer.consume's own round-off allowance
+        if ticked and at is not None and at < now + tol:
+            # A tick just ran and the session still wants one "now": the pacer's
+            # next_send_time can land a few ulps before the instant try_consume
+            # accepts, so wake a nanosecond later instead of repeating forever.
+            at = now + tol
+        ev = self.wake_event
+        if ev is not None and not ev.cancelled and at is not None and ev.time == at:
+            return
+        self.sim.engine.cancel(ev)
+        self.wake_event = None
+        if at is not None:
+            self.wake_event = self.sim.engine.schedule_at(
+                max(at, now), self._wake, priority=Priority.COMPUTE
+            )
+
+    def _up(self, msg: m.Message, nbytes: int, *, replay: bool = False) -> None:
+        link, conn_id = self.link, self.conn_id
+        if link is None or conn_id is None:
+            return
+        self.sim.stats.bytes_up += nbytes
+        link.send(
+            up=True,
+            nbytes=nbytes,
+            on_delivery=self.sim.at_server,
+            args=(self, conn_id, msg, nbytes, isinstance(msg, m.Hello)),
         )
+        if not replay:
+            self._maybe_duplicate(msg, nbytes)
 
-    def _heartbeat(self) -> None:
-        self._up(m.Heartbeat(seq=self.session, time=self.sim.engine.now))
-        self._schedule_heartbeat()
+    def _maybe_duplicate(self, msg: m.Message, nbytes: int) -> None:
+        """Fault: the transport repeats a whole upload (result and chunks) once."""
+        if isinstance(msg, m.Result):
+            self._dup_task = None
+            if self.rng.random() < self.sim.scenario.clients.duplicate_results:
+                self._dup_task, self._dup_left = msg.task_id, msg.num_chunks
+                self._dup_frames = [(msg, nbytes)]
+            return
+        if not isinstance(msg, m.Chunk) or msg.transfer != self._dup_task:
+            return
+        self._dup_frames.append((msg, nbytes))
+        self._dup_left -= 1
+        if self._dup_left == 0:
+            self._dup_task = None
+            for again, size in self._dup_frames:
+                self._up(again, size, replay=True)
 
-    def _start_compute(self) -> None:
-        task = self.task
-        assert task is not None
-        if self.held is None or self.held_version != task.model_version:
-            return  # cannot compute: a base it does not hold (the core should not ask)
-        spec = task.spec
-        flops = spec.flops_per_sample(train=True) * task.steps * task.batch
+    def _compute(self, req: ComputeRequest) -> None:
+        # A newer request supersedes a running one (the session ignores the old result).
+        self.sim.engine.cancel(self.compute_event)
+        task = req.task
+        flops = task.spec.flops_per_sample(train=True) * task.steps * task.batch
         seconds = flops / self.flops
         self.compute_event = self.sim.engine.schedule(
-            seconds, self._compute_done, task, seconds, priority=Priority.COMPUTE
+            seconds, self._compute_done, req, seconds, priority=Priority.COMPUTE
         )
 
-    def _compute_done(self, task: m.Task, seconds: float) -> None:
+    def _compute_done(self, req: ComputeRequest, seconds: float) -> None:
         self.compute_event = None
-        if self.held is None:
-            return
-        out = run_task(task, self.held, self.sim.dataset)
-        update = Params.from_flat(task.spec, out.update.astype(np.float32, copy=False), copy=False)
-        chunks = chunk_params(
-            update,
-            max_message_bytes=self.max_frame,
-            codec=task.upload_codec,
-            transfer=task.task_id,
-            rng=self.rng,
+        out = run_task(req.task, req.params, self.sim.dataset)
+        self.sim.steps_of[req.task.task_id] = out.steps
+        self._do(
+            self.client.compute_done(
+                req.request_id,
+                out.update,
+                self.sim.engine.now,
+                loss=out.loss,
+                samples=out.samples,
+                steps=out.steps,
+                compute_seconds=seconds,
+            )
         )
-        self.sim.steps_of[(self.conn_id, task.task_id)] = out.steps
-        result = m.Result(
-            task_id=task.task_id,
-            model_version=task.model_version,
-            kind=task.kind,
-            num_chunks=len(chunks),
-            loss=out.loss,
-            samples=out.samples,
-            steps=out.steps,
-            compute_seconds=seconds,
-        )
-        copies = 2 if self.rng.random() < self.sim.scenario.clients.duplicate_results else 1
-        for _ in range(copies):  # a duplicate follows the complete first upload
-            self._up(result)
-            for ch in chunks:
-                self._up(ch)
 
 
 class Simulation:
@@ -294,9 +303,8 @@ class Simulation:
         self.stats = Stats()
         self.series: list[Sample] = []
         self.by_conn: dict[str, Player] = {}
-        self.steps_of: dict[tuple[str | None, str], int] = {}
+        self.steps_of: dict[str, int] = {}
         self.tick_event: Event | None = None
-        self.last_tick = -math.inf
         self.done = False
         self.stop_reason = ""
         stop = self.job.stop
@@ -352,17 +360,10 @@ class Simulation:
 
     def _tick(self) -> None:
         self.tick_event = None
-        self.last_tick = self.engine.now
         if not self.done:
             self._apply(self.core.tick(self.engine.now))
 
     def _arm_tick(self, at: float) -> None:
-        # A wakeup at or before the last tick's time could repeat forever if the
-        # core's own check rounds differently from next_wakeup() (seen: an orphan
-        # grace of orphaned_at + grace vs now - orphaned_at >= grace). 1 µs later
-        # is harmless and guarantees virtual time moves.
-        if at <= self.last_tick:
-            at = self.last_tick + TICK_GUARD_S
         if self.tick_event is not None and self.tick_event.time <= at:
             return
         self.engine.cancel(self.tick_event)
@@ -382,7 +383,7 @@ class Simulation:
                     self._close(o)
                 case ev.ResultAccepted():
                     self.stats.results_accepted += 1
-                    self.stats.steps += self.steps_of.pop((o.client_id, str(o.task_id)), 0)
+                    self.stats.steps += self.steps_of.pop(str(o.task_id), 0)
                 case ev.ResultRejected():
                     self.stats.results_rejected += 1
                 case ev.LeaseExpired():

@@ -79,7 +79,8 @@ class Engine:
             raise EngineError(f"seed must be >= 0, got {seed}")
         self.seed = int(seed)
         self._now = float(start)
-        self._heap: list[Event] = []
+        # (time, priority, sequence, event): tuples compare in C, unique by sequence
+        self._heap: list[tuple[float, int, int, Event]] = []
         self._sequence = 0
         self._streams: dict[str, np.random.Generator] = {}
         self.events_run = 0
@@ -120,7 +121,7 @@ class Engine:
             raise EngineError(f"cannot schedule at {time} before now ({self._now})")
         ev = Event(float(time), int(priority), self._sequence, callback, args)
         self._sequence += 1
-        heapq.heappush(self._heap, ev)
+        heapq.heappush(self._heap, (ev.time, ev.priority, ev.sequence, ev))
         return ev
 
     @staticmethod
@@ -132,11 +133,11 @@ class Engine:
     def peek_time(self) -> float | None:
         """Time of the next live event, or None when nothing is pending."""
         self._drop_cancelled()
-        return self._heap[0].time if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     def _drop_cancelled(self) -> None:
         heap = self._heap
-        while heap and heap[0].cancelled:
+        while heap and heap[0][3].cancelled:
             heapq.heappop(heap)
 
     def step(self) -> bool:
@@ -144,7 +145,7 @@ class Engine:
         self._drop_cancelled()
         if not self._heap:
             return False
-        ev = heapq.heappop(self._heap)
+        ev = heapq.heappop(self._heap)[3]
         self._now = ev.time
         ev.cancelled = True  # a handle of a run event cancels as a no-op
         self.events_run += 1
@@ -181,4 +182,4 @@ class Engine:
 
     def pending(self) -> int:
         """Live events still queued."""
-        return sum(1 for ev in self._heap if not ev.cancelled)
+        return sum(1 for item in self._heap if not item[3].cancelled)

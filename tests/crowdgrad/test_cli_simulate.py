@@ -1,0 +1,60 @@
+"""``crowdgrad simulate`` and ``crowdgrad plan`` end to end through ``main``."""
+
+import json
+
+import pytest
+
+from crowdgrad.cli import main
+
+
+def test_simulate_smoke_writes_its_report(tmp_path, capsys):
+    out = tmp_path / "smoke"
+    assert main(["simulate", "smoke", "-o", str(out), "--no-plots", "--quiet"]) == 0
+    for name in ("results.json", "timeseries.csv", "summary.md"):
+        assert (out / name).stat().st_size > 0, name
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert len(runs) == 1
+    s = runs[0]["summary"]
+    assert s["reason"] == "target_accuracy" and s["accuracy"] >= 0.85
+    assert s["results_accepted"] > 0
+
+
+def test_simulate_list_names_the_shipped_scenarios(capsys):
+    assert main(["simulate", "--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert {"smoke", "digits-time-to-target", "scale-700"} <= set(names)
+
+
+def test_simulate_without_output_dir_is_a_usage_error(capsys):
+    assert main(["simulate", "smoke"]) == 2
+    assert "-o" in capsys.readouterr().err
+
+
+def test_plan_json_gives_linear_and_speedups(capsys):
+    argv = ["plan", "--t-grad", "0.85", "--t-comm", "0.4", "--workers", "1,8", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["estimates"]
+    linear = [r for r in rows if r["strategy"] == "linear"]
+    assert {r["workers"] for r in rows} == {1, 8}
+    # D = 100 steps at 0.85 s each on one machine
+    assert linear[0]["seconds"] == pytest.approx(85.0) and linear[0]["speedup"] == 1.0
+    da8 = next(r for r in rows if r["strategy"] == "decentral-async" and r["workers"] == 8)
+    assert da8["speedup"] > 1.0
+
+
+def test_plan_table_prints(capsys):
+    assert main(["plan", "--preset", "large", "--profile", "roblox", "--workers", "8"]) == 0
+    assert "decentral-async" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["plan", "--workers", "x,2", "--t-grad", "1", "--t-comm", "1"], "--workers"),
+        (["plan", "--t-grad", "1"], "--t-comm"),
+        (["plan", "--preset", "large", "--widths", "4,2"], "--preset"),
+    ],
+)
+def test_plan_bad_arguments_exit_2_naming_them(argv, named, capsys):
+    assert main(argv) == 2
+    assert named in capsys.readouterr().err
