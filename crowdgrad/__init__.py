@@ -13,4 +13,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+local"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "serve"]
+
+
+def __getattr__(name: str) -> object:
+    # ``serve`` pulls in the server stack; import it only when asked for.
+    if name == "serve":
+        from crowdgrad.api import serve
+
+        return serve
+    raise AttributeError(f"module 'crowdgrad' has no attribute {name!r}")

@@ -17,7 +17,16 @@ from collections.abc import Sequence
 from crowdgrad import __version__
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS: tuple[str, ...] = ("plan", "simulate", "checkpoint", "demo", "train", "compress")
+COMMANDS: tuple[str, ...] = (
+    "plan",
+    "simulate",
+    "checkpoint",
+    "demo",
+    "train",
+    "compress",
+    "coordinator",
+    "client",
+)
 
 
 class UsageError(Exception):

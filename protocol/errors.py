@@ -42,6 +42,7 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 14  # heartbeat or deadline missed
     SHUTTING_DOWN = 15  # server going away
     INTERNAL = 16  # our bug; the message never leaks internals
+    SLOW_CONSUMER = 17  # peer does not read: its send queue passed its bound
 
 
 #: Websocket close code per error code (RFC 6455 §7.4; 4000-4999 private use).
@@ -62,6 +63,7 @@ CLOSE_CODES: dict[ErrorCode, int] = {
     ErrorCode.TIMEOUT: 4014,
     ErrorCode.SHUTTING_DOWN: 1001,  # going away
     ErrorCode.INTERNAL: 1011,  # internal error
+    ErrorCode.SLOW_CONSUMER: 4017,
 }
 
 #: Close code for an orderly ``bye``.

@@ -1,0 +1,441 @@
+"""The desktop client: asyncio + websockets driving a ClientSession, compute on a worker thread.
+
+Theory of operation. The event loop owns the socket and the session: every
+session call happens on it, with ``now = time.monotonic()``. A ComputeRequest
+runs on a one-thread executor (the numba kernels release the GIL), so
+heartbeats keep flowing while a task computes; its result comes back to the
+loop through the future's callback. With ``cpu_share < 1`` a train task runs in
+slices of about ``slice_s`` seconds with a sleep of ``(1 - S) / S`` × the slice
+between them, so a game or desktop beside it keeps its frame rate.
+
+The connection is retried with exponential backoff and full jitter (AWS
+architecture blog, "Exponential Backoff And Jitter"); the session keeps its
+resume token, its cached model and any unacknowledged result across
+reconnects, and the coordinator applies that result at most once. Close codes
+that retrying cannot fix (join token refused, version or codecs not served)
+end the client with exit code 2.
+
+Stopping (Ctrl-C, SIGTERM): the task in hand is finished if that takes at most
+``stop_grace`` seconds, else abandoned; then ``bye`` and close 1000; exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import platform
+import random
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from client.compute import ComputeOutput, load_ref, run_task
+from client.flops import measure_flops
+from client.session import Capabilities, ClientSession, ComputeRequest, Finished, Send
+from compression import codecs
+from nn.data import Dataset
+from nn.optim import Optimizer, OptState
+from nn.train import batch_indices, train_steps
+from protocol import messages as m
+from protocol.errors import CLOSE_CODES, ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
+
+#: Close codes after which reconnecting cannot help.
+FATAL_CLOSE_CODES = frozenset(
+    CLOSE_CODES[c]
+    for c in (ErrorCode.AUTH_FAILED, ErrorCode.UNSUPPORTED_VERSION, ErrorCode.BAD_FIELD)
+)
+#: Largest frame accepted from a coordinator (the "unlimited" profile + envelope).
+MAX_FRAME_BYTES = 256 * 1024 * 1024 + 64 * 1024
+
+
+class _InOrder:
+    """Stands in for the rng inside train_steps: its one "permutation" keeps the
+    rows in the order given (the slice's batches, drawn up front)."""
+
+    def permutation(self, n: int) -> np.ndarray:
+        return np.arange(n)
+
+
+class FatalClose(Exception):
+    """The coordinator refused us for a reason retrying cannot fix."""
+
+
+@dataclass(slots=True)
+class ClientStats:
+    connects: int = 0
+    welcomed: int = 0
+    computed: int = 0
+    abandoned: int = 0
+    last_close: tuple[int, str] | None = None
+
+
+class DesktopClient:
+    """One volunteer: ``await DesktopClient(url).run()`` returns an exit code."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        token: str | None = None,
+        cpu_share: float = 1.0,
+        data: Dataset | None = None,
+        flops: float | None = None,
+        seed: int | None = None,
+        backoff_base: float = 0.25,
+        backoff_cap: float = 30.0,
+        max_attempts: int | None = None,
+        stop_grace: float = 3.0,
+        slice_s: float = 0.01,
+    ) -> None:
+        if not 0 < cpu_share <= 1:
+            raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
+        if not backoff_base > 0 or backoff_cap < backoff_base:
+            raise ValueError(
+                f"backoff: need 0 < base <= cap, got base {backoff_base!r}, cap {backoff_cap!r}"
+            )
+        self.url = url
+        self.name = name or f"{socket.gethostname()[:40]}-{os.getpid()}"
+        self.token = token
+        self.cpu_share = float(cpu_share)
+        self.data = data
+        self.flops = flops
+        self.seed = seed if seed is not None else os.getpid()
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.max_attempts = max_attempts
+        self.stop_grace = stop_grace
+        self.slice_s = slice_s
+        self.stats = ClientStats()
+        self.session: ClientSession | None = None
+        self._jitter = random.Random(self.seed)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-compute")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._kick: asyncio.Event | None = None
+        self._ws: ClientConnection | None = None
+        self._finished = False
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    # -- public --------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Finish or abandon the task, say bye, exit (callable from any thread)."""
+        loop = self._loop
+        if loop is not None and self._stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._stop.set)
+
+    async def run(self) -> int:
+        """Connect, train until the job ends or ``request_stop``; 0 ok, 1 gave up, 2 refused."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._kick = asyncio.Event()
+        try:
+            if self.flops is None:
+                self.flops = await self._loop.run_in_executor(self._pool, measure_flops)
+            caps = Capabilities(
+                flops=float(self.flops),
+                cores=max(1, min(4096, os.cpu_count() or 1)),
+                platform=platform.platform()[:64],
+                codecs=tuple(n for n in codecs.names() if len(n) <= 32)[:32],
+            )
+            self.session = ClientSession(self.name[:64], caps, seed=self.seed)
+            return await self._connect_loop()
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- connections ---------------------------------------------------------------
+
+    async def _connect_loop(self) -> int:
+        assert self._stop is not None
+        attempt = 0
+        while not self._stop.is_set():
+            welcomed_before = self.stats.welcomed
+            try:
+                async with connect(
+                    self.url, max_size=MAX_FRAME_BYTES, compression=None, open_timeout=10
+                ) as ws:
+                    self.stats.connects += 1
+                    await self._serve(ws)
+            except FatalClose as exc:
+                log.error("coordinator refused this client: %s", exc)
+                return 2
+            except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as exc:
+                log.info("connection to %s failed: %s", self.url, exc)
+            except InvalidURI as exc:
+                log.error("%s", exc)
+                return 2
+            finally:
+                self._ws = None
+                if self.session is not None and self.session.phase.value in (
+                    "hello_sent",
+                    "ready",
+                ):
+                    self.session.connection_lost(time.monotonic())
+            if self._finished:
+                return 0
+            if self.stats.welcomed > welcomed_before:
+                attempt = 0
+            attempt += 1
+            if self.max_attempts is not None and attempt > self.max_attempts:
+                log.error("gave up after %d attempts", attempt - 1)
+                return 1
+            delay = self._jitter.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+        return 0
+
+    async def _serve(self, ws: ClientConnection) -> None:
+        """One connection: hello, then frames in / ticks / compute results until closed."""
+        assert self.session is not None and self._stop is not None
+        self._ws = ws
+        self._do(self.session.start(time.monotonic()))
+        reader = asyncio.create_task(self._read(ws))
+        ticker = asyncio.create_task(self._tick())
+        stopper = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if stopper.done() and not reader.done():
+                await self._goodbye(ws)
+            if reader.done() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
+        finally:
+            for t in (reader, ticker, stopper):
+                t.cancel()
+            close = ws.close_code
+            if close is not None:
+                self.stats.last_close = (close, ws.close_reason or "")
+                if close in FATAL_CLOSE_CODES:
+                    raise FatalClose(f"close {close}: {ws.close_reason}")
+
+    async def _read(self, ws: ClientConnection) -> None:
+        async for frame in ws:
+            if isinstance(frame, str):
+                log.warning("text frame from the coordinator ignored")
+                continue
+            try:
+                msg = m.decode(frame)
+            except ProtocolError as exc:
+                log.warning("bad frame from the coordinator: %s", exc)
+                await ws.close(1002, "bad frame")
+                return
+            session = self.session
+            assert session is not None
+            if session.phase.value not in ("hello_sent", "ready"):
+                return
+            if isinstance(msg, m.Welcome):
+                self.stats.welcomed += 1
+            self._do(session.receive(msg, time.monotonic()))
+            if self._finished:
+                await ws.close(1000, "job finished")
+                return
+
+    async def _tick(self) -> None:
+        assert self.session is not None and self._kick is not None
+        while True:
+            wake = self.session.next_wakeup()
+            delay = 1.0 if wake is None else max(0.0, wake - time.monotonic())
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), delay)
+            self._do(self.session.tick(time.monotonic()))
+
+    async def _goodbye(self, ws: ClientConnection) -> None:
+        """Ctrl-C: wait up to stop_grace for the task and its ack, then bye + close."""
+        session = self.session
+        assert session is not None
+        deadline = time.monotonic() + self.stop_grace
+        while (session.computing is not None or session.pending is not None) and (
+            time.monotonic() < deadline
+        ):
+            await asyncio.sleep(0.05)
+        if session.computing is not None or session.pending is not None:
+            self.stats.abandoned += 1
+            log.info("stopping: task abandoned")
+        session.computing = None  # a slice in progress sees this and stops
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(m.encode(m.Bye(reason="client stopping")))
+            await ws.close(1000, "bye")
+        self._finished = True
+
+    # -- session actions -----------------------------------------------------------
+
+    def _do(self, actions: list[Any]) -> None:
+        for a in actions:
+            match a:
+                case Send():
+                    ws = self._ws
+                    if ws is not None:
+                        self._spawn(self._send(ws, self._with_token(a)))
+                case ComputeRequest():
+                    self._start_compute(a)
+                case Finished():
+                    log.info("job finished: %s", a.reason)
+                    self._finished = True
+        if self._kick is not None:
+            self._kick.set()
+
+    def _with_token(self, send: Send) -> bytes:
+        # The session's Capabilities carry no join token yet; add it to hello here.
+        if self.token is not None and isinstance(send.message, m.Hello):
+            return m.encode(dataclasses.replace(send.message, token=self.token))
+        return send.frame
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, ws: ClientConnection, frame: bytes) -> None:
+        # ws.send keeps the order of calls: frames queue in its write buffer.
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(frame)
+
+    def _start_compute(self, req: ComputeRequest) -> None:
+        loop = self._loop
+        assert loop is not None
+        started = time.monotonic()
+        fut = loop.run_in_executor(self._pool, self._compute, req)
+
+        def done(f: asyncio.Future[ComputeOutput | None]) -> None:
+            session = self.session
+            if f.cancelled() or session is None or session.phase.value == "finished":
+                return
+            exc = f.exception()
+            if exc is not None:
+                log.error("task %s failed: %s", req.task.task_id, exc)
+                return
+            out = f.result()
+            if out is None:  # superseded while sliced
+                return
+            self.stats.computed += 1
+            self._do(
+                session.compute_done(
+                    req.request_id,
+                    out.update,
+                    time.monotonic(),
+                    loss=out.loss,
+                    samples=out.samples,
+                    steps=out.steps,
+                    compute_seconds=time.monotonic() - started,
+                )
+            )
+
+        fut.add_done_callback(done)
+
+    def _compute(self, req: ComputeRequest) -> ComputeOutput | None:
+        """On the worker thread. Whole task at full share; slices below it."""
+        task = req.task
+        if self.cpu_share >= 1.0 or task.kind != "train":
+            return run_task(task, req.params, self.data)
+        data = self.data if self.data is not None else load_ref(task.dataset)
+        X, y = data.X_train, data.y_train
+        if task.indices is not None:
+            idx = task.indices.astype(np.int64)
+            if idx.size == 0 or int(idx.max()) >= X.shape[0]:
+                raise ValueError(f"task {task.task_id}: shard indices out of range")
+            X, y = X[idx], y[idx]
+        # Draw the whole task's batches up front exactly as run_task does, then feed
+        # each slice its rows in order: the update is the same as at full speed.
+        rows = batch_indices(X.shape[0], task.steps, task.batch, np.random.default_rng(task.seed))
+        local = req.params.copy()
+        opt = Optimizer.from_dict(task.optimizer) if task.optimizer else Optimizer()
+        state = OptState.init(opt, local.spec)
+        per_step = task.spec.flops_per_sample() * task.batch
+        k = max(1, int(self.slice_s * float(self.flops or 1e9) / per_step))
+        done, samples, loss_sum = 0, 0, 0.0
+        pause = (1.0 - self.cpu_share) / self.cpu_share
+        while done < task.steps:
+            if self.session is None or self.session.computing != req.request_id:
+                return None  # superseded or abandoned
+            n = min(k, task.steps - done)
+            part = rows[done * task.batch : (done + n) * task.batch]
+            t0 = time.perf_counter()
+            met = train_steps(local, state, X[part], y[part], n, task.batch, _InOrder())  # type: ignore[arg-type]
+            spent = time.perf_counter() - t0
+            done += n
+            samples += met.samples
+            loss_sum += met.loss * n
+            time.sleep(spent * pause)
+        return ComputeOutput(
+            update=local.data - req.params.data,
+            loss=loss_sum / max(done, 1),
+            samples=samples,
+            steps=done,
+        )
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="the coordinator's websocket URL (ws://host:port/ws)")
+    p.add_argument("--name", help="shown on the coordinator (default: host-pid)")
+    p.add_argument("--token", default=os.environ.get("CROWDGRAD_JOIN_TOKEN"), help="join token")
+    p.add_argument(
+        "--cpu-share",
+        type=float,
+        default=1.0,
+        help="fraction of one core to use, in (0, 1] (default 1: as fast as possible)",
+    )
+    p.add_argument("--flops", type=float, help="skip the start-up measurement; report this")
+    p.add_argument("--seed", type=int, help="seeds update codecs and jitter (default: pid)")
+    p.add_argument("--max-attempts", type=int, help="give up after this many failed connects")
+    p.add_argument("--stop-grace", type=float, default=3.0, help="seconds to finish a task")
+
+
+def client_from_args(args: argparse.Namespace) -> DesktopClient:
+    return DesktopClient(
+        args.url,
+        name=args.name,
+        token=args.token,
+        cpu_share=args.cpu_share,
+        flops=args.flops,
+        seed=args.seed,
+        max_attempts=args.max_attempts,
+        stop_grace=args.stop_grace,
+    )
+
+
+async def run_until_signal(client: DesktopClient) -> int:
+    """Run ``client`` with SIGINT/SIGTERM wired to a graceful stop."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, client.request_stop)
+    return await client.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m client.desktop", description=__doc__)
+    add_arguments(p)
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    args = p.parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        client = client_from_args(args)
+    except ValueError as exc:
+        log.error("client: %s", exc)
+        return 2
+    return asyncio.run(run_until_signal(client))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Desktop client pieces that need no socket: argument checks, sliced compute, FLOP/s."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from client.compute import run_task
+from client.desktop import DesktopClient
+from client.flops import measure_flops
+from client.session import ComputeRequest
+from nn.spec import ModelSpec
+from protocol import messages as m
+
+
+def _task(steps: int = 12) -> m.Task:
+    spec = ModelSpec(widths=(64, 16, 10))
+    return m.Task(
+        task_id="1",
+        kind="train",
+        model_version=0,
+        spec=spec,
+        dataset="digits#0",
+        indices=np.arange(0, 400, dtype=np.int32),
+        steps=steps,
+        batch=8,
+        seed=5,
+        num_chunks=1,
+        model_transfer="m0",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "what"),
+    [
+        ({"cpu_share": 0.0}, "cpu_share"),
+        ({"cpu_share": 1.5}, "cpu_share"),
+        ({"backoff_base": 0.0}, "backoff"),
+    ],
+)
+def test_bad_arguments_are_named(kw: dict, what: str) -> None:
+    with pytest.raises(ValueError, match=what):
+        DesktopClient("ws://127.0.0.1:1/ws", **kw)
+
+
+def test_sliced_compute_matches_the_whole_task() -> None:
+    """A duty-cycled client computes the same update as a full-speed one."""
+    task = _task()
+    base = task.spec.init_params(0)
+    whole = run_task(task, base)
+    client = DesktopClient("ws://127.0.0.1:1/ws", cpu_share=0.5, flops=1.0, slice_s=1e-9)
+
+    class _Session:
+        computing = 1
+
+    client.session = _Session()  # type: ignore[assignment]
+    sliced = client._compute(ComputeRequest(request_id=1, task=task, params=base))
+    assert sliced is not None and sliced.steps == task.steps
+    np.testing.assert_array_equal(sliced.update, whole.update)
+
+
+def test_sliced_compute_stops_when_superseded() -> None:
+    task = _task(steps=50)
+    client = DesktopClient("ws://127.0.0.1:1/ws", cpu_share=0.5, flops=1.0, slice_s=1e-9)
+
+    class _Session:
+        computing = 2  # another request superseded request 1
+
+    client.session = _Session()  # type: ignore[assignment]
+    req = ComputeRequest(request_id=1, task=task, params=task.spec.init_params(0))
+    assert client._compute(req) is None
+
+
+def test_measure_flops_is_positive_and_rejects_a_bad_budget() -> None:
+    assert measure_flops(budget_s=0.02) > 1e6
+    with pytest.raises(ValueError, match="budget_s"):
+        measure_flops(budget_s=0)

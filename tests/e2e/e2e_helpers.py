@@ -1,0 +1,114 @@
+"""Real servers on 127.0.0.1 ephemeral ports, real client subprocesses, raw websocket peers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from coordinator import events as ev
+from coordinator.config import JobConfig, parse_job
+from coordinator.server import BackgroundServer, CrowdServer
+from coordinator.service import CoreService
+from protocol import messages as m
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Per strategy: hyperparameters that reach 0.95 on digits in well under a minute.
+SETTINGS: dict[str, tuple[dict[str, Any], int]] = {
+    "decentral-async": ({"tau": 10, "lr": 0.1}, 16),
+    "decentral-sync": ({"tau": 10, "lr": 0.1, "clients_per_round": 4}, 16),
+    "central-async": ({"lr": 0.2}, 64),
+    "central-sync": ({"lr": 0.3, "clients_per_round": 4}, 64),
+}
+
+
+def digits_job(name: str = "decentral-async", /, **sections: dict[str, Any]) -> JobConfig:
+    params, batch = SETTINGS[name]
+    base: dict[str, Any] = {
+        "model": {"widths": [64, 64, 10]},
+        "data": {"shards": 8, "batch": batch},
+        "strategy": {"name": name, **params},
+        "eval": {"every_versions": 5},
+        "stop": {"target_accuracy": 0.95, "max_versions": 2000, "max_time_s": 120},
+    }
+    for key, fields in sections.items():
+        base[key] = {**base.get(key, {}), **fields}
+    return parse_job(base)
+
+
+class Recorder:
+    """Collects every core output (on the core thread) for assertions."""
+
+    def __init__(self) -> None:
+        self.outputs: list[ev.Output] = []
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+
+    def __call__(self, outputs: list[ev.Output]) -> None:
+        with self._lock:
+            self.outputs.extend(outputs)
+            self.changed.notify_all()
+
+    def of(self, kind: type) -> list[Any]:
+        with self._lock:
+            return [o for o in self.outputs if isinstance(o, kind)]
+
+    def wait_for(self, pred: Callable[[], bool], timeout: float = 60.0) -> bool:
+        """Poll ``pred`` each time outputs arrive (at least every 0.2 s) until true."""
+        deadline = time.monotonic() + timeout
+        while not pred():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with self._lock:
+                self.changed.wait(min(left, 0.2))
+        return True
+
+
+@contextlib.contextmanager
+def running(
+    job: JobConfig, **server_kw: Any
+) -> Iterator[tuple[BackgroundServer, CoreService, Recorder]]:
+    store = server_kw.pop("store", None)
+    service = CoreService(job, store=store)
+    rec = Recorder()
+    service.add_sink(rec)
+    crowd = CrowdServer(service, **server_kw)
+    with BackgroundServer(crowd) as bg:
+        yield bg, service, rec
+
+
+def spawn_client(url: str, name: str, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "client.desktop", url, "--name", name, "--flops", "1e9", *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+@contextlib.contextmanager
+def clients(url: str, names: list[str], *extra: str) -> Iterator[dict[str, subprocess.Popen]]:
+    procs = {n: spawn_client(url, n, *extra) for n in names}
+    try:
+        yield procs
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+            if p.stderr is not None:
+                p.stderr.close()
+
+
+def hello_frame(name: str = "raw", **kw: Any) -> bytes:
+    return m.encode(m.Hello(client=name, **kw))

@@ -1,0 +1,78 @@
+"""A real coordinator (uvicorn, loopback) and real client subprocesses train digits to 0.95."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator import events as ev
+from coordinator.core import Coordinator
+from tests.e2e.e2e_helpers import SETTINGS, clients, digits_job, running
+
+
+@pytest.mark.parametrize("strategy", list(SETTINGS))
+def test_four_clients_reach_95_percent(strategy: str) -> None:
+    job = digits_job(strategy)
+    with running(job) as (bg, service, rec):
+        names = [f"w{i}" for i in range(4)]
+        with clients(bg.url, names) as procs:
+            assert service.done.wait(120), service.stats
+            codes = {n: p.wait(30) for n, p in procs.items()}
+    fin = service.stats.finished
+    assert fin is not None and fin["reason"] == "target_accuracy", fin
+    assert fin["accuracy"] >= 0.95
+    assert codes == dict.fromkeys(names, 0)  # every client got bye and exited cleanly
+    joined = {o.client_id: o.name for o in rec.of(ev.ClientJoined)}
+    contributors = {joined[o.client_id] for o in rec.of(ev.ResultAccepted)}
+    assert contributors == set(names)
+
+
+def test_churn_kill_two_start_one() -> None:
+    """kill -9 two clients holding leases; a newcomer joins; the job still finishes,
+    the dead clients' round tasks are leased again (a sync round needs them; an async
+    strategy requeues the shard instead) and no lease is left live."""
+    # short round deadline and resume grace: a round never waits long for the dead
+    job = digits_job(
+        "decentral-sync", strategy={"round_deadline_s": 5.0}, lease={"resume_grace_s": 5.0}
+    )
+    with running(job) as (bg, service, rec):
+        names = [f"w{i}" for i in range(6)]
+        with clients(bg.url, names) as procs:
+
+            def holders() -> dict[str, int]:
+                """name -> task id of every client holding a live lease right now."""
+                names_of = {o.client_id: o.name for o in rec.of(ev.ClientJoined)}
+
+                def look(core: Coordinator) -> dict[str, int]:
+                    return {
+                        names_of[lease.client_id]: lease.task_id
+                        for lease in core.book.leases_live()
+                        if lease.client_id in names_of
+                    }
+
+                return service.call(look).result(10)
+
+            assert rec.wait_for(lambda: len(holders()) >= 2, 60)
+            held = holders()
+            killed = sorted(held)[:2]
+            live = {n: held[n] for n in killed}
+            for n in killed:
+                procs[n].kill()
+            with clients(bg.url, ["late"]) as late:
+                assert service.done.wait(120), service.stats
+                assert late["late"].wait(30) == 0
+            survivors = {n: procs[n].wait(30) for n in names if n not in killed}
+        stuck = service.call(lambda core: list(core.book.leases_live())).result(10)
+    assert service.stats.finished["reason"] == "target_accuracy"
+    assert set(survivors.values()) == {0}
+    cid = {o.name: o.client_id for o in rec.of(ev.ClientJoined)}
+    assert {cid[n] for n in killed} <= {o.client_id for o in rec.of(ev.ClientLeft)}
+    # every task a victim held when killed was leased again to somebody else, unless
+    # its result had already arrived between our look and the kill
+    for name, task_id in live.items():
+        again = [
+            o for o in rec.of(ev.TaskLeased) if o.task_id == task_id and o.client_id != cid[name]
+        ]
+        done = [o for o in rec.of(ev.ResultAccepted) if o.task_id == task_id]
+        assert again or done, f"task {task_id} of killed {name} was never reissued"
+    assert any(o.name == "late" for o in rec.of(ev.ClientJoined))
+    assert stuck == []
