@@ -43,6 +43,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", help="checkpoint store (SQLite file); restores from it on start")
     p.add_argument("--checkpoint-every", type=int, help="checkpoint every N model versions")
     p.add_argument(
+        "--no-ack-durable",
+        action="store_true",
+        help="ack accepted results before a checkpoint holds them (faster, may lose them)",
+    )
+    p.add_argument(
+        "--durable-interval",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="group-commit window for durable acks in seconds (default 0.5)",
+    )
+    p.add_argument(
         "--join-token",
         default=os.environ.get("CROWDGRAD_JOIN_TOKEN"),
         help="clients must send this token (env CROWDGRAD_JOIN_TOKEN); open join if unset",
@@ -107,7 +119,16 @@ def run(args: argparse.Namespace) -> int:
         sock = bind(args.host, args.port)
     except OSError as exc:
         raise UsageError(f"--host/--port: cannot bind {args.host}:{args.port}: {exc}") from None
-    service = CoreService(job, seed=args.seed, store=args.store, tick_hz=args.tick_hz)
+    if args.durable_interval <= 0:
+        raise UsageError(f"--durable-interval must be > 0, got {args.durable_interval}")
+    service = CoreService(
+        job,
+        seed=args.seed,
+        store=args.store,
+        tick_hz=args.tick_hz,
+        ack_durable=False if args.no_ack_durable else None,
+        durable_interval=args.durable_interval,
+    )
     crowd = CrowdServer(service, join_token=args.join_token, admin_token=args.admin_token)
     server = make_uvicorn(crowd)
     port = sock.getsockname()[1]

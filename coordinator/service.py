@@ -1,0 +1,425 @@
+"""The simulation thread: owns the Coordinator core, fed by a queue, ticked at a fixed rate.
+
+Theory of operation (game-server style). The asyncio network thread only
+decodes frames and moves bytes; it ``submit``s facts (connected, received,
+disconnected, admin commands) to a ``queue.Queue``. This thread takes them one
+by one, calls the core with ``now = time.monotonic()`` and hands every output
+list to ``sink`` (the server forwards frames to its connections with
+``loop.call_soon_threadsafe``). Between inputs it calls ``tick(now)`` at
+``tick_hz`` or earlier at ``next_wakeup()``. Merging a large update therefore
+delays other updates, never the network thread's reads, writes and closes.
+
+Checkpoints: the core asks for one (``Checkpoint`` action) every N versions
+and when the job finishes; the service also writes one on ``stop``. The
+state is snapshot on this thread (``state_dict`` copies) and written by a
+single writer thread, so a slow disk never stalls a tick. On start the newest
+valid checkpoint of the store is restored.
+
+Acknowledge after durable (``ack_durable``, on by default with a store): the
+``Ack`` frames that tell a client its result is in (accepted, or a duplicate of
+one accepted) are held back until a checkpoint snapshot taken after them has
+been committed by the store, so a crash never loses a result a client saw
+acknowledged. While acks are held, a checkpoint is taken at most every
+``durable_interval`` seconds (group commit: all acks held by then share one
+write) once the model version has moved past the last one written; the store
+refuses a second checkpoint of the same version, so results buffered by a sync
+strategy wait for the version that folds them in. Other frames are not held:
+the client matches an ack by task id, so their order does not matter to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator import events as ev
+from coordinator.config import JobConfig
+from coordinator.core import Coordinator
+from coordinator.persist import from_checkpoint, to_checkpoint
+from nn.data import Dataset
+from protocol import messages as m
+from storage.errors import CheckpointExists, NoCheckpoint, StorageError
+from storage.retention import RetentionPolicy
+from storage.store import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[list[ev.Output]], None]
+
+
+@dataclass(slots=True)
+class Stats:
+    """What /api/status shows; written by the core thread, read by anyone (GIL-atomic)."""
+
+    version: int = 0
+    clients: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    leases_expired: int = 0
+    joined: int = 0
+    left: int = 0
+    last_eval: dict[str, float] | None = None
+    finished: dict[str, Any] | None = None
+    checkpoints: int = 0
+    last_checkpoint: int | None = None
+    restored_from: int | None = None
+    paused: bool = False
+    #: acks waiting for a durable checkpoint now, and snapshots taken for them
+    acks_held: int = 0
+    durable_checkpoints: int = 0
+    started: float = field(default_factory=time.monotonic)
+    #: (monotonic time, accepted count) samples for the results/s window
+    window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def throughput(self) -> float:
+        """Accepted results per second over the last few seconds."""
+        if len(self.window) < 2:
+            return 0.0
+        (t0, a0), (t1, a1) = self.window[0], self.window[-1]
+        return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class CoreService:
+    """One core on its own thread; see the module docstring. Use ``start``/``stop``
+    (or ``with``); ``submit_*`` may be called from any thread."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        *,
+        seed: int = 0,
+        dataset: Dataset | None = None,
+        store: str | Path | None = None,
+        tick_hz: float = 20.0,
+        keep_checkpoints: int = 3,
+        ack_durable: bool | None = None,
+        durable_interval: float = 0.5,
+    ) -> None:
+        if not tick_hz > 0:
+            raise ValueError(f"tick_hz: must be > 0, got {tick_hz!r}")
+        if not durable_interval > 0:
+            raise ValueError(f"durable_interval: must be > 0, got {durable_interval!r}")
+        if ack_durable and store is None:
+            raise ValueError("ack_durable: needs a store to make results durable in")
+        self.job = job
+        self.stats = Stats()
+        self.store: CheckpointStore | None = None
+        self._store_path = Path(store) if store is not None else None
+        self._keep = keep_checkpoints
+        self._seed = seed
+        self._dataset = dataset
+        self.core: Coordinator | None = None
+        self._interval = 1.0 / tick_hz
+        self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._sinks: list[Sink] = []
+        self._thread: threading.Thread | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending_writes: list[Future[Any]] = []
+        self.done = threading.Event()
+        self.stopped = threading.Event()
+        self.ack_durable = store is not None if ack_durable is None else ack_durable
+        self.durable_interval = durable_interval
+        # Held acks as (sequence number, Send); a snapshot covers every seq up to
+        # the one current when it was taken. Only the core thread touches these.
+        self._held: deque[tuple[int, ev.Send]] = deque()
+        self._seq = 0
+        self._inflight = 0  # snapshots handed to the writer, not yet reported back
+        self._written_version = -1  # newest version handed to the writer
+        self._committed: frozenset[int] = frozenset()  # task ids of the newest commit
+        self._last_snapshot = -float("inf")
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def add_sink(self, sink: Sink) -> None:
+        """Call ``sink(outputs)`` on the core thread after every core call."""
+        self._sinks.append(sink)
+
+    def start(self) -> None:
+        """Build (or restore) the core and start its thread; idempotent."""
+        if self._thread is not None:
+            return
+        self.core = self._build_core()
+        self.stats.version = self.core.version
+        if self.store is not None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-ckpt")
+        self._thread = threading.Thread(target=self._run, name="crowdgrad-core", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        """Finish the current event, checkpoint, stop the thread; idempotent."""
+        if self._thread is None:
+            return
+        self._inbox.put(("stop",))
+        self._thread.join(timeout)
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def __enter__(self) -> CoreService:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- inputs (any thread) -------------------------------------------------------
+
+    def submit_connect(self, client_id: str, hello: m.Hello) -> None:
+        self._inbox.put(("connect", client_id, hello))
+
+    def submit_receive(self, client_id: str, message: m.Message, nbytes: int) -> None:
+        self._inbox.put(("receive", client_id, message, nbytes))
+
+    def submit_disconnect(self, client_id: str, reason: str) -> None:
+        self._inbox.put(("disconnect", client_id, reason))
+
+    def call(self, fn: Callable[[Coordinator], Any]) -> Future[Any]:
+        """Run ``fn(core)`` on the core thread (admin commands, inspection)."""
+        fut: Future[Any] = Future()
+        self._inbox.put(("call", fn, fut))
+        return fut
+
+    def checkpoint_now(self) -> Future[Any]:
+        """Snapshot on the core thread and write; the future gives the version written."""
+        fut: Future[Any] = Future()
+        self._inbox.put(("checkpoint", fut))
+        return fut
+
+    def set_paused(self, paused: bool) -> None:
+        """Paused: frames from clients are queued in the inbox, ticks continue."""
+        self._inbox.put(("pause", paused))
+
+    # -- the thread ----------------------------------------------------------------
+
+    def _build_core(self) -> Coordinator:
+        if self._store_path is None:
+            return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
+        self.store = CheckpointStore.open(self._store_path)
+        try:
+            ckpt = self.store.load_latest()
+        except NoCheckpoint:
+            return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
+        core = Coordinator.restore(
+            self.job, from_checkpoint(ckpt), self._seed, dataset=self._dataset
+        )
+        self.stats.restored_from = ckpt.version
+        self._written_version = ckpt.version
+        self._committed = frozenset(int(t) for t in ckpt.applied_results if t.isdigit())
+        log.info("restored checkpoint v%d from %s", ckpt.version, self._store_path)
+        return core
+
+    def _run(self) -> None:
+        core = self.core
+        assert core is not None
+        held: deque[tuple[Any, ...]] = deque()  # client input while paused
+        next_tick = time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._emit(core.tick(now))
+                    wake = core.next_wakeup()
+                    next_tick = now + self._interval
+                    if wake is not None and wake < next_tick:
+                        next_tick = max(wake, now + 1e-3)
+                    self.stats.window.append((now, self.stats.accepted))
+                self._maybe_durable(core, now)
+                try:
+                    item = self._inbox.get(timeout=max(0.0, next_tick - time.monotonic()))
+                except queue.Empty:
+                    continue
+                kind = item[0]
+                if kind == "stop":
+                    break
+                if kind == "pause":
+                    self.stats.paused = bool(item[1])
+                    if not self.stats.paused:
+                        while held:
+                            self._handle(core, held.popleft())
+                    continue
+                if kind == "written":
+                    self._written(*item[1:])
+                    continue
+                if self.stats.paused and kind in ("receive",):
+                    held.append(item)
+                    continue
+                self._handle(core, item)
+        except Exception:  # a bug in the core: log it, stop serving rather than hang
+            log.exception("coordinator core crashed; stopping")
+        finally:
+            self._final_checkpoint(core)
+            self.stopped.set()
+
+    def _handle(self, core: Coordinator, item: tuple[Any, ...]) -> None:
+        now = time.monotonic()
+        match item[0]:
+            case "connect":
+                self._emit(core.connect(item[1], item[2], now))
+            case "receive":
+                if item[1] in core.conns:  # closed by the core while the frame queued
+                    self._emit(core.receive(item[1], item[2], now, nbytes=item[3]))
+            case "disconnect":
+                self._emit(core.disconnect(item[1], now, item[2]))
+            case "call":
+                fn, fut = item[1], item[2]
+                try:
+                    fut.set_result(fn(core))
+                except Exception as exc:
+                    fut.set_exception(exc)
+            case "checkpoint":
+                item[1].set_result(self._checkpoint(core))
+            case "written":
+                self._written(*item[1:])
+            case other:
+                raise AssertionError(f"core service: unknown input {other!r}")
+
+    def _emit(self, outputs: list[ev.Output]) -> None:
+        if not outputs:
+            return
+        st = self.stats
+        core = self.core
+        assert core is not None
+        for o in outputs:
+            match o:
+                case ev.Checkpoint():
+                    self._checkpoint(core)
+                case ev.ResultAccepted():
+                    st.accepted += 1
+                case ev.ResultRejected():
+                    st.rejected += 1
+                case ev.LeaseExpired():
+                    st.leases_expired += 1
+                case ev.ClientJoined():
+                    st.joined += 1
+                case ev.ClientLeft():
+                    st.left += 1
+                case ev.Evaluated():
+                    st.last_eval = {"version": o.version, "accuracy": o.accuracy, "loss": o.loss}
+                    log.info("v%d: accuracy %.4f loss %.4f", o.version, o.accuracy, o.loss)
+                case ev.JobFinished():
+                    st.finished = {"version": o.version, "reason": o.reason, "accuracy": o.accuracy}
+                    log.info("job finished: %s at v%d", o.reason, o.version)
+                case _:
+                    pass
+        st.version = core.version
+        st.clients = len(core.conns)
+        if self.ack_durable:
+            outputs = [o for o in outputs if not self._hold(o)]
+            st.acks_held = len(self._held)
+        self._dispatch(outputs)
+        if st.finished is not None:
+            self.done.set()
+
+    def _dispatch(self, outputs: list[ev.Output]) -> None:
+        if outputs:
+            for sink in self._sinks:
+                sink(outputs)
+
+    # -- acknowledge after durable -------------------------------------------------
+
+    def _hold(self, o: ev.Output) -> bool:
+        """Hold ``o`` if it is an ack that promises a result is in the model and no
+        committed checkpoint holds that result yet."""
+        if not isinstance(o, ev.Send) or not isinstance(o.message, m.Ack):
+            return False
+        ack = o.message
+        if not ack.accepted and ack.reason != "duplicate":
+            return False  # a refusal promises nothing
+        if (
+            ack.reason == "duplicate"
+            and ack.task_id.isdigit()
+            and int(ack.task_id) in self._committed
+        ):
+            return False
+        self._seq += 1
+        self._held.append((self._seq, o))
+        return True
+
+    def _maybe_durable(self, core: Coordinator, now: float) -> None:
+        """Group commit: one snapshot for all acks held, at most every interval."""
+        if (
+            self._held
+            and not self._inflight
+            and core.version > self._written_version
+            and now >= self._last_snapshot + self.durable_interval
+        ):
+            self._checkpoint(core)
+            self.stats.durable_checkpoints += 1
+
+    def _written(self, cover: int, version: int, outcome: str, tasks: frozenset[int]) -> None:
+        """The writer reports on the snapshot that covered held acks up to ``cover``."""
+        self._inflight -= 1
+        if outcome == "failed":  # write it again once the interval has passed
+            self._written_version = min(self._written_version, version - 1)
+            return
+        if outcome == "exists":  # an older copy of this version: wait for the next one
+            return
+        self._committed = tasks
+        released: list[ev.Output] = []
+        while self._held and self._held[0][0] <= cover:
+            released.append(self._held.popleft()[1])
+        self.stats.acks_held = len(self._held)
+        self._dispatch(released)
+
+    def _checkpoint(self, core: Coordinator) -> int | None:
+        """Snapshot now, write on the writer thread; returns the version or None."""
+        if self.store is None or self._writer is None:
+            return None
+        state = core.state_dict()
+        ckpt = to_checkpoint(self.job, state, created_at=time.time())
+        store, keep, inbox = self.store, self._keep, self._inbox
+        cover, tasks = self._seq, frozenset(int(t) for t in state["accepted_tasks"])
+        self._inflight += 1
+        self._written_version = max(self._written_version, ckpt.version)
+        self._last_snapshot = time.monotonic()
+
+        def write() -> None:
+            outcome = "failed"
+            try:
+                store.save(ckpt)
+                outcome = "ok"
+            except CheckpointExists:  # same version again (e.g. every-N, then stop)
+                outcome = "exists"
+                return
+            except Exception:  # a future nobody waits on would swallow it: log here
+                log.exception("checkpoint v%d: write failed; acks stay held", ckpt.version)
+                return
+            finally:
+                inbox.put(("written", cover, ckpt.version, outcome, tasks))
+            if keep:
+                try:
+                    store.prune(RetentionPolicy(keep_last=keep))
+                except StorageError:
+                    log.exception("checkpoint v%d: prune failed", ckpt.version)
+            self.stats.checkpoints += 1
+            self.stats.last_checkpoint = ckpt.version
+
+        self._pending_writes = [f for f in self._pending_writes if not f.done()]
+        self._pending_writes.append(self._writer.submit(write))
+        return ckpt.version
+
+    def _final_checkpoint(self, core: Coordinator) -> None:
+        try:
+            self._checkpoint(core)
+            for f in self._pending_writes:
+                f.result()
+        except Exception:
+            log.exception("final checkpoint failed")
+        while True:  # acks the final checkpoint made durable still go out
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "written":
+                self._written(*item[1:])
