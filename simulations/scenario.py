@@ -72,15 +72,9 @@ SEED_LUAU_FLOPS = 2.4e8
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
 
-class ScenarioError(ValueError):
-    """A scenario is invalid; ``errors`` holds ``(path, message)`` for every bad field."""
-
-    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
-        self.source = source
-        self.errors = errors
-        lines = [f"{source}: {len(errors)} invalid field(s)"]
-        lines += [f"  {path}: {msg}" for path, msg in errors]
-        super().__init__("\n".join(lines))
+class ScenarioError(JobConfigError):
+    """A scenario is invalid; ``errors`` holds ``(path, message)`` for every bad field
+    (the job's own fields included, under ``job.``)."""
 
 
 class _Section(BaseModel):
