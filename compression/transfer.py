@@ -18,8 +18,7 @@ import numpy as np
 
 from compression.feedback import ErrorFeedback
 from nn.params import Params
-from protocol.checksum import crc32
-from protocol.chunking import params_layout, plan_chunks
+from protocol.chunking import params_arrays, params_layout, piece_chunk, plan_chunks
 from protocol.messages import Chunk
 
 
@@ -34,12 +33,7 @@ def feedback_chunks(
     """``delta`` as chunks in ``feedback.codec``, each carrying its rows' residual."""
     codec = feedback.codec
     layout = params_layout(delta.spec)
-    arrays = {
-        blk.key: a
-        for blk, a in zip(
-            layout, [a for W, b in zip(delta.W, delta.b, strict=True) for a in (W, b)], strict=True
-        )
-    }
+    arrays = {blk.key: a for blk, a in zip(layout, params_arrays(delta), strict=True)}
     pieces = plan_chunks(
         layout, max_message_bytes=max_message_bytes, codec=codec.name, transfer=transfer
     )
@@ -49,17 +43,8 @@ def feedback_chunks(
         key = (p.block.layer, p.block.part, p.row_start, p.row_end)
         payload = feedback.encode(key, rows, rng=rng)
         out.append(
-            Chunk(
-                transfer=transfer,
-                seq=seq,
-                total=len(pieces),
-                layer=p.block.layer,
-                part=p.block.part,
-                row_start=p.row_start,
-                row_end=p.row_end,
-                codec=int(codec.id),
-                crc=crc32(payload),
-                payload=payload,
+            piece_chunk(
+                p, seq=seq, total=len(pieces), codec=codec, transfer=transfer, payload=payload
             )
         )
     return out

@@ -183,18 +183,32 @@ def iter_chunks(
         payload = _payload(c, index[p.block.key][p.row_start : p.row_end], rng)
         if copy and isinstance(payload, memoryview):
             payload = payload.tobytes()
-        yield Chunk(
-            transfer=transfer,
-            seq=seq,
-            total=len(pieces),
-            layer=p.block.layer,
-            part=p.block.part,
-            row_start=p.row_start,
-            row_end=p.row_end,
-            codec=int(c.id),
-            crc=crc32(payload),
-            payload=payload,
+        yield piece_chunk(
+            p, seq=seq, total=len(pieces), codec=c, transfer=transfer, payload=payload
         )
+
+
+def piece_chunk(
+    p: Piece, *, seq: int, total: int, codec: codecs.Codec, transfer: str, payload: bytes
+) -> Chunk:
+    """The chunk message that carries ``payload`` (piece ``p`` encoded by ``codec``)."""
+    return Chunk(
+        transfer=transfer,
+        seq=seq,
+        total=total,
+        layer=p.block.layer,
+        part=p.block.part,
+        row_start=p.row_start,
+        row_end=p.row_end,
+        codec=int(codec.id),
+        crc=crc32(payload),
+        payload=payload,
+    )
+
+
+def params_arrays(params: Params) -> list[np.ndarray]:
+    """W and b of every layer in ``params_layout`` order (views, no copies)."""
+    return [a for W, b in zip(params.W, params.b, strict=True) for a in (W, b)]
 
 
 def chunk_params(
@@ -206,7 +220,7 @@ def chunk_params(
     rng: np.random.Generator | None = None,
 ) -> list[Chunk]:
     """A model or a delta as chunks, layer 0 first (payloads are copies)."""
-    arrays = [a for W, b in zip(params.W, params.b, strict=True) for a in (W, b)]
+    arrays = params_arrays(params)
     return list(
         iter_chunks(
             params_layout(params.spec),
@@ -228,7 +242,7 @@ def encode_params(
     rng: np.random.Generator | None = None,
 ) -> list[bytes]:
     """Frames of ``chunk_params``: the fast path, one copy of the data in all."""
-    arrays = [a for W, b in zip(params.W, params.b, strict=True) for a in (W, b)]
+    arrays = params_arrays(params)
     chunks = iter_chunks(
         params_layout(params.spec),
         arrays,
