@@ -16,7 +16,6 @@ spec, scheme, metadata), ``q{l}`` int8 ``[out, in]``, ``s{l}`` float32 ``[out]``
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from numba import njit
 
 from compression.uniform import quantize
 from nn.kernels import ACT_CODES, code_of
+from nn.modelfile import open_npz, read_header, write_npz
 from nn.params import Params
 from nn.spec import ModelSpec
 
@@ -156,7 +156,6 @@ class QuantizedModel:
 
     def save(self, path: str | os.PathLike[str], *, metadata: dict | None = None) -> Path:
         """Write atomically (temp file, then rename); see the module docstring."""
-        path = Path(path)
         header = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -164,17 +163,11 @@ class QuantizedModel:
             "scheme": SCHEME,
             "metadata": metadata or {},
         }
-        arrays = {"__header__": np.frombuffer(json.dumps(header).encode(), np.uint8)}
+        arrays = {}
         for li in range(self.spec.num_layers):
             q, s, b = self.layer(li)
             arrays[f"q{li}"], arrays[f"s{li}"], arrays[f"b{li}"] = q, s, b
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        return write_npz(path, header, arrays)
 
 
 def quantize_model(params: Params) -> QuantizedModel:
@@ -196,32 +189,15 @@ def is_quantized_file(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a ``crowdgrad-qmodel`` file (vs. a plain model file)."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            if "__header__" not in z.files:
-                return False
-            return json.loads(bytes(z["__header__"]).decode()).get("format") == FORMAT
-    except (OSError, ValueError, UnicodeDecodeError):
+            return read_header(z, Path(path)).get("format") == FORMAT
+    except (OSError, ValueError):
         return False
 
 
 def load_quantized(path: str | os.PathLike[str]) -> tuple[QuantizedModel, dict]:
     """Read a quantized model file: ``(model, metadata)``; a bad file names its fault."""
     path = Path(path)
-    try:
-        z = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a readable model file ({exc})") from None
-    with z:
-        if "__header__" not in z.files:
-            raise ValueError(f"{path}: not a crowdgrad model file (no header)")
-        try:
-            header = json.loads(bytes(z["__header__"]).decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: corrupt header ({exc})") from None
-        if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{path}: format {header.get('format')!r} v{header.get('format_version')}, "
-                f"expected {FORMAT!r} v{FORMAT_VERSION}"
-            )
+    with open_npz(path, FORMAT, FORMAT_VERSION) as (z, header):
         if header.get("scheme") != SCHEME:
             raise ValueError(f"{path}: unknown quantization scheme {header.get('scheme')!r}")
         spec = ModelSpec.from_dict(header["spec"])

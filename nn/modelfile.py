@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,55 @@ FORMAT = "crowdgrad-model"
 FORMAT_VERSION = 1
 
 
+def write_npz(path: str | os.PathLike[str], header: dict, arrays: dict[str, np.ndarray]) -> Path:
+    """``header`` (JSON) plus ``arrays`` as one ``.npz``, atomically: temp file,
+    fsync, rename. Shared by every crowdgrad file format built on ``.npz``."""
+    path = Path(path)
+    if "__header__" in arrays:
+        raise ValueError("array name '__header__' is reserved for the file header")
+    payload = {"__header__": np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays}
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_header(z: np.lib.npyio.NpzFile, path: Path) -> dict:
+    """The JSON header of an open ``.npz``; ValueError naming the fault otherwise."""
+    if "__header__" not in z.files:
+        raise ValueError(f"{path}: not a crowdgrad model file (no header)")
+    try:
+        header = json.loads(bytes(z["__header__"]).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: corrupt header ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: corrupt header (not a JSON object)")
+    return header
+
+
+@contextmanager
+def open_npz(
+    path: str | os.PathLike[str], fmt: str, version: int
+) -> Iterator[tuple[np.lib.npyio.NpzFile, dict]]:
+    """Open a crowdgrad ``.npz`` of format ``fmt`` v``version``: ``(arrays, header)``."""
+    path = Path(path)
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable model file ({exc})") from None
+    with z:
+        header = read_header(z, path)
+        if header.get("format") != fmt or header.get("format_version") != version:
+            raise ValueError(
+                f"{path}: format {header.get('format')!r} v{header.get('format_version')}, "
+                f"expected {fmt!r} v{version}"
+            )
+        yield z, header
+
+
 def save_model(
     path: str | os.PathLike[str],
     params: Params,
@@ -29,50 +80,26 @@ def save_model(
     metadata: dict | None = None,
 ) -> Path:
     """Write ``params`` (and optional named arrays) atomically: temp file, then rename."""
-    path = Path(path)
     header = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "spec": params.spec.to_dict(),
         "metadata": metadata or {},
     }
-    arrays: dict[str, np.ndarray] = {
-        "__header__": np.frombuffer(json.dumps(header).encode(), np.uint8)
-    }
+    arrays: dict[str, np.ndarray] = {}
     for li, (W, b) in enumerate(params.layers):
         arrays[f"W{li}"] = W
         arrays[f"b{li}"] = b
     for name, arr in (extra or {}).items():
-        if name in arrays:
+        if name in arrays or name == "__header__":
             raise ValueError(f"extra array name {name!r} clashes with a model array")
         arrays[name] = np.asarray(arr)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    return write_npz(path, header, arrays)
 
 
 def load_model(path: str | os.PathLike[str]) -> tuple[Params, dict[str, np.ndarray], dict]:
     """Read a model file: ``(params, extra arrays, metadata)``; a bad file names its fault."""
-    path = Path(path)
-    try:
-        z = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a readable model file ({exc})") from None
-    with z:
-        if "__header__" not in z.files:
-            raise ValueError(f"{path}: not a crowdgrad model file (no header)")
-        try:
-            header = json.loads(bytes(z["__header__"]).decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: corrupt header ({exc})") from None
-        if header.get("format") != FORMAT:
-            raise ValueError(f"{path}: format {header.get('format')!r}, expected {FORMAT!r}")
-        if header.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: unsupported format_version {header.get('format_version')}")
+    with open_npz(path, FORMAT, FORMAT_VERSION) as (z, header):
         spec = ModelSpec.from_dict(header["spec"])
         layers = []
         for li in range(spec.num_layers):
