@@ -10,12 +10,13 @@ GEMM-bound rate of a step, ``6 · weights · batch`` FLOPs.
 
 "crowdgrad" splits big layers into neuron groups, one per numba thread, each
 on single-threaded sgemm; "whole" is the same core with one numba thread and
-multi-threaded BLAS on whole layers (the previous design), for comparison.
+multi-threaded BLAS on whole layers, for comparison.
 
     python benchmarks/nn_core.py              # table
     python benchmarks/nn_core.py --json       # {"gemm_gflops": x, "rows": [...]}
     python benchmarks/nn_core.py --quick      # fewer rounds, for a smoke run
     python benchmarks/nn_core.py --shapes     # one-core sgemm rate of each step GEMM
+    python benchmarks/nn_core.py --phases large:128   # where one step's time goes
 
 torch is the ``bench`` extra (``pip install -e '.[bench]'``); without it the
 torch column is empty.
@@ -24,6 +25,8 @@ torch column is empty.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import itertools
 import json
 import os
@@ -60,18 +63,109 @@ N_ROWS = 2048  # rows of the synthetic dataset each contender samples from
 SETTLE_S = 0.2
 
 
+@functools.cache
+def _square(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, n), dtype=np.float32), np.empty((n, n), np.float32)
+
+
 def gemm_gflops(n: int = 2048, reps: int = 5) -> float:
     """Best-of-``reps`` float32 matmul rate (GFLOP/s) through numpy's BLAS."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    a @ b
+    a, out = _square(n)
+    np.matmul(a, a, out=out)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        a @ b
+        np.matmul(a, a, out=out)
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best / 1e9
+
+
+def step_phases(preset: str, batch: int, reps: int = 40) -> tuple[str, list[tuple[str, float]]]:
+    """Median wall ms of each piece of one SGD step, the kernels called one by one.
+
+    Runs the design ``train_steps`` picks for this batch (neuron groups or whole
+    layers on multi-threaded BLAS). Ends with the whole compiled step
+    (``train_loop``) for comparison: Python between the calls adds a few µs each.
+    """
+    from threadpoolctl import threadpool_limits
+
+    from nn import kernels as K
+    from nn.blas import gemm
+    from nn.spec import PRESETS, ModelSpec
+    from nn.train import group_threads, layout_of
+
+    spec = ModelSpec(widths=PRESETS[preset], loss="mse")
+    lay, data = layout_of(spec), spec.init_params(0).data
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((N_ROWS, spec.widths[0]), dtype=np.float32)
+    T = rng.standard_normal((N_ROWS, spec.widths[-1]), dtype=np.float32)
+    labels, idx = np.zeros(0, np.int64), rng.permutation(N_ROWS)[:batch].astype(np.int64)
+    aoff, abuf, D1, D2, Xb = K._workspace(lay.shapes, batch, data)
+    parts = group_threads(lay, batch)
+    part = np.empty(max(parts - 1, 0) * D1.shape[0], np.float32)
+    lr, L, times = 1e-6, lay.shapes.shape[0], {}
+
+    def layer(l: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        (o, i), (w0, b0), fm = lay.shapes[l], lay.offs[l], l < L - 1
+        Z = abuf[aoff[l] : aoff[l] + batch * o].reshape((o, batch) if fm else (batch, o))
+        return data[w0 : w0 + o * i].reshape(o, i), data[b0 : b0 + o], Z, fm
+
+    def timed(name: str, fn: Callable, *a) -> None:
+        t = time.perf_counter()
+        fn(*a)
+        times.setdefault(name, []).append(time.perf_counter() - t)
+
+    def step() -> None:
+        timed("gather", K._gather, X, idx, Xb)
+        prev = Xb
+        for l in range(L):
+            W, b, Z, fm = layer(l)
+            n = K.split_layer(batch, W.shape[0], W.shape[1], parts)
+            if n > 1:
+                timed(f"L{l} forward (groups)", K.forward_groups_,
+                      prev, l > 0, W, b, Z, fm, lay.acts[l], n)  # fmt: skip
+            else:
+                gemm_args = (False, l == 0, 1.0, W, prev) if fm else (l > 0, True, 1.0, prev, W)
+                timed(f"L{l} forward gemm", gemm, *gemm_args, 0.0, Z)
+                timed(f"L{l} bias+act", K.bias_act_, Z, b, lay.acts[l], fm)
+            prev = Z
+        D = D1[: prev.size].reshape(prev.shape)
+        timed("loss", K.loss_grad_, prev, lay.loss, T, labels, idx, D)
+        cur, other = D1, D2
+        for l in range(L - 1, -1, -1):
+            W, b, A, fm = layer(l)
+            (o, i), n = W.shape, K.split_layer(batch, W.shape[0], W.shape[1], parts)
+            dZ = cur[: batch * o].reshape(A.shape)
+            prv = Xb if l == 0 else layer(l - 1)[2]
+            dA = other[: batch * i if l else 0].reshape(i if l else 0, batch)
+            if n > 1:
+                args = (dZ, fm, A, lay.acts[l], prv, l > 0, W, dA, part, W, b, K.MODE_SGD, lr, n)
+                timed(f"L{l} backward (groups)", K.backward_groups_, *args)
+            else:
+                timed(f"L{l} act'", K.act_grad_, dZ, A, lay.acts[l])
+                if l:
+                    timed(f"L{l} dA gemm", gemm, True, not fm, 1.0, W, dZ, 0.0, dA)
+                timed(f"L{l} update gemm", gemm, not fm, l > 0, -lr, dZ, prv, 1.0, W)
+                timed(f"L{l} bias update", K.bias_backward_, dZ, b, K.MODE_SGD, lr, fm)
+            cur, other = other, cur
+
+    steps = 10
+    bidx, losses, e = np.tile(idx, steps), np.empty(steps), np.zeros(0, np.float32)
+    loop_args = (data, lay.shapes, lay.offs, lay.acts, lay.loss, X, T, labels, bidx, batch,
+                 0, lr, 0.0, False, 0.9, 0.999, 1e-8, 0, e, e, e, losses, parts)  # fmt: skip
+    with threadpool_limits(limits=1) if parts > 1 else contextlib.nullcontext():
+        for _ in range(3):
+            step()
+        times.clear()
+        for _ in range(reps):
+            step()
+        K.train_loop(*loop_args)
+        for _ in range(reps):
+            timed("whole step (train_loop)", K.train_loop, *loop_args)
+    out = [(k, 1e3 * statistics.median(v)) for k, v in times.items()]
+    out[-1] = (out[-1][0], out[-1][1] / steps)
+    return ("neuron groups" if parts > 1 else "whole layers"), out
 
 
 def shape_rates(reps: int = 15) -> list[tuple[str, float]]:
@@ -206,7 +300,7 @@ def torch_contender(widths, X, Y, batch: int) -> Contender | None:
     return Contender("torch", run)
 
 
-def bench_config(preset: str, batch: int, rounds: int, target_s: float, gflops: float) -> dict:
+def bench_config(preset: str, batch: int, rounds: int, target_s: float) -> dict:
     from nn.spec import PRESETS, ModelSpec
 
     widths = PRESETS[preset]
@@ -225,21 +319,27 @@ def bench_config(preset: str, batch: int, rounds: int, target_s: float, gflops: 
     ]
     for c in contenders:
         c.calibrate(target_s)
+    anchor = []
     for _ in range(rounds):
+        time.sleep(SETTLE_S)
+        anchor.append(gemm_gflops(reps=2))
         for c in contenders:
             c.measure()
     rates = {c.name: c.rate for c in contenders}
+    gflops = statistics.median(anchor)
     flops = ModelSpec(widths=widths).flops_per_sample() * batch
     cg, th = rates["crowdgrad"], rates.get("torch")
     return {
         "preset": preset,
         "batch": batch,
+        "gemm_gflops": gflops,
         "crowdgrad_steps_s": cg,
         "whole_steps_s": rates["whole"],
         "torch_steps_s": th,
         "numpy_steps_s": rates["numpy"],
         "ratio_vs_torch": cg / th if th else None,
         "crowdgrad_gemm_fraction": cg * flops / (gflops * 1e9),
+        "whole_gemm_fraction": rates["whole"] * flops / (gflops * 1e9),
         "torch_gemm_fraction": th * flops / (gflops * 1e9) if th else None,
     }
 
@@ -258,6 +358,24 @@ def set_threads(n: int) -> None:
         pass
 
 
+def print_phases(spec_arg: str) -> None:
+    from nn.spec import PRESETS, ModelSpec
+
+    preset, _, batch = spec_arg.partition(":")
+    batch = int(batch or 128)
+    design, phases = step_phases(preset, batch)
+    flops = ModelSpec(widths=PRESETS[preset]).flops_per_sample() * batch
+    gflops = gemm_gflops()
+    print(f"{preset}/{batch}, {design}: median ms per piece; float32 GEMM {gflops:.1f} GFLOP/s")
+    total = sum(ms for name, ms in phases[:-1])
+    for name, ms in phases[:-1]:
+        print(f"  {name:26} {ms:8.3f} ms  {100 * ms / total:5.1f} %")
+    print(f"  {'sum of pieces':26} {total:8.3f} ms")
+    print(f"  {phases[-1][0]:26} {phases[-1][1]:8.3f} ms")
+    rate = flops / phases[-1][1] / 1e6  # GFLOP/s: the step is in ms
+    print(f"  compiled step: {rate:.1f} GFLOP/s = {100 * rate / gflops:.1f} % of the GEMM rate")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -267,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 rounds of 0.05 s")
     ap.add_argument("--only", help="comma-separated presets to run")
     ap.add_argument("--shapes", action="store_true", help="one-core sgemm rate per GEMM shape")
+    ap.add_argument("--phases", metavar="PRESET:BATCH", help="time the pieces of one step")
     args = ap.parse_args(argv)
     if args.shapes:
         for name, r in shape_rates():
@@ -275,29 +394,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.target = 2, 0.05
     set_threads(args.threads)
-    gflops = gemm_gflops()
+    if args.phases:
+        print_phases(args.phases)
+        return 0
     only = set(args.only.split(",")) if args.only else None
     rows = [
-        bench_config(p, b, args.rounds, args.target, gflops)
+        bench_config(p, b, args.rounds, args.target)
         for p, b in CONFIGS
         if only is None or p in only
     ]
     if args.json:
-        print(json.dumps({"gemm_gflops": gflops, "threads": args.threads, "rows": rows}))
+        print(json.dumps({"threads": args.threads, "rows": rows}))
         return 0
-    print(f"float32 GEMM: {gflops:.1f} GFLOP/s   threads: {args.threads}   (train steps/s)")
-    head = f"{'preset':8} {'batch':>5} {'crowdgrad':>10} {'whole':>9} {'torch':>9} {'numpy':>9}"
-    head += f" {'ratio':>7}"
-    print(head + f" {'cg %gemm':>9} {'torch %gemm':>11}")
+    print(f"threads: {args.threads}; train steps/s, median of {args.rounds} rounds; % of the")
+    print("GEMM-bound rate = 6·params·batch FLOPs at the 2048² float32 matmul rate (GEMM column)")
+    print(
+        f"{'preset':8} {'batch':>5} {'crowdgrad':>10} {'whole':>9} {'torch':>9} "
+        f"{'numpy':>9} {'ratio':>6} {'GEMM':>6} {'cg %':>6} {'whl %':>6} {'torch %':>7}"
+    )
+    nan = float("nan")
     for r in rows:
         th = r["torch_steps_s"]
         print(
             f"{r['preset']:8} {r['batch']:5d} {r['crowdgrad_steps_s']:10.1f} "
             f"{r['whole_steps_s']:9.1f} "
-            f"{th if th else float('nan'):9.1f} {r['numpy_steps_s']:9.1f} "
-            f"{r['ratio_vs_torch'] or float('nan'):7.2f} "
-            f"{100 * r['crowdgrad_gemm_fraction']:8.1f}% "
-            f"{100 * (r['torch_gemm_fraction'] or float('nan')):10.1f}%"
+            f"{th if th else nan:9.1f} {r['numpy_steps_s']:9.1f} "
+            f"{r['ratio_vs_torch'] or nan:6.2f} {r['gemm_gflops']:6.0f} "
+            f"{100 * r['crowdgrad_gemm_fraction']:5.1f}% "
+            f"{100 * r['whole_gemm_fraction']:5.1f}% "
+            f"{100 * (r['torch_gemm_fraction'] or nan):6.1f}%"
         )
     return 0
 

@@ -112,6 +112,26 @@ def _loops_axpy(ta, tb, alpha, A, B, C):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _loops_tt(alpha, A, B, C):  # pragma: no cover - compiled
+    # C[m,n] += alpha * Σ_k A[k,m]·B[n,k] (the output layer of feature-major
+    # activations): a column of C is summed in a contiguous buffer and written once,
+    # so the inner loop runs along rows of A instead of striding through C.
+    M, N = C.shape
+    K = A.shape[0]
+    col = np.empty(M, C.dtype)
+    for n in range(N):
+        for m in range(M):
+            col[m] = 0
+        for k in range(K):
+            b = alpha * B[n, k]
+            Ak = A[k]
+            for m in range(M):
+                col[m] += Ak[m] * b
+        for m in range(M):
+            C[m, n] += col[m]
+
+
+@njit(cache=True, nogil=True)
 def gemm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
     """``C := alpha·op(A)·op(B) + beta·C`` on row-major 2-D arrays.
 
@@ -130,6 +150,8 @@ def gemm(ta, tb, alpha, A, B, beta, C):  # pragma: no cover - compiled
     _scale_(C, beta)
     if not ta and tb:
         _loops_nt(alpha, A, B, C)
+    elif ta and tb:
+        _loops_tt(alpha, A, B, C)
     else:
         _loops_axpy(ta, tb, alpha, A, B, C)
 

@@ -18,14 +18,23 @@ the batch indices drawn by the caller, so Python is entered once per call.
 
 Neuron groups: with ``parts > 1`` threads, a big layer's rows (its neurons) are
 split into one group per thread, and each thread runs single-threaded sgemm on
-its rows: forward writes its own columns of Z (no reduction); backward computes
+its rows: forward writes its own neurons of Z (no reduction); backward computes
 its partial ``dA_prev`` from its rows of the old W into a private buffer and then
 updates those same rows, so threads never share a row. The partial ``dA_prev``
 are summed in group order, so a run is bitwise reproducible for a given
-``parts``; 1 and 2 threads differ by float rounding only. Why not a two-thread
-sgemm on the whole layer: the elementwise passes split too, nothing crosses
-threads inside a layer, and the threads wait passively between layers instead of
-spinning (see docs/performance.md for what was measured and what was not).
+``parts``; 1 and 2 threads differ by float rounding only. Why groups rather than
+a multi-threaded sgemm on the whole layer: the elementwise passes split too,
+nothing crosses threads inside a layer, the threads wait passively between
+layers instead of spinning (a loaded machine hurts them far less), and with the
+feature-major layout below they were faster at every measured batch size.
+
+Layout: hidden activations and their deltas are stored feature-major,
+``[width, batch]``, so the forward product is ``Zᵀ = W·Aᵀ`` with the neurons as
+the long GEMM dimension and a neuron group is a block of contiguous rows; the
+input batch and the output layer stay ``[batch, width]``, which is what callers
+(the loss, ``predict_rows``, the distillation loop) read and write. On the
+2-core VM this made large/128 steps ~24 % faster with neuron groups than the
+batch-major layout (docs/performance.md).
 
 Every kernel is ``nogil`` (clients run it off their IO thread) and generic over
 float32/float64: float64 goes through loops, which is the finite-difference
@@ -74,24 +83,38 @@ def code_of(name: str, table: tuple[str, ...], what: str) -> int:
 
 
 @njit(cache=True, nogil=True)
-def bias_act_(Z, b, act):  # pragma: no cover - compiled
-    """``Z := act(Z + b)`` in one pass over Z."""
+def bias_act_(Z, b, act, fm):  # pragma: no cover - compiled
+    """``Z := act(Z + b)`` in one pass over Z; ``fm``: Z is ``[out, batch]``."""
+    if fm:
+        O, B = Z.shape
+        for j in range(O):
+            bj = b[j]
+            for r in range(B):
+                Z[j, r] = _act(Z[j, r] + bj, act)
+        return
     B, O = Z.shape
     for r in range(B):
         for j in range(O):
-            z = Z[r, j] + b[j]
-            if act == _RELU:
-                z = z if z > 0 else z * 0
-            elif act == _TANH:
-                z = np.tanh(z)
-            elif act == _SIGMOID:
-                z = 1 / (1 + np.exp(-z))
-            Z[r, j] = z
+            Z[r, j] = _act(Z[r, j] + b[j], act)
+
+
+@njit(cache=True, nogil=True)
+def _act(z, act):  # pragma: no cover - compiled
+    if act == _RELU:
+        return z if z > 0 else z * 0
+    if act == _TANH:
+        return np.tanh(z)
+    if act == _SIGMOID:
+        return 1 / (1 + np.exp(-z))
+    return z
 
 
 @njit(cache=True, nogil=True)
 def act_grad_(D, A, act):  # pragma: no cover - compiled
-    """``D := D * act'(.)`` where the derivative is read from the output ``A``."""
+    """``D := D * act'(.)`` where the derivative is read from the output ``A``.
+
+    Elementwise, so either layout works as long as D and A share it.
+    """
     B, O = D.shape
     if act == _IDENTITY:
         return
@@ -105,6 +128,59 @@ def act_grad_(D, A, act):  # pragma: no cover - compiled
                 D[r, j] *= 1 - a * a
             else:
                 D[r, j] *= a * (1 - a)
+
+
+# reassoc: lets LLVM vectorize the row sums of the feature-major case (same order
+# on every run, so results stay reproducible).
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def bias_backward_(dZ, bvec, mode, lr, fm):  # pragma: no cover - compiled
+    """``MODE_SGD``: ``bvec -= lr·Σ_batch dZ``; ``MODE_GRAD``: ``bvec := Σ_batch dZ``."""
+    if fm:
+        O, B = dZ.shape
+        for j in range(O):
+            s = dZ[j, 0] * 0
+            for r in range(B):
+                s += dZ[j, r]
+            bvec[j] = bvec[j] - lr * s if mode == MODE_SGD else s
+        return
+    B, O = dZ.shape
+    if mode == MODE_SGD:
+        for r in range(B):
+            for j in range(O):
+                bvec[j] -= lr * dZ[r, j]
+        return
+    for j in range(O):
+        bvec[j] = 0
+    for r in range(B):
+        for j in range(O):
+            bvec[j] += dZ[r, j]
+
+
+@njit(cache=True, nogil=True)
+def layer_forward_(prev, prev_fm, W, b, Z, fm, act):  # pragma: no cover - compiled
+    """``Z := act(prev·Wᵀ + b)``; ``prev_fm`` / ``fm``: that operand is ``[width, batch]``."""
+    if fm:
+        gemm(False, not prev_fm, 1.0, W, prev, 0.0, Z)  # Zᵀ = W·prevᵀ
+    else:
+        gemm(prev_fm, True, 1.0, prev, W, 0.0, Z)  # Z = prev·Wᵀ
+    bias_act_(Z, b, act, fm)
+
+
+@njit(cache=True, nogil=True)
+def layer_backward_(dZ, fm, prev, prev_fm, W, dA, GW, Gb, mode, lr):  # pragma: no cover
+    """Given ``dZ`` (act' applied): ``dA := (dZ·W)ᵀ`` into the ``[in, batch]`` dA
+    (skipped when dA is empty), then the weight and bias step.
+
+    ``MODE_SGD``: GW and Gb are W and b, updated in place (``beta = 1``), after dA
+    has read the old W. ``MODE_GRAD``: they receive the gradient.
+    """
+    if dA.size:
+        gemm(True, not fm, 1.0, W, dZ, 0.0, dA)  # dAᵀ = Wᵀ·dZᵀ
+    if mode == MODE_SGD:
+        gemm(not fm, prev_fm, -lr, dZ, prev, 1.0, GW)  # W -= lr·dZᵀ·prev
+    else:
+        gemm(not fm, prev_fm, 1.0, dZ, prev, 0.0, GW)
+    bias_backward_(dZ, Gb, mode, lr, fm)
 
 
 @njit(cache=True, nogil=True)
@@ -169,57 +245,52 @@ def _rows(o, p, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def forward_groups_(prev, W, bvec, Z, act, n):  # pragma: no cover - compiled
-    """``Z[:, g] = act(prev·W[g]ᵀ + b[g])`` for ``n`` row groups g in parallel.
+def forward_groups_(prev, prev_fm, W, bvec, Z, fm, act, n):  # pragma: no cover - compiled
+    """``layer_forward_`` for ``n`` row groups g of W in parallel.
 
-    No reduction: each group owns its columns of Z, so the result is the same
-    for any thread count given the same ``n``.
+    No reduction: each group owns its neurons of Z (rows when ``fm``, else
+    columns), so the result is the same for any thread count given the same ``n``.
     """
     for p in prange(n):
         r0, r1 = _rows(W.shape[0], p, n)
-        Zp = Z[:, r0:r1]
-        gemm(False, True, 1.0, prev, W[r0:r1], 0.0, Zp)
-        bias_act_(Zp, bvec[r0:r1], act)
+        if fm:
+            layer_forward_(prev, prev_fm, W[r0:r1], bvec[r0:r1], Z[r0:r1], fm, act)
+        else:
+            layer_forward_(prev, prev_fm, W[r0:r1], bvec[r0:r1], Z[:, r0:r1], fm, act)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def backward_groups_(
-    dZ, A, act, prev, W, bvec, dA, part, GW, Gb, mode, lr, n
+    dZ, fm, A, act, prev, prev_fm, W, dA, part, GW, Gb, mode, lr, n
 ):  # pragma: no cover - compiled
     """One layer's backward with its rows split into ``n`` groups in parallel.
 
-    Group p reads its rows of the old W for its share of ``dA = dZ·W`` and then
-    updates (or writes the gradient of) the same rows, so no group touches
-    another's rows. The shares are partial sums over neurons: group 0 writes dA,
-    group p > 0 its slice of ``part``, and they are added in group order after the
-    parallel region, which keeps the result reproducible for a given ``n``.
-    ``dA`` of size 0 skips that product (the first layer).
+    Group p reads its rows of the old W for its share of dA and then updates (or
+    writes the gradient of) the same rows, so no group touches another's rows.
+    The shares are partial sums over neurons: group 0 writes dA, group p > 0 its
+    slice of ``part``, and they are added in group order after the parallel
+    region, which keeps the result reproducible for a given ``n``. ``dA`` of size
+    0 skips that product (the first layer).
     """
-    B, i = prev.shape
+    R, C = dA.shape
     for p in prange(n):
         r0, r1 = _rows(W.shape[0], p, n)
-        dZp = dZ[:, r0:r1]
-        act_grad_(dZp, A[:, r0:r1], act)
-        if dA.size:
-            dst = dA if p == 0 else part[(p - 1) * B * i : p * B * i].reshape(B, i)
-            gemm(False, False, 1.0, dZp, W[r0:r1], 0.0, dst)
-        if mode == MODE_SGD:
-            gemm(True, False, -lr, dZp, prev, 1.0, W[r0:r1])
-            for r in range(B):
-                for j in range(r0, r1):
-                    bvec[j] -= lr * dZ[r, j]
+        dst = dA if p == 0 else part[(p - 1) * R * C : p * R * C].reshape(R, C)
+        if fm:
+            act_grad_(dZ[r0:r1], A[r0:r1], act)
+            layer_backward_(
+                dZ[r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1], Gb[r0:r1], mode, lr
+            )
         else:
-            gemm(True, False, 1.0, dZp, prev, 0.0, GW[r0:r1])
-            for j in range(r0, r1):
-                Gb[j] = 0
-            for r in range(B):
-                for j in range(r0, r1):
-                    Gb[j] += dZ[r, j]
+            act_grad_(dZ[:, r0:r1], A[:, r0:r1], act)
+            layer_backward_(
+                dZ[:, r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1], Gb[r0:r1], mode, lr
+            )
     if dA.size and n > 1:
-        for r in prange(B):
+        for r in prange(R):
             for p in range(1, n):
-                src = part[(p - 1) * B * i + r * i : (p - 1) * B * i + (r + 1) * i]
-                for k in range(i):
+                src = part[(p - 1) * R * C + r * C : (p - 1) * R * C + (r + 1) * C]
+                for k in range(C):
                     dA[r, k] += src[k]
 
 
@@ -230,34 +301,38 @@ def backward_groups_(
 def forward(data, shapes, offs, acts, Xb, abuf, aoff, parts=1):  # pragma: no cover - compiled
     """Fill every layer's activations (``abuf`` at ``aoff[l]``) for the batch ``Xb``.
 
-    ``parts`` is the number of threads a big layer's rows may be split over.
+    Hidden layers are stored ``[width, batch]``, the output ``[batch, out]``; the
+    output is returned. ``parts`` is the number of threads a big layer's rows may
+    be split over.
     """
     B = Xb.shape[0]
-    prev = Xb
-    for l in range(shapes.shape[0]):
+    L = shapes.shape[0]
+    for l in range(L):
         o, i = shapes[l, 0], shapes[l, 1]
         w0, b0 = offs[l, 0], offs[l, 1]
         W = data[w0 : w0 + o * i].reshape(o, i)
-        Z = abuf[aoff[l] : aoff[l] + B * o].reshape(B, o)
+        fm = l < L - 1
+        Z = abuf[aoff[l] : aoff[l] + B * o].reshape((o, B) if fm else (B, o))
+        prev = Xb if l == 0 else abuf[aoff[l - 1] : aoff[l - 1] + B * i].reshape(i, B)
         n = split_layer(B, o, i, parts)
         if n > 1:
-            forward_groups_(prev, W, data[b0 : b0 + o], Z, acts[l], n)
+            forward_groups_(prev, l > 0, W, data[b0 : b0 + o], Z, fm, acts[l], n)
         else:
-            gemm(False, True, 1.0, prev, W, 0.0, Z)
-            bias_act_(Z, data[b0 : b0 + o], acts[l])
-        prev = Z
-    return prev
+            layer_forward_(prev, l > 0, W, data[b0 : b0 + o], Z, fm, acts[l])
+    K = shapes[L - 1, 0]
+    return abuf[aoff[L - 1] : aoff[L - 1] + B * K].reshape(B, K)
 
 
 @njit(cache=True, nogil=True)
 def backward(
     data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, lr, parts, part
 ):  # pragma: no cover - compiled
-    """Backpropagate ``dLoss/dout`` (the first ``B·K`` values of D1) to every layer.
+    """Backpropagate ``dLoss/dout`` (the first ``B·K`` values of D1, ``[B, K]``).
 
     ``mode == MODE_GRAD`` writes the gradient into the flat ``G`` (same layout as
     ``data``); ``MODE_SGD`` applies ``data -= lr·grad`` as it goes and leaves G alone.
-    D1 and D2 are ping-pong scratch of ``B·max(width)`` values. With ``parts > 1``
+    D1 and D2 are ping-pong scratch of ``B·max(width)`` values; the deltas of
+    hidden layers are ``[width, batch]`` like their activations. With ``parts > 1``
     big layers run as neuron groups (``backward_groups_``), which need ``part``:
     ``(parts - 1)·B·max(width)`` scratch values.
     """
@@ -268,36 +343,19 @@ def backward(
         o, i = shapes[l, 0], shapes[l, 1]
         w0, b0 = offs[l, 0], offs[l, 1]
         W = data[w0 : w0 + o * i].reshape(o, i)
-        dZ = cur[: B * o].reshape(B, o)
-        A = abuf[aoff[l] : aoff[l] + B * o].reshape(B, o)
-        prev = Xb if l == 0 else abuf[aoff[l - 1] : aoff[l - 1] + B * i].reshape(B, i)
+        fm = l < L - 1
+        dZ = cur[: B * o].reshape((o, B) if fm else (B, o))
+        A = abuf[aoff[l] : aoff[l] + B * o].reshape((o, B) if fm else (B, o))
+        prev = Xb if l == 0 else abuf[aoff[l - 1] : aoff[l - 1] + B * i].reshape(i, B)
+        dA = other[: B * i if l > 0 else 0].reshape(i if l > 0 else 0, B)
+        GW = G[w0 : w0 + o * i].reshape(o, i) if mode == MODE_GRAD else W
+        Gb = G[b0 : b0 + o] if mode == MODE_GRAD else data[b0 : b0 + o]
         n = split_layer(B, o, i, parts)
         if n > 1:
-            dA = other[: B * i if l > 0 else 0].reshape(B if l > 0 else 0, i)
-            GW = G[w0 : w0 + o * i].reshape(o, i) if mode == MODE_GRAD else W
-            Gb = G[b0 : b0 + o] if mode == MODE_GRAD else data[b0 : b0 + o]
-            backward_groups_(
-                dZ, A, acts[l], prev, W, data[b0 : b0 + o], dA, part, GW, Gb, mode, lr, n
-            )
-            cur, other = other, cur
-            continue
-        act_grad_(dZ, A, acts[l])
-        if l > 0:
-            gemm(False, False, 1.0, dZ, W, 0.0, other[: B * i].reshape(B, i))
-        if mode == MODE_SGD:
-            gemm(True, False, -lr, dZ, prev, 1.0, W)
-            bvec = data[b0 : b0 + o]
-            for r in range(B):
-                for j in range(o):
-                    bvec[j] -= lr * dZ[r, j]
+            backward_groups_(dZ, fm, A, acts[l], prev, l > 0, W, dA, part, GW, Gb, mode, lr, n)
         else:
-            gemm(True, False, 1.0, dZ, prev, 0.0, G[w0 : w0 + o * i].reshape(o, i))
-            gb = G[b0 : b0 + o]
-            for j in range(o):
-                gb[j] = 0
-            for r in range(B):
-                for j in range(o):
-                    gb[j] += dZ[r, j]
+            act_grad_(dZ, A, acts[l])
+            layer_backward_(dZ, fm, prev, l > 0, W, dA, GW, Gb, mode, lr)
         cur, other = other, cur
 
 

@@ -153,6 +153,27 @@ def test_group_threads_is_one_for_small_models_or_one_thread() -> None:
     assert _with_numba_threads(2, lambda: group_threads(small, 128)) == 1
 
 
+def test_whole_layers_on_two_blas_threads_match_reference() -> None:
+    # One numba thread: no neuron groups, BLAS splits each whole layer itself.
+    spec = ModelSpec(widths=GROUPED, loss="mse")
+    X, y = _data(spec, 128)
+    params = spec.init_params(2)
+    Ws = [W.astype(np.float64) for W in params.W]
+    bs = [b.astype(np.float64) for b in params.b]
+    steps, batch = 3, 64
+    opt = Optimizer(kind="sgd", lr=0.05)
+    state = OptState.init(opt, spec)
+    with threadpool_limits(limits=2):
+        _with_numba_threads(
+            1, lambda: train_steps(params, state, X, y, steps, batch, np.random.default_rng(9))
+        )
+    idx = batch_indices(len(X), steps, batch, np.random.default_rng(9))
+    ref.train(Ws, bs, spec.activations, "mse", X.astype(np.float64), y, idx, batch,
+              ref.RefOptimizer("sgd", opt.lr))  # fmt: skip
+    want = Params.from_layers(spec, list(zip(Ws, bs, strict=True))).data.astype(np.float64)
+    assert np.max(np.abs(params.data - want)) <= 1e-5 * np.max(np.abs(want))
+
+
 def test_neuron_groups_are_bitwise_reproducible() -> None:
     spec = ModelSpec(widths=GROUPED, loss="mse")
     X, y = _data(spec, 64)
