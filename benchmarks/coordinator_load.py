@@ -6,8 +6,16 @@ many connections each). Each client says hello and heartbeats every
 (tasks are held, not answered): connections held and heartbeat round-trip
 p50/p99, measured on the load client's clock via the coordinator's echo; then
 every client takes trivial tasks, answering each at once with a zero update (no
-compute), so a round-trip is task (+ model chunk) -> result + chunk -> ack:
-acknowledged task round-trips per second.
+compute), so a round-trip is task (+ model chunks) -> result + chunks -> ack:
+acknowledged task round-trips per second. The windows of all load processes
+start together, once every client is connected.
+
+The generator runs on the same cores as the coordinator, so each row also says
+where the CPU went, in CPU seconds per wall second (1.0 = one core) per window:
+the coordinator process and its ``net`` (event loop) and ``core`` threads, read
+from /proc, and all load processes together; plus the coordinator's CPU per
+acknowledged round trip. On a shared machine the coordinator gets only its
+share of the cores; compare runs taken in the same minutes.
 
 ``--digits`` also records the wall time to 0.95 test accuracy on digits with
 8 local clients (threads of this process, via ``crowdgrad.serve``),
@@ -25,10 +33,12 @@ import asyncio
 import json
 import logging
 import multiprocessing as mp
-import random
+import os
 import resource
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,152 +47,329 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
+import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
+
+from protocol import messages as m  # noqa: E402
 
 TINY = [64, 2, 10]  # 160 parameters: frames stay tiny, the coordinator's overhead shows
 
 
 # -- load worker (a separate process) ----------------------------------------------------
+#
+# The generator shares the machine's cores with the coordinator, so it is built to be
+# cheap: each client is one asyncio.Protocol around websockets' sans-IO ClientProtocol
+# (no reader task, keepalive task or lock per connection), frames are peeked with a plain
+# msgpack unpack, and one timer per process sends every client's heartbeats in phase
+# buckets instead of one sleeping task per client.
+
+HB_BUCKETS = 100  # heartbeat phases per interval
 
 
-async def _one_client(url: str, i: int, hb: float, out: dict[str, Any], sem: Any) -> None:
-    from websockets.asyncio.client import connect
+class _LoadClient(asyncio.Protocol):
+    """One load client: hello, echo-timed heartbeats, and (once ``w.go``) answers each
+    task at once with the zero update."""
 
-    from nn.params import Params
-    from nn.spec import ModelSpec
-    from protocol import messages as m
-    from protocol.chunking import chunk_params
+    __slots__ = ("fut", "held", "i", "open", "pending", "seq", "task", "tr", "w", "ws")
 
-    spec = ModelSpec(widths=tuple(TINY))
-    zero = Params.from_flat(spec, np.zeros(spec.num_params, np.float32))
-    go: asyncio.Event = out["go"]
-    try:
-        async with sem:
-            ws = await connect(
-                url, compression=None, open_timeout=120, ping_interval=None, close_timeout=2
-            )
-    except Exception:
-        out["failed"] += 1
-        return
-    out["connected"] += 1
-    held: list[m.Task] = []  # a task whose model has arrived, not answered yet
+    def __init__(self, w: _Worker, i: int) -> None:
+        from websockets.client import ClientProtocol
 
-    async def answer(task: m.Task) -> None:
-        chunks = chunk_params(zero, max_message_bytes=1 << 16, transfer=task.task_id)
-        res = m.Result(
-            task_id=task.task_id,
-            model_version=task.model_version,
-            kind=task.kind,
+        self.w, self.i = w, i
+        self.ws = ClientProtocol(w.uri, max_size=None)
+        self.tr: asyncio.Transport | None = None
+        self.fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.open = False
+        self.seq = 0
+        self.pending = 0  # model chunks still to come for ``task``
+        self.task: dict[str, Any] | None = None
+        self.held: dict[str, Any] | None = None  # a ready task, before ``go``
+
+    def _flush(self) -> None:
+        assert self.tr is not None
+        data = self.ws.data_to_send()
+        if data:
+            self.tr.write(b"".join(data))
+
+    def send(self, frame: bytes) -> None:
+        if self.open:
+            self.ws.send_binary(frame)
+            self._flush()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.tr = transport  # type: ignore[assignment]
+        self.ws.send_request(self.ws.connect())
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.open and not self.w.stop:
+            self.w.dropped += 1
+        if not self.fut.done():
+            self.fut.set_exception(ConnectionError("closed during the handshake"))
+        self.open = False
+
+    def data_received(self, data: bytes) -> None:
+        from websockets.frames import Opcode
+        from websockets.http11 import Response
+
+        self.ws.receive_data(data)
+        for event in self.ws.events_received():
+            if isinstance(event, Response):
+                if event.status_code == 101 and self.ws.handshake_exc is None:
+                    self.open = True
+                    self.w.connected += 1
+                    self.send(self.w.hello(self.i))
+                    self.fut.set_result(None)
+                elif not self.fut.done():
+                    self.fut.set_exception(ConnectionError(f"handshake: {event.status_code}"))
+            elif event.opcode is Opcode.BINARY:
+                self._frame(event.data)
+        self._flush()  # pongs and close replies
+
+    def _frame(self, frame: bytes) -> None:
+        w = self.w
+        msg = msgpack.unpackb(frame, raw=False)
+        kind = msg["type"]
+        now = time.monotonic()
+        if kind == "heartbeat":
+            if msg.get("echo") is not None and w.hb_from <= now < w.hb_until:
+                w.rtts.append(now - msg["echo"])
+            return
+        ready = None
+        if kind == "task":
+            self.task = msg
+            if msg.get("base_version") is not None or msg["num_chunks"] == 0:
+                ready = msg
+            else:
+                self.pending = msg["num_chunks"]
+        elif kind == "chunk" and self.task is not None and self.pending:
+            self.pending -= 1
+            if self.pending == 0:
+                ready = self.task
+        elif kind == "ack" and w.tasks_from <= now:
+            w.acks += 1
+        if ready is not None:
+            if w.go:
+                self.answer(ready)
+            else:
+                self.held = ready
+
+    def heartbeat(self) -> None:
+        self.seq += 1
+        self.send(msgpack.packb({"type": "heartbeat", "seq": self.seq, "time": time.monotonic()}))
+
+    def answer(self, task: dict[str, Any]) -> None:
+        for frame in self.w.result_frames(task):
+            self.send(frame)
+
+
+class _Worker:
+    """A load process's clients and counters."""
+
+    def __init__(self, url: str, first: int, n: int, hb: float) -> None:
+        from websockets.uri import parse_uri
+
+        from nn.params import Params
+        from nn.spec import ModelSpec
+        from protocol.chunking import chunk_params
+
+        self.uri = parse_uri(url)
+        self.first, self.n, self.hb = first, n, hb
+        spec = ModelSpec(widths=tuple(TINY))
+        zero = Params.from_flat(spec, np.zeros(spec.num_params, np.float32))
+        chunks = chunk_params(zero, max_message_bytes=1 << 16, transfer="t")
+        self.chunk_wires: list[tuple[dict[str, Any], bytes]] = []
+        for c in chunks:
+            wire = c.to_wire()
+            payload = bytes(wire.pop("payload"))
+            tail = msgpack.packb("payload") + msgpack.packb(payload, use_bin_type=True)
+            self.chunk_wires.append((wire, tail))
+        self.result_wire = m.Result(
+            task_id="t", model_version=0, num_chunks=len(chunks), compute_seconds=0.001
+        ).to_wire()
+        probe = {"task_id": "7", "model_version": 3, "kind": "train", "steps": 2, "batch": 4}
+        want = m.Result(
+            task_id="7",
+            model_version=3,
+            kind="train",
             num_chunks=len(chunks),
-            samples=task.steps * task.batch,
-            steps=task.steps,
+            samples=8,
+            steps=2,
             compute_seconds=0.001,
         )
-        for msg in (res, *chunks):
-            await ws.send(m.encode(msg))
+        assert self.result_frames(probe) == [m.encode(want)] + [
+            m.encode(replace(c, transfer="7")) for c in chunks
+        ], "load frames differ from protocol.messages.encode"
+        inf = float("inf")
+        self.connected = self.failed = self.dropped = self.acks = 0
+        self.rtts: list[float] = []
+        self.hb_from = self.hb_until = self.tasks_from = inf
+        self.stop = self.go = False
+        self.clients: list[_LoadClient] = []
 
-    async def heartbeats() -> None:
-        await asyncio.sleep(random.uniform(0, hb))
-        seq = 0
-        while not out["stop"]:
-            seq += 1
-            await ws.send(m.encode(m.Heartbeat(seq=seq, time=time.monotonic())))
-            await asyncio.sleep(hb)
+    def hello(self, i: int) -> bytes:
+        return m.encode(m.Hello(client=f"load{i}", flops=1e9))
 
-    async def start_tasks() -> None:
-        await go.wait()
-        while held:
-            await answer(held.pop())
+    def result_frames(self, task: dict[str, Any]) -> list[bytes]:
+        """The result and its zero-update chunks, packed from wire dicts: the same
+        bytes ``m.encode`` gives (checked once in ``__init__``) at a fraction of the
+        generator's CPU."""
+        tid = task["task_id"]
+        res = {**self.result_wire, "task_id": tid, "model_version": task["model_version"]}
+        res.update(kind=task.get("kind", "train"), samples=task["steps"] * task["batch"])
+        res["steps"] = task["steps"]
+        return [msgpack.packb(res, use_bin_type=True)] + [
+            self._chunk_frame(wire, tail, tid) for wire, tail in self.chunk_wires
+        ]
 
-    try:
-        await ws.send(m.encode(m.Hello(client=f"load{i}", flops=1e9)))
-        helpers = [asyncio.create_task(heartbeats()), asyncio.create_task(start_tasks())]
-        pending: dict[str, int] = {}  # model transfer -> chunks still to come
-        task: m.Task | None = None
-        while not out["stop"]:
-            try:
-                frame = await asyncio.wait_for(ws.recv(), 0.5)
-            except TimeoutError:
-                continue
-            msg = m.decode(frame)
-            now = time.monotonic()
-            ready: m.Task | None = None
-            if isinstance(msg, m.Heartbeat) and msg.echo is not None:
-                if out["hb_from"] <= now < out["hb_until"]:
-                    out["rtts"].append(now - msg.echo)
-            elif isinstance(msg, m.Task):
-                task = msg
-                if msg.base_version is not None or msg.num_chunks == 0:
-                    ready = msg
-                else:
-                    pending[msg.model_transfer or ""] = msg.num_chunks
-            elif isinstance(msg, m.Chunk) and msg.transfer in pending:
-                pending[msg.transfer] -= 1
-                if pending[msg.transfer] == 0:
-                    del pending[msg.transfer]
-                    ready = task
-            elif isinstance(msg, m.Ack) and out["tasks_from"] <= now:
-                out["acks"] += 1
-            if ready is not None:
-                if go.is_set():
-                    await answer(ready)
-                else:
-                    held[:] = [ready]
-        for h in helpers:
-            h.cancel()
-    except Exception:
-        out["dropped"] += 1
-    finally:
-        await ws.close()
+    @staticmethod
+    def _chunk_frame(wire: dict[str, Any], tail: bytes, transfer: str) -> bytes:
+        head = bytearray(msgpack.packb({**wire, "transfer": transfer}, use_bin_type=True))
+        head[0] += 1  # a fixmap: one more entry, the payload, follows
+        return bytes(head) + tail
+
+    async def connect_all(self, concurrency: int = 256) -> None:
+        loop = asyncio.get_running_loop()
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> None:
+            async with sem:
+                c = _LoadClient(self, i)
+                try:
+                    await loop.create_connection(lambda: c, self.uri.host, self.uri.port)
+                    await asyncio.wait_for(c.fut, 120)
+                except (OSError, TimeoutError):  # ConnectionError is an OSError
+                    self.failed += 1
+                    if c.tr is not None:
+                        c.tr.close()
+                    return
+                self.clients.append(c)
+
+        await asyncio.gather(*(one(self.first + k) for k in range(self.n)))
+
+    async def heartbeats(self) -> None:
+        """Every client heartbeats once per ``hb`` at its own phase (its bucket)."""
+        step = self.hb / HB_BUCKETS
+        t = time.monotonic()
+        k = 0
+        while not self.stop:
+            for c in self.clients[k::HB_BUCKETS]:
+                c.heartbeat()
+            k = (k + 1) % HB_BUCKETS
+            t += step
+            await asyncio.sleep(max(0.0, t - time.monotonic()))
 
 
-async def _worker_main(url: str, first: int, n: int, hb: float, warm: float, secs: float) -> dict:
-    """Connect n clients; heartbeat-only window; then tasks window; report."""
-    inf = float("inf")
-    out: dict[str, Any] = {
-        "connected": 0,
-        "failed": 0,
-        "dropped": 0,
-        "acks": 0,
-        "rtts": [],
-        "hb_from": inf,
-        "hb_until": inf,
-        "tasks_from": inf,
-        "stop": False,
-        "go": asyncio.Event(),
-    }
-    sem = asyncio.Semaphore(256)
-    t0 = time.monotonic()
-    tasks = [asyncio.create_task(_one_client(url, first + i, hb, out, sem)) for i in range(n)]
-    while out["connected"] + out["failed"] < n and time.monotonic() - t0 < 300:
-        await asyncio.sleep(0.05)
-    out["connect_s"] = time.monotonic() - t0
+async def _worker_main(
+    url: str, first: int, n: int, hb: float, warm: float, secs: float, q: Any, go: Any
+) -> dict:
+    """Connect n clients; once every worker has (``go``), a heartbeat-only window,
+    then a tasks window; report."""
+    w = _Worker(url, first, n, hb)
+    marks: dict[str, tuple[float, float]] = {}
+
+    def mark(name: str) -> None:
+        marks[name] = (time.monotonic(), time.process_time())
+
+    mark("start")
+    beats = asyncio.create_task(w.heartbeats())  # clients join its buckets as they connect
+    await w.connect_all()
+    mark("connected")
+    q.put("connected")
+    while not go.is_set():  # the windows of all workers line up
+        await asyncio.sleep(0.02)
     await asyncio.sleep(warm)
-    out["hb_from"] = time.monotonic()
-    out["hb_until"] = out["hb_from"] + max(secs, hb)
+    mark("hb_from")
+    w.hb_from = marks["hb_from"][0]
+    w.hb_until = w.hb_from + max(secs, hb)
     await asyncio.sleep(max(secs, hb))
-    out["held"] = out["connected"] - out["dropped"]
-    out["go"].set()
+    mark("hb_until")
+    held = w.connected - w.dropped
+    w.go = True
+    for c in w.clients:
+        if c.held is not None:
+            c.answer(c.held)
+            c.held = None
     await asyncio.sleep(warm)
-    out["tasks_from"] = time.monotonic()
+    mark("tasks_from")
+    w.tasks_from = marks["tasks_from"][0]
     await asyncio.sleep(secs)
-    out["tasks_s"] = time.monotonic() - out["tasks_from"]
-    acks = out["acks"]
-    out["stop"] = True
-    await asyncio.wait(tasks, timeout=30)
-    out["acks"] = acks
-    del out["go"]
-    return out
+    mark("tasks_until")
+    acks = w.acks
+    w.stop = True
+    beats.cancel()
+    for c in w.clients:
+        if c.tr is not None:
+            c.tr.close()
+    await asyncio.sleep(0.2)
+    return {
+        "connected": w.connected,
+        "failed": w.failed,
+        "dropped": w.dropped,
+        "held": held,
+        "acks": acks,
+        "rtts": w.rtts,
+        "marks": marks,
+    }
 
 
-def _worker(url: str, first: int, n: int, hb: float, warm: float, secs: float, q: Any) -> None:
+def _worker(
+    url: str, first: int, n: int, hb: float, warm: float, secs: float, q: Any, go: Any
+) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, _nofile())
-    q.put(asyncio.run(_worker_main(url, first, n, hb, warm, secs)))
+    q.put(asyncio.run(_worker_main(url, first, n, hb, warm, secs, q, go)))
 
 
 def _nofile() -> tuple[int, int]:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return (min(hard, 65536), hard)
+
+
+class _CpuSampler:
+    """Samples this process's CPU seconds, and those of its named threads, so the
+    coordinator's share of each window can be told apart from the generator's."""
+
+    def __init__(self, period: float = 0.1) -> None:
+        self.period = period
+        self.samples: list[tuple[float, float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def _run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.is_set():
+            per: dict[str, float] = {}
+            for t in threading.enumerate():
+                if t.native_id is None or not t.name.startswith("crowdgrad-"):
+                    continue
+                try:
+                    with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                        fields = f.read().rpartition(")")[2].split()
+                    per[t.name] = (int(fields[11]) + int(fields[12])) / tick
+                except OSError:
+                    continue
+            self.samples.append((time.monotonic(), time.process_time(), per))
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> _CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def share(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU used per wall second in [t0, t1]: the process, and per thread."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {}
+        (a, ca, pa), (b, cb, pb) = inside[0], inside[-1]
+        out = {"process": (cb - ca) / (b - a)}
+        for name in pb:
+            if name in pa:
+                out[name.removeprefix("crowdgrad-")] = (pb[name] - pa[name]) / (b - a)
+        return {k: round(v, 2) for k, v in out.items()}
 
 
 # -- driver -----------------------------------------------------------------------------
@@ -207,36 +394,67 @@ def run_load(n: int, *, workers: int, hb: float, warm: float, secs: float) -> di
     service = CoreService(job)
     crowd = CrowdServer(service)
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with BackgroundServer(crowd) as bg:
+    q, go = ctx.Queue(), ctx.Event()
+    with BackgroundServer(crowd) as bg, _CpuSampler() as cpu:
         per = [n // workers + (1 if i < n % workers else 0) for i in range(workers)]
         starts = [sum(per[:i]) for i in range(workers)]
         procs = [
-            ctx.Process(target=_worker, args=(bg.url, s, k, hb, warm, secs, q))
+            ctx.Process(target=_worker, args=(bg.url, s, k, hb, warm, secs, q, go))
             for s, k in zip(starts, per, strict=True)
             if k
         ]
         for p in procs:
             p.start()
-        results = [q.get(timeout=600) for _ in procs]
+        for _ in procs:
+            assert q.get(timeout=900) == "connected"
+        go.set()
+        results = [q.get(timeout=900) for _ in procs]
         for p in procs:
             p.join(30)
-        st = service.stats
-        accepted = st.accepted
+        accepted = service.stats.accepted
     rtts = np.array([r for res in results for r in res["rtts"]]) * 1e3
-    secs_measured = max(res["tasks_s"] for res in results)
+    marks = [r["marks"] for r in results]
+
+    def window(a: str, b: str) -> tuple[float, float]:
+        return max(mk[a][0] for mk in marks), min(mk[b][0] for mk in marks)
+
+    def gen_cpu(a: str, b: str) -> float:
+        """Generator CPU seconds per wall second, all load processes together."""
+        return round(sum((mk[b][1] - mk[a][1]) / (mk[b][0] - mk[a][0]) for mk in marks), 2)
+
+    t0, t1 = window("tasks_from", "tasks_until")
+    acks = sum(r["acks"] for r in results)
+    rate = acks / (t1 - t0)
+    task_cpu = cpu.share(t0, t1)
     return {
         "clients": n,
         "workers": len(procs),
         "connected": sum(r["connected"] for r in results),
         "held": sum(r["held"] for r in results),  # at the end of the heartbeat window
         "failed": sum(r["failed"] for r in results),
-        "connect_s": round(max(r["connect_s"] for r in results), 2),
+        "connect_s": round(max(mk["connected"][0] - mk["start"][0] for mk in marks), 2),
         "heartbeats": int(rtts.size),
         "heartbeat_p50_ms": round(float(np.percentile(rtts, 50)), 2) if rtts.size else None,
         "heartbeat_p99_ms": round(float(np.percentile(rtts, 99)), 2) if rtts.size else None,
-        "task_round_trips_per_s": round(sum(r["acks"] for r in results) / secs_measured, 1),
+        "task_round_trips_per_s": round(rate, 1),
+        # the coordinator process's CPU per acknowledged round trip (heartbeats included)
+        "coordinator_cpu_ms_per_round_trip": (
+            round(1e3 * task_cpu["process"] / rate, 3) if rate and task_cpu else None
+        ),
         "accepted_total": accepted,
+        # CPU seconds per wall second (1.0 = one core busy) in each window
+        "cpu_heartbeat_window": {
+            "coordinator": cpu.share(*window("hb_from", "hb_until")),
+            "generator": gen_cpu("hb_from", "hb_until"),
+        },
+        "cpu_task_window": {
+            "coordinator": task_cpu,
+            "generator": gen_cpu("tasks_from", "tasks_until"),
+        },
+        "cpu_connect": {
+            "coordinator": cpu.share(*window("start", "connected")),
+            "generator": gen_cpu("start", "connected"),
+        },
         "server_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 

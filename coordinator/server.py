@@ -18,6 +18,15 @@ when the transport buffer is full), its queue grows past ``send_queue_bytes``
 and it is closed with :data:`CLOSE_SLOW_CONSUMER`; its queued frames are
 dropped, so the coordinator's memory stays bounded whatever clients do.
 
+Cheap per frame, because one process holds thousands of connections: the core
+thread's outputs reach the loop in batches (one ``call_soon_threadsafe`` per
+batch, coalesced while one is pending); heartbeat echoes are packed straight
+from the three numbers; uvicorn's websocket keepalive pings are off (our
+heartbeats and the core's heartbeat deadline cover liveness, and a connection
+that never says hello is closed after ``HELLO_TIMEOUT_S``); and the websocket
+protocol (:class:`ReadAheadWebSocketProtocol`) stops pausing the socket after
+every frame.
+
 The app can be mounted into a host FastAPI/Starlette app. A mounted app's
 lifespan does not run, so the service starts lazily on the first request, and
 a host that wants a clean shutdown composes ``async with crowd:`` (or calls
@@ -39,8 +48,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, WebSocket
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from coordinator import events as ev
 from coordinator.core import server_limits
@@ -58,6 +69,74 @@ CLOSE_GOING_AWAY = 1001
 ENVELOPE_MARGIN = 64 * 1024
 #: Default bound of a connection's send queue: several frames of a large model.
 DEFAULT_SEND_QUEUE_BYTES = 32 * 1024 * 1024
+#: Seconds a new connection has to send hello before it is closed (TIMEOUT).
+HELLO_TIMEOUT_S = 30.0
+#: Frames uvicorn may queue for the app before it pauses reading the socket.
+READ_AHEAD_FRAMES = 8
+#: Seconds a refused connection is read (and discarded) before the socket closes.
+CLOSE_LINGER_S = 2.0
+
+
+class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-IO websocket protocol, pausing the socket only when the app
+    is ``READ_AHEAD_FRAMES`` frames behind instead of after every frame.
+
+    Upstream pauses reading on each received frame and resumes when the app
+    takes it: two epoll changes per frame, measured at about a tenth of the
+    coordinator's CPU under load. Back-pressure is kept, only looser: at most
+    ``READ_AHEAD_FRAMES`` frames (plus those of one socket read) wait per
+    connection, each at most ``ws_max_size``. ``receive`` (upstream) resumes
+    once the queue is empty. Written against uvicorn 0.3x-0.5x's
+    ``send_receive_event_to_app``; tests/coordinator/test_server.py checks that
+    it still pauses.
+    """
+
+    def send_receive_event_to_app(self) -> None:
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        if self.close_sent:
+            return  # past websocket.close: drop it, keep reading for the close reply
+        if self.curr_msg_data_type == "text":
+            try:
+                self.queue.put_nowait({"type": "websocket.receive", "text": data.decode()})
+            except UnicodeDecodeError:
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+        else:
+            self.queue.put_nowait({"type": "websocket.receive", "bytes": data})
+        if not self.read_paused and self.queue.qsize() >= READ_AHEAD_FRAMES:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def handle_parser_exception(self) -> None:
+        """A frame the parser refused (over ``ws_max_size``, bad framing): send the
+        close frame, then keep reading — the parser discards — until the peer
+        closes, or ``CLOSE_LINGER_S``. Upstream closes the socket at once, and
+        closing with the rest of a large frame unread makes the kernel reset the
+        connection: the peer never sees the close code (RFC 6455 §7.1.1 asks the
+        server to wait for the client to close the TCP connection)."""
+        if self.close_sent:
+            return  # more bytes of the refused frame: the parser discards them
+        assert self.conn.close_sent is not None
+        code, reason = self.conn.close_sent.code, self.conn.close_sent.reason
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.close_timer = self.loop.call_later(CLOSE_LINGER_S, self.transport.close)
+
+
+def heartbeat_echo(seq: int, now: float, echo: float) -> bytes:
+    """The frame ``m.encode(m.Heartbeat(seq=seq, time=now, echo=echo))`` gives, packed
+    without building the message (the hottest frame: one per client every few
+    seconds); tests/coordinator/test_server.py holds them equal."""
+    return msgpack.packb(
+        {"type": "heartbeat", "seq": seq, "time": float(now), "echo": float(echo)},
+        use_bin_type=True,
+    )
 
 
 @dataclass(slots=True, eq=False)
@@ -111,6 +190,10 @@ class CrowdServer:
         self.accepting = True
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Core outputs waiting for the loop; ``_scheduled``: a delivery is on its way.
+        self._inbound: list[ev.Output] = []
+        self._inbound_lock = threading.Lock()
+        self._scheduled = False
         self._drained = False
         self._stop_task: asyncio.Future[None] | None = None
         self.app = self._build_app()
@@ -160,11 +243,23 @@ class CrowdServer:
     # -- core outputs (core thread -> loop) ------------------------------------------
 
     def _from_core(self, outputs: list[ev.Output]) -> None:
+        """Core thread: queue for the loop, waking it only if no delivery is pending
+        (each wake is a syscall and a loop iteration)."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._deliver, outputs)
+        if loop is None or loop.is_closed():
+            return
+        with self._inbound_lock:
+            self._inbound += outputs
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop closed since the check
+            loop.call_soon_threadsafe(self._deliver)
 
-    def _deliver(self, outputs: list[ev.Output]) -> None:
+    def _deliver(self) -> None:
+        with self._inbound_lock:
+            outputs, self._inbound = self._inbound, []
+            self._scheduled = False
         for o in outputs:
             match o:
                 case ev.Send():
@@ -255,8 +350,16 @@ class CrowdServer:
     async def _read_loop(self, peer: _Peer) -> str:
         """Read until the socket or the core ends the connection; returns why."""
         ws = peer.ws
+        try:
+            first = await asyncio.wait_for(ws.receive(), HELLO_TIMEOUT_S)
+        except TimeoutError:
+            self._refuse(peer, ProtocolError(ErrorCode.TIMEOUT, "no hello in time"))
+            return "no hello"
         while peer.close is None:
-            event = await ws.receive()
+            if first is not None:
+                event, first = first, None
+            else:
+                event = await ws.receive()
             kind = event["type"]
             if kind == "websocket.disconnect":
                 return f"disconnected ({event.get('code', 1006)})"
@@ -277,8 +380,7 @@ class CrowdServer:
                     # Echoed here, not by the core: liveness must not wait behind a
                     # busy core. The core still sees it (last_seen, rate limits); its
                     # own echo is dropped in _deliver.
-                    echo = m.Heartbeat(seq=msg.seq, time=time.monotonic(), echo=msg.time)
-                    self._enqueue(peer, m.encode(echo))
+                    self._enqueue(peer, heartbeat_echo(msg.seq, time.monotonic(), msg.time))
                 self.service.submit_receive(peer.client_id, msg, len(data))
             except ProtocolError as exc:
                 self._refuse(peer, exc)
@@ -435,11 +537,16 @@ def make_uvicorn(crowd: CrowdServer, *, log_level: str = "warning") -> uvicorn.S
     """A uvicorn server for ``crowd``; serve it with ``await server.serve(sockets=[sock])``."""
     config = uvicorn.Config(
         crowd.app,
-        # websockets-sansio, deliberately: measured on this kind of machine, the
-        # legacy "websockets" implementation reached p99 1.65 s at 10,000 held
-        # connections where sansio stayed at 59 ms (design brief).
-        ws="websockets-sansio",
+        # websockets-sansio, deliberately (the legacy "websockets" implementation
+        # reached p99 1.65 s at 10,000 connections where sansio stayed at 59 ms,
+        # design brief), less its pause-after-every-frame: see the class.
+        ws=ReadAheadWebSocketProtocol,
         ws_max_size=crowd.ws_max_size,
+        # Off: clients heartbeat (the core closes the silent ones), and at 10,000
+        # connections the pings are 500 timers/s on the loop that never find anything.
+        ws_ping_interval=None,
+        ws_ping_timeout=None,
+        ws_per_message_deflate=False,  # frames are msgpack floats: nothing to gain
         lifespan="on",
         log_level=log_level,
         access_log=False,

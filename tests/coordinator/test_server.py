@@ -1,0 +1,120 @@
+"""The server's per-frame fast paths: heartbeat echo bytes, read-ahead back-pressure,
+the hello deadline, keepalive pings off."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+from websockets.asyncio.client import connect
+from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+from websockets.uri import parse_uri
+
+from coordinator import server as srv
+from coordinator.config import parse_job
+from coordinator.server import (
+    READ_AHEAD_FRAMES,
+    BackgroundServer,
+    CrowdServer,
+    ReadAheadWebSocketProtocol,
+    heartbeat_echo,
+    make_uvicorn,
+)
+from coordinator.service import CoreService
+from protocol import messages as m
+from protocol.errors import ErrorCode, close_code
+
+JOB = {"model": {"widths": [4, 3, 2]}, "data": {"shards": 2, "batch": 2}}
+
+finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e15, max_value=1e15)
+
+
+@given(seq=st.integers(0, 2**63 - 1), now=finite, echo=finite)
+def test_heartbeat_echo_is_the_encoded_message(seq: int, now: float, echo: float) -> None:
+    assert heartbeat_echo(seq, now, echo) == m.encode(m.Heartbeat(seq=seq, time=now, echo=echo))
+
+
+def test_keepalive_pings_and_compression_are_off() -> None:
+    server = make_uvicorn(CrowdServer(CoreService(parse_job(JOB))))
+    assert server.config.ws_ping_interval is None
+    assert server.config.ws_per_message_deflate is False
+    assert server.config.ws is ReadAheadWebSocketProtocol
+
+
+async def _parked_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Accepts, then never reads: frames pile up in the protocol's queue."""
+    assert scope["type"] == "websocket"
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    await asyncio.sleep(30)
+
+
+def test_read_ahead_pauses_only_when_the_app_falls_behind() -> None:
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        config = Config(app=_parked_app, ws=ReadAheadWebSocketProtocol, lifespan="off")
+        config.load()
+        proto = ReadAheadWebSocketProtocol(config, ServerState(), {}, _loop=loop)
+        ours, theirs = socket.socketpair()
+        await loop.connect_accepted_socket(lambda: proto, ours)
+        theirs.setblocking(False)
+        peer = ClientProtocol(parse_uri("ws://x/ws"))
+        peer.send_request(peer.connect())
+
+        async def push(frames: int) -> None:
+            for _ in range(frames):
+                peer.send_binary(b"x" * 10)
+            await loop.sock_sendall(theirs, b"".join(peer.data_to_send()))
+            for _ in range(100):  # until the server has parsed them
+                await asyncio.sleep(0.01)
+                if proto.queue.qsize() >= expected:
+                    return
+
+        expected = 1  # websocket.connect, taken by the app
+        await push(0)
+        while peer.state is not State.OPEN:  # the 101 response
+            peer.receive_data(await loop.sock_recv(theirs, 65536))
+        expected = READ_AHEAD_FRAMES - 1
+        await push(READ_AHEAD_FRAMES - 1)
+        assert proto.queue.qsize() == READ_AHEAD_FRAMES - 1
+        assert not proto.read_paused  # upstream pauses after the first frame
+        expected = READ_AHEAD_FRAMES
+        await push(1)
+        assert proto.read_paused
+        for _ in range(READ_AHEAD_FRAMES):
+            await proto.receive()
+        assert not proto.read_paused  # resumed once the app caught up
+        proto.transport.close()
+        theirs.close()
+        for task in list(proto.tasks):
+            task.cancel()
+
+    asyncio.run(go())
+
+
+def test_a_connection_without_hello_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(srv, "HELLO_TIMEOUT_S", 0.3)
+
+    async def silent(url: str) -> tuple[int | None, list[m.Message]]:
+        got: list[m.Message] = []
+        async with connect(url, compression=None) as ws:
+            try:
+                while True:
+                    got.append(m.decode(await asyncio.wait_for(ws.recv(), 10)))
+            except ConnectionClosed as exc:
+                return (exc.rcvd.code if exc.rcvd else None), got
+        return None, got
+
+    service = CoreService(parse_job(JOB))
+    with BackgroundServer(CrowdServer(service)) as bg:
+        code, got = asyncio.run(silent(bg.url))
+    assert code == close_code(ErrorCode.TIMEOUT)
+    assert [x.code for x in got if isinstance(x, m.Error)] == [ErrorCode.TIMEOUT]
