@@ -47,6 +47,9 @@ class ModelSpec:
     activations: tuple[str, ...] = field(default=())
     loss: str = "softmax_ce"
     init: str = "he"
+    # Derived once: the coordinator asks for shapes and sizes on every lease.
+    _shapes: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    _num_params: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         widths = tuple(int(w) for w in self.widths)
@@ -69,6 +72,9 @@ class ModelSpec:
             raise ValueError(f"loss: unknown loss {self.loss!r}; expected one of {LOSSES}")
         if self.init not in INITS:
             raise ValueError(f"init: unknown init {self.init!r}; expected one of {INITS}")
+        shapes = tuple((widths[i + 1], widths[i]) for i in range(n))
+        object.__setattr__(self, "_shapes", shapes)
+        object.__setattr__(self, "_num_params", sum(o * i + o for o, i in shapes))
 
     # -- construction ---------------------------------------------------------------
 
@@ -116,12 +122,12 @@ class ModelSpec:
     @property
     def layer_shapes(self) -> tuple[tuple[int, int], ...]:
         """``(out, in)`` per layer, the shape of its W."""
-        return tuple((self.widths[i + 1], self.widths[i]) for i in range(self.num_layers))
+        return self._shapes
 
     @property
     def num_params(self) -> int:
         """Weights plus biases, as exact Python ints (extreme exceeds int32)."""
-        return sum(o * i + o for o, i in self.layer_shapes)
+        return self._num_params
 
     @property
     def nbytes(self) -> int:
