@@ -140,6 +140,9 @@ class Coordinator:
                 f"{list(spec.widths)}"
             )
         self.job = job
+        #: ``job.spec`` builds a fresh ModelSpec per call; the core asks per task
+        self.spec = spec
+        self._flops_per_sample = spec.flops_per_sample()
         self.seed = seed
         self.model = ModelState(params=params.copy())
         root = np.random.SeedSequence(seed)
@@ -313,12 +316,18 @@ class Coordinator:
                     )
                 )
             grace = self.job.lease.resume_grace_s
-            for tid, task in list(self._orphans.items()):
-                if task.state is not TaskState.OPEN:
-                    del self._orphans[tid]
-                elif task.orphaned_at is not None and now >= task.orphaned_at + grace:
-                    del self._orphans[tid]
+            # _orphans is in orphaned_at order (see _lease_lost): stop at the
+            # first open task whose grace has not run out.
+            orphans = self._orphans
+            while orphans:
+                tid, task = next(iter(orphans.items()))
+                if task.state is not TaskState.OPEN or task.orphaned_at is None:
+                    del orphans[tid]  # taken, dropped or leased again since
+                elif now >= task.orphaned_at + grace:
+                    del orphans[tid]
                     self.book.resolve_task(task, TaskState.DROPPED, now)
+                else:
+                    break
             report = self.strategy.on_tick(now)
             if report is not None:
                 self._stepped(report, now, out)
@@ -347,9 +356,10 @@ class Coordinator:
             deadline = getattr(self.strategy, "deadline", None)
             if deadline is not None:
                 times.append(deadline)
-            if self._orphans:
-                grace = self.job.lease.resume_grace_s
-                times += [t.orphaned_at + grace for t in self._orphans.values() if t.orphaned_at]
+            for t in self._orphans.values():  # the first is the oldest (_lease_lost)
+                if t.orphaned_at is not None:
+                    times.append(t.orphaned_at + self.job.lease.resume_grace_s)
+                    break
             if self.job.stop.max_time_s is not None and self.started_at is not None:
                 times.append(self.started_at + self.job.stop.max_time_s)
         return min(times) if times else None
@@ -447,7 +457,7 @@ class Coordinator:
             raise ProtocolError(ErrorCode.BAD_FIELD, "result.num_chunks: an update is required")
         if msg.task_id in conn.uploads:
             raise ProtocolError(ErrorCode.DUPLICATE, f"result {msg.task_id!r}: already uploading")
-        reasm = Reassembler.for_params(self.job.spec, transfer=msg.task_id, total=msg.num_chunks)
+        reasm = Reassembler.for_params(self.spec, transfer=msg.task_id, total=msg.num_chunks)
         conn.uploads[msg.task_id] = _Upload(msg, reasm)
 
     def _on_result(
@@ -498,7 +508,7 @@ class Coordinator:
         rec.accepted += 1
         rec.version_held = task.version
         samples = result.samples or task.steps * task.batch
-        rec.observe_speed(self.job.spec.flops_per_sample() * samples, result.compute_seconds)
+        rec.observe_speed(self._flops_per_sample * samples, result.compute_seconds)
         self._queue(conn, m.Ack(task_id=result.task_id, accepted=True))
         out.append(
             ev.ResultAccepted(
@@ -565,6 +575,8 @@ class Coordinator:
         reissue = self.strategy.on_lease_lost(task, now)
         if not reissue:
             task.orphaned_at = now
+            # re-insert, so that dict order stays orphaned_at order (now never decreases)
+            self._orphans.pop(task.task_id, None)
             self._orphans[task.task_id] = task
         return reissue
 
@@ -613,8 +625,8 @@ class Coordinator:
         version, transfer, chunks, frames, delta_base = self._download(conn, rec)
         send_model = rec.version_held != version
         model_bytes = sum(len(f) for f in frames) if send_model else 0
-        flops = self.job.spec.flops_per_sample() * task.steps * task.batch
-        predicted = flops / rec.rate() + (model_bytes + self.job.spec.nbytes) / min(
+        flops = self._flops_per_sample * task.steps * task.batch
+        predicted = flops / rec.rate() + (model_bytes + self.spec.nbytes) / min(
             conn.limits.bytes_per_s, 1e12
         )
         lease_s = max(self.job.lease.min_s, self.job.lease.slack * predicted)
@@ -623,7 +635,7 @@ class Coordinator:
             task_id=str(task.task_id),
             kind=self._task_kind(task),
             model_version=version,
-            spec=self.job.spec,
+            spec=self.spec,
             dataset=f"{self.job.data.dataset}#{self.job.data.seed}",
             shard=task.shard,
             indices=self._shard_idx[task.shard],

@@ -68,8 +68,10 @@ class Piece:
 Layout = tuple[Block, ...]
 
 
+@functools.lru_cache(maxsize=64)
 def params_layout(spec: ModelSpec) -> Layout:
-    """Per layer ``(l, "W")`` then ``(l, "b")``: the order a forward pass needs them."""
+    """Per layer ``(l, "W")`` then ``(l, "b")``: the order a forward pass needs them.
+    Cached: every model transfer and every reassembler asks for it."""
     out: list[Block] = []
     for li, (o, i) in enumerate(spec.layer_shapes):
         out += [Block(li, "W", (o, i)), Block(li, "b", (o,))]
@@ -211,6 +213,27 @@ def params_arrays(params: Params) -> list[np.ndarray]:
     return [a for W, b in zip(params.W, params.b, strict=True) for a in (W, b)]
 
 
+@functools.lru_cache(maxsize=64)
+def _params_plan(
+    spec: ModelSpec, max_message_bytes: int, codec: str | int, transfer_bytes: int
+) -> tuple[tuple[Piece, int, int, tuple[int, ...]], ...]:
+    """``plan_chunks`` of ``params_layout(spec)`` with each piece's span in the flat
+    Params buffer and its rows' shape: everything chunking a model needs that does
+    not depend on its values (a coordinator chunks a new version per result)."""
+    offsets = spec.layer_offsets()
+    out = []
+    for p in _plan(params_layout(spec), max_message_bytes, codec, transfer_bytes):
+        blk = p.block
+        w0, b0, _ = offsets[blk.layer]
+        if blk.part == "W":
+            cols = blk.shape[1]
+            a, b = w0 + p.row_start * cols, w0 + p.row_end * cols
+        else:
+            a, b = b0 + p.row_start, b0 + p.row_end
+        out.append((p, a, b, blk.rows_shape(p.row_start, p.row_end)))
+    return tuple(out)
+
+
 def chunk_params(
     params: Params,
     *,
@@ -219,18 +242,25 @@ def chunk_params(
     transfer: str,
     rng: np.random.Generator | None = None,
 ) -> list[Chunk]:
-    """A model or a delta as chunks, layer 0 first (payloads are copies)."""
-    arrays = params_arrays(params)
-    return list(
-        iter_chunks(
-            params_layout(params.spec),
-            arrays,
-            max_message_bytes=max_message_bytes,
-            codec=codec,
-            transfer=transfer,
-            rng=rng,
+    """A model or a delta as chunks, layer 0 first (payloads are copies).
+
+    The same chunks as ``iter_chunks`` over ``params_arrays``, from a cached plan
+    of flat-buffer spans (tests/protocol/test_chunking.py holds them equal)."""
+    c = codecs.get(codec)
+    plan = _params_plan(params.spec, max_message_bytes, codec, len(transfer.encode()))
+    if len(plan) > 1 << 24:
+        raise ValueError(f"transfer {transfer!r}: {len(plan)} chunks, more than 2**24")
+    data = params.data
+    raw = c.id == codecs.CodecId.FP32 and data.dtype == np.dtype("<f4")
+    total = len(plan)
+    out = []
+    for seq, (p, a, b, shape) in enumerate(plan):
+        block = data[a:b]
+        payload = block.tobytes() if raw else c.encode(block.reshape(shape), rng=rng)
+        out.append(
+            piece_chunk(p, seq=seq, total=total, codec=c, transfer=transfer, payload=payload)
         )
-    )
+    return out
 
 
 def encode_params(
@@ -276,6 +306,11 @@ def chunk_named(
     )
 
 
+def _where(chunk: Chunk) -> str:
+    """How an error names a chunk (built only when there is an error)."""
+    return f"chunk {chunk.seq} of {chunk.transfer!r}"
+
+
 class Reassembler:
     """Collects the chunks of one transfer, in any order, into float32 arrays.
 
@@ -308,8 +343,11 @@ class Reassembler:
             views = [a for W, b in zip(self._params.W, self._params.b, strict=True) for a in (W, b)]
         else:
             views = [np.zeros(b.shape, dtype=np.float32) for b in self.layout]
-        self._blocks = {b.key: (b, v) for b, v in zip(self.layout, views, strict=True)}
-        self._have = {b.key: np.zeros(b.rows, dtype=bool) for b in self.layout}
+        # one byte per row (1 = received): find/assign on slices copy nothing
+        self._have = {b.key: bytearray(b.rows) for b in self.layout}
+        self._blocks = {
+            b.key: (b, v, self._have[b.key]) for b, v in zip(self.layout, views, strict=True)
+        }
         self._seqs: set[int] = set()
         self._rows_total = self._rows_left = sum(b.rows for b in self.layout)
         if total is not None and not 1 <= total <= self._rows_total:
@@ -341,54 +379,54 @@ class Reassembler:
 
     def add(self, chunk: Chunk) -> None:
         """Validate and place one chunk; see the class docstring for what is refused."""
-        where = f"chunk {chunk.seq} of {chunk.transfer!r}"
         if chunk.transfer != self.transfer:
             raise ProtocolError(
-                ErrorCode.UNKNOWN_TASK, f"{where}: expected transfer {self.transfer!r}"
+                ErrorCode.UNKNOWN_TASK, f"{_where(chunk)}: expected transfer {self.transfer!r}"
             )
         if self.total is None:
             if chunk.total > self._rows_total:  # every chunk carries at least one row
                 raise ProtocolError(
                     ErrorCode.BAD_CHUNK,
-                    f"{where}: total {chunk.total} exceeds the {self._rows_total} rows",
+                    f"{_where(chunk)}: total {chunk.total} exceeds the {self._rows_total} rows",
                 )
             self.total = chunk.total
         elif chunk.total != self.total:
             raise ProtocolError(
-                ErrorCode.BAD_CHUNK, f"{where}: total {chunk.total}, expected {self.total}"
+                ErrorCode.BAD_CHUNK, f"{_where(chunk)}: total {chunk.total}, expected {self.total}"
             )
         if chunk.seq in self._seqs:
-            raise ProtocolError(ErrorCode.DUPLICATE, f"{where}: seq received twice")
+            raise ProtocolError(ErrorCode.DUPLICATE, f"{_where(chunk)}: seq received twice")
         entry = self._blocks.get((chunk.layer, chunk.part))
         if entry is None:
             raise ProtocolError(
-                ErrorCode.BAD_CHUNK, f"{where}: no block (layer {chunk.layer}, {chunk.part!r})"
+                ErrorCode.BAD_CHUNK,
+                f"{_where(chunk)}: no block (layer {chunk.layer}, {chunk.part!r})",
             )
-        blk, target = entry
+        blk, target, have = entry
         r0, r1 = chunk.row_start, chunk.row_end
-        if r1 > blk.rows:
+        if r1 > blk.shape[0]:
             raise ProtocolError(
                 ErrorCode.BAD_CHUNK,
-                f"{where}: rows [{r0}, {r1}) out of range for block "
+                f"{_where(chunk)}: rows [{r0}, {r1}) out of range for block "
                 f"({blk.layer}, {blk.part!r}) with {blk.rows} rows",
             )
-        have = self._have[blk.key]
-        if have[r0:r1].any():
+        if have.find(1, r0, r1) >= 0:
             raise ProtocolError(
-                ErrorCode.CONFLICT, f"{where}: rows [{r0}, {r1}) overlap rows already received"
+                ErrorCode.CONFLICT,
+                f"{_where(chunk)}: rows [{r0}, {r1}) overlap rows already received",
             )
         try:
             codec = codecs.get(chunk.codec)
         except codecs.CodecError as exc:
-            raise ProtocolError(ErrorCode.BAD_CHUNK, f"{where}: {exc}") from None
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"{_where(chunk)}: {exc}") from None
         if crc32(chunk.payload) != chunk.crc:
-            raise ProtocolError(ErrorCode.CHECKSUM, f"{where}: crc32 mismatch")
+            raise ProtocolError(ErrorCode.CHECKSUM, f"{_where(chunk)}: crc32 mismatch")
         try:
-            values = codec.decode(chunk.payload, blk.rows_shape(r0, r1))
+            values = codec.decode(chunk.payload, (r1 - r0, *blk.shape[1:]))
         except codecs.CodecError as exc:
-            raise ProtocolError(ErrorCode.BAD_CHUNK, f"{where}: {exc}") from None
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"{_where(chunk)}: {exc}") from None
         target[r0:r1] = values
-        have[r0:r1] = True
+        have[r0:r1] = b"\x01" * (r1 - r0)
         self._seqs.add(chunk.seq)
         self._rows_left -= r1 - r0
 
@@ -405,7 +443,7 @@ class Reassembler:
         """Row ranges not yet received, as ``(layer, part, row_start, row_end)``."""
         out = []
         for blk in self.layout:
-            have = self._have[blk.key]
+            have = np.frombuffer(self._have[blk.key], dtype=bool)
             if have.all():
                 continue
             edges = np.flatnonzero(np.diff(np.concatenate(([True], have, [True])).astype(np.int8)))
@@ -429,7 +467,7 @@ class Reassembler:
     def arrays(self) -> dict[tuple[int, str], np.ndarray]:
         """The reassembled blocks by ``(layer, part)``; call once ``done``."""
         self._check_done()
-        return {k: v for k, (_, v) in self._blocks.items()}
+        return {k: v for k, (_, v, _) in self._blocks.items()}
 
     def params(self) -> Params:
         """The reassembled Params (only for a reassembler made ``for_params``)."""

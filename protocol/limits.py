@@ -147,11 +147,19 @@ class Pacer:
 
     def next_send_time(self, nbytes: int, now: float) -> float:
         """Earliest time >= ``now`` at which a frame of ``nbytes`` may be sent."""
-        self._check(nbytes)
-        self._bytes.refill(now)
-        self._msgs.refill(now)
-        need = min(float(nbytes), self._bytes.capacity)
-        return max(self._bytes.ready_at(need, now), self._msgs.ready_at(1.0, now))
+        if nbytes < 0 or nbytes > self.limits.max_message_bytes:
+            self._check(nbytes)
+        # _Bucket.refill and ready_at, inlined: drivers ask this for every frame
+        byts, msgs = self._bytes, self._msgs
+        byts.refill(now)
+        msgs.refill(now)
+        need = float(nbytes) if nbytes < byts.capacity else byts.capacity
+        t = now
+        if need > byts.level:
+            t = now + (need - byts.level) / byts.rate
+        if msgs.level < 1.0:
+            t = max(t, now + (1.0 - msgs.level) / msgs.rate)
+        return t
 
     def consume(self, nbytes: int, now: float) -> None:
         """Record that a frame of ``nbytes`` went out at ``now``."""
@@ -160,17 +168,20 @@ class Pacer:
         # a level a few ulps short.
         if due - now > 1e-9 * max(1.0, abs(now)):
             raise ValueError(f"pacer: frame of {nbytes} bytes sent at {now}, not due before {due}")
-        if self._bytes.rate < math.inf:
-            self._bytes.level -= nbytes
-        if self._msgs.rate < math.inf:
-            self._msgs.level -= 1.0
+        self._take(nbytes)
 
     def try_consume(self, nbytes: int, now: float) -> bool:
         """Consume if the frame is due now; say whether it was."""
         if self.next_send_time(nbytes, now) > now:
             return False
-        self.consume(nbytes, now)
+        self._take(nbytes)  # consume() would refill at the same ``now``: a no-op
         return True
+
+    def _take(self, nbytes: int) -> None:
+        if self._bytes.rate < math.inf:
+            self._bytes.level -= nbytes
+        if self._msgs.rate < math.inf:
+            self._msgs.level -= 1.0
 
 
 class RateMeter:

@@ -75,6 +75,8 @@ Check = Callable[[Any, str], Any]
 
 def _int(lo: int, hi: int) -> Check:
     def check(v: Any, where: str) -> int:
+        if type(v) is int and lo <= v <= hi:  # the common case, without the unions below
+            return v
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or not lo <= v <= hi:
             raise _bad(where, f"int in [{lo}, {hi}]", v)
         return int(v)
@@ -84,6 +86,8 @@ def _int(lo: int, hi: int) -> Check:
 
 def _float(lo: float, hi: float, *, inf: bool = False) -> Check:
     def check(v: Any, where: str) -> float:
+        if type(v) is float and lo <= v <= hi:
+            return v
         ok = isinstance(v, int | float | np.floating) and not isinstance(v, bool)
         if ok:
             v = float(v)
@@ -239,12 +243,14 @@ class Message:
 
     TYPE: ClassVar[str] = ""
     SCHEMA: ClassVar[dict[str, Check]] = {}
+    #: per field ``(name, check, where, dump)`` in field order, filled in once below
+    #: the classes: ``dataclasses.fields`` per message was a third of building one
+    _PLAN: ClassVar[tuple[tuple[str, Check, str, Callable[[Any], Any] | None], ...]] = ()
 
     def __post_init__(self) -> None:
         try:
-            for f in fields(self):
-                v = self.SCHEMA[f.name](getattr(self, f.name), f"{self.TYPE}.{f.name}")
-                object.__setattr__(self, f.name, v)
+            for name, check, where, _ in self._PLAN:
+                object.__setattr__(self, name, check(getattr(self, name), where))
             self._cross()
         except ProtocolError as exc:
             raise ValueError(exc.message) from None
@@ -254,10 +260,9 @@ class Message:
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.TYPE}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            dump = _DUMP.get(f.name)
-            out[f.name] = dump(v) if dump is not None and v is not None else v
+        for name, _, _, dump in self._PLAN:
+            v = getattr(self, name)
+            out[name] = dump(v) if dump is not None and v is not None else v
         return out
 
     @classmethod
@@ -583,6 +588,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 for _m in MESSAGE_TYPES.values():  # every dataclass field has exactly one check
     if set(_m.SCHEMA) != {f.name for f in fields(_m)}:
         raise RuntimeError(f"{_m.__name__}: SCHEMA does not match the fields")
+    _m._PLAN = tuple(
+        (f.name, _m.SCHEMA[f.name], f"{_m.TYPE}.{f.name}", _DUMP.get(f.name)) for f in fields(_m)
+    )
 
 
 # -- framing ----------------------------------------------------------------------------

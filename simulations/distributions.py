@@ -60,7 +60,9 @@ class Uniform(Distribution):
     high: float
 
     def sample(self, rng: np.random.Generator) -> float:
-        return float(rng.uniform(self.low, self.high))
+        # numpy's own formula (low + range · next double), bitwise the same as
+        # rng.uniform(low, high) at a third of the cost: one draw per frame sent
+        return self.low + (self.high - self.low) * rng.random()
 
     @property
     def mean(self) -> float:

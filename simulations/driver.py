@@ -12,8 +12,9 @@ objects travel, their encoded sizes set the timing.
 A player does not speak the protocol itself: it drives the real
 :class:`client.session.ClientSession` (one per player, kept across connections,
 like a tab that reconnects) and carries out its actions. ``Send`` goes up the
-link; a ``ComputeRequest`` runs ``client.compute.run_task`` ``FLOPs / rate``
-seconds later and hands the update to ``compute_done``; ``Finished`` retires
+link; a ``ComputeRequest`` starts ``client.compute.run_task`` (inline, or on a
+numerics thread: ``Simulation.numerics``) and hands the update to
+``compute_done`` ``FLOPs / rate`` virtual seconds later; ``Finished`` retires
 the player. The session is ticked at its own ``next_wakeup()`` (heartbeats,
 paced frames). The driver only models links, compute time and churn.
 
@@ -31,15 +32,19 @@ heartbeats) and at least every ``run.tick_every_s``.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import sys
 from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 
-from client.compute import run_task
+from client.compute import ComputeOutput, run_task
 from client.session import (
     Action,
     Capabilities,
@@ -62,6 +67,23 @@ from simulations.report import RunResult, Sample
 from simulations.scenario import Scenario
 
 log = logging.getLogger(__name__)
+
+#: GIL switch interval while a simulation runs with its numerics thread (see run)
+SWITCH_INTERVAL_S = 1e-4
+#: young-generation gc threshold while a simulation runs (see run)
+GC_THRESHOLD0 = 50_000
+
+
+class _Inline(Executor):
+    """An executor that runs each call at once, in the caller's thread."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except Exception as exc:  # delivered by result(), where the thread's would be
+            fut.set_exception(exc)
+        return fut
 
 
 @dataclass(slots=True)
@@ -103,6 +125,7 @@ class Player:
         self.link: Link | None = None
         self.connected = False  # the coordinator knows this connection
         self.compute_event: Event | None = None
+        self.compute_job: Future[ComputeOutput] | None = None
         self.wake_event: Event | None = None
         self.gone = False  # left for good (job over)
         # a duplicated upload being collected: its task id, chunks to come, frames
@@ -170,9 +193,9 @@ class Player:
     def _retire(self) -> None:
         self.gone = True
         self.lifecycle.stop()
-        self.sim.engine.cancel(self.compute_event)
+        self._cancel_compute()
         self.sim.engine.cancel(self.wake_event)
-        self.compute_event = self.wake_event = None
+        self.wake_event = None
 
     # -- the session's actions -----------------------------------------------------
 
@@ -249,17 +272,28 @@ class Player:
 
     def _compute(self, req: ComputeRequest) -> None:
         # A newer request supersedes a running one (the session ignores the old result).
-        self.sim.engine.cancel(self.compute_event)
+        self._cancel_compute()
         task = req.task
         flops = task.spec.flops_per_sample(train=True) * task.steps * task.batch
         seconds = flops / self.flops
+        # The numbers are computed now (or start on the numerics thread); the
+        # virtual compute time only decides when the session hears of them.
+        self.compute_job = self.sim.numerics.submit(run_task, task, req.params, self.sim.dataset)
         self.compute_event = self.sim.engine.schedule(
             seconds, self._compute_done, req, seconds, priority=Priority.COMPUTE
         )
 
+    def _cancel_compute(self) -> None:
+        self.sim.engine.cancel(self.compute_event)
+        if self.compute_job is not None:
+            self.compute_job.cancel()  # a no-op once it runs; its result is ignored
+        self.compute_event = self.compute_job = None
+
     def _compute_done(self, req: ComputeRequest, seconds: float) -> None:
-        self.compute_event = None
-        out = run_task(req.task, req.params, self.sim.dataset)
+        job = self.compute_job
+        assert job is not None
+        self.compute_event = self.compute_job = None
+        out = job.result()
         self.sim.steps_of[req.task.task_id] = out.steps
         self._do(
             self.client.compute_done(
@@ -286,6 +320,7 @@ class Simulation:
         progress: Callable[[float, float], None] | None = None,
         dataset: Dataset | None = None,
         observer: Callable[[Simulation, list[ev.Output]], None] | None = None,
+        overlap: bool = False,
     ) -> None:
         if scenario.run.mode != "numeric":
             raise ValueError("driver: this driver runs numeric scenarios; use the cost model")
@@ -294,6 +329,7 @@ class Simulation:
         self.point = point or {}
         self.progress = progress
         self.observer = observer
+        self.overlap = overlap
         self.job = scenario.job
         self.engine = Engine(seed=scenario.seed)
         self.limits = scenario.limits
@@ -305,6 +341,7 @@ class Simulation:
         self.by_conn: dict[str, Player] = {}
         self.steps_of: dict[str, int] = {}
         self.tick_event: Event | None = None
+        self._numerics: Executor | None = None
         self.done = False
         self.stop_reason = ""
         stop = self.job.stop
@@ -321,10 +358,53 @@ class Simulation:
             self.engine.schedule_at(t, self._first_join, p, priority=Priority.CHURN)
         self.engine.schedule_at(0.0, self._sample, priority=Priority.CONTROL)
         self._arm_tick(0.0)
-        self.engine.run_until(self.horizon, until=lambda: self.done)
+        # The numerics thread needs the GIL twice per task; at the default 5 ms
+        # switch interval it would wait behind the event loop, not overlap it.
+        interval = sys.getswitchinterval()
+        if self.overlap:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        # Every result allocates a few hundred short-lived containers; at the
+        # default threshold (700) the young-generation collections cost ~10 %.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])
+        try:
+            self.engine.run_until(self.horizon, until=lambda: self.done)
+        finally:
+            sys.setswitchinterval(interval)
+            gc.set_threshold(*thresholds)
+            self.close()
         if not self.done:
             self._stop("max_time" if self.engine.now >= self.horizon else "idle")
         return self._result()
+
+    @property
+    def numerics(self) -> Executor:
+        """What runs the players' ``run_task`` calls: inline in the calling thread
+        (the default), or with ``overlap=True`` one worker thread.
+
+        Why the option: the numba kernel releases the GIL, so a computation
+        started when the session asks for it can overlap the event loop on a free
+        core until its virtual completion comes due. Measured on the shared
+        2-core machine it lost (GIL hand-offs cost more than the overlap saved
+        with the other core busy; docs/simulations.md), hence not the default.
+        Each result depends only on its task, base model and dataset, never on
+        timing, so runs are bitwise the same either way (test_driver.py).
+        """
+        if self._numerics is None and not self.overlap:
+            self._numerics = _Inline()
+        if self._numerics is None:
+            n = numba.get_num_threads()  # numba's count is per thread: carry it over
+            self._numerics = ThreadPoolExecutor(
+                1, thread_name_prefix="sim-numerics", initializer=numba.set_num_threads,
+                initargs=(n,),
+            )  # fmt: skip
+        return self._numerics
+
+    def close(self) -> None:
+        """Stop the numerics thread (``run`` does; callers that step the engine may)."""
+        if self._numerics is not None:
+            self._numerics.shutdown(wait=True, cancel_futures=True)
+            self._numerics = None
 
     def _first_join(self, p: Player) -> None:
         p.connect()

@@ -256,3 +256,38 @@ def test_reassembler_can_fill_a_reused_buffer():
     assert r.params() is out and out.array_equal(p)
     with pytest.raises(ValueError, match="out must be Params"):
         Reassembler.for_params(ModelSpec.preset("tiny"), transfer="m", out=out)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    widths=st.lists(st.integers(1, 40), min_size=2, max_size=4),
+    limit=st.integers(1024, 6000),
+    codec=st.sampled_from(["fp32", "fp16", "int8", "topk:0.25+int8"]),
+    seed=st.integers(0, 2**16),
+)
+def test_chunk_params_equals_iter_chunks_over_the_layout(widths, limit, codec, seed):
+    """chunk_params takes a cached plan of flat-buffer spans; it must give the
+    same chunks (and draw the codec's rng the same way) as the general path."""
+    spec = ModelSpec(widths=tuple(widths), loss="mse")
+    p = spec.init_params(seed)
+    p.data[:] += np.random.default_rng(seed).standard_normal(p.data.size).astype(np.float32)
+    try:
+        fast = chunk_params(
+            p, max_message_bytes=limit, codec=codec, transfer="t-1",
+            rng=np.random.default_rng(seed),
+        )  # fmt: skip
+    except ValueError:
+        with pytest.raises(ValueError):
+            plan_chunks(params_layout(spec), max_message_bytes=limit, codec=codec, transfer="t-1")
+        return
+    slow = list(
+        iter_chunks(
+            params_layout(spec),
+            [a for W, b in zip(p.W, p.b, strict=True) for a in (W, b)],
+            max_message_bytes=limit,
+            codec=codec,
+            transfer="t-1",
+            rng=np.random.default_rng(seed),
+        )
+    )
+    assert [encode(c) for c in fast] == [encode(c) for c in slow]

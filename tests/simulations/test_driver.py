@@ -70,6 +70,18 @@ def test_same_seed_gives_byte_identical_results_json(tmp_path, digits):
     assert json.loads(ja)["runs"][0]["summary"]["drops"] >= 0
 
 
+def test_numerics_thread_changes_nothing_but_the_wall_clock(tmp_path, digits):
+    """Tasks computed ahead on the numerics thread give the very same run."""
+    churny = {"churn": {"drop_per_minute": 0.5, "rejoin": {"kind": "exponential", "mean": 2}}}
+    a = Simulation(small(seed=5, **churny), dataset=digits, overlap=True).run()
+    b = Simulation(small(seed=5, **churny), dataset=digits, overlap=False).run()
+    write_report([a], tmp_path / "a", plots=False)
+    write_report([b], tmp_path / "b", plots=False)
+    ja = (tmp_path / "a" / "results.json").read_bytes()
+    assert ja == (tmp_path / "b" / "results.json").read_bytes()
+    assert json.loads(ja)["runs"][0]["summary"]["results_accepted"] > 0
+
+
 def test_max_steps_stop_and_linear_baseline(digits):
     sc = small("decentral-async", target=0.99)
     sc = sc.model_copy(update={"run": sc.run.model_copy(update={"max_steps": 100})})
