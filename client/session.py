@@ -215,6 +215,7 @@ class ClientSession:
         self.computing = None
         task = self.task
         limit = self.limits.max_message_bytes if self.limits else 1 << 20
+        target = self.limits.frame_bytes if self.limits else None
         delta = Params.from_flat(
             task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
         )
@@ -223,7 +224,12 @@ class ClientSession:
             if self.feedback is None or self.feedback.codec is not codec:
                 self.feedback = ErrorFeedback(codec)
             chunks = feedback_chunks(
-                delta, self.feedback, max_message_bytes=limit, transfer=task.task_id, rng=self.rng
+                delta,
+                self.feedback,
+                max_message_bytes=limit,
+                transfer=task.task_id,
+                rng=self.rng,
+                target_bytes=target,
             )
         else:
             chunks = chunk_params(
@@ -232,6 +238,7 @@ class ClientSession:
                 codec=task.upload_codec,
                 transfer=task.task_id,
                 rng=self.rng,
+                target_bytes=target,
             )
         result = m.Result(
             task_id=task.task_id,

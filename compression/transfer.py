@@ -29,13 +29,18 @@ def feedback_chunks(
     max_message_bytes: int,
     transfer: str,
     rng: np.random.Generator | None = None,
+    target_bytes: int | None = None,
 ) -> list[Chunk]:
     """``delta`` as chunks in ``feedback.codec``, each carrying its rows' residual."""
     codec = feedback.codec
     layout = params_layout(delta.spec)
     arrays = {blk.key: a for blk, a in zip(layout, params_arrays(delta), strict=True)}
     pieces = plan_chunks(
-        layout, max_message_bytes=max_message_bytes, codec=codec.name, transfer=transfer
+        layout,
+        max_message_bytes=max_message_bytes,
+        codec=codec.name,
+        transfer=transfer,
+        target_bytes=target_bytes,
     )
     out: list[Chunk] = []
     for seq, p in enumerate(pieces):

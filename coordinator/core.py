@@ -185,7 +185,8 @@ class Coordinator:
         self.started_at: float | None = None
         self._now = -math.inf
         self._orphans: dict[int, Task] = {}
-        self._model_cache: tuple[int, str, list[m.Chunk], list[bytes]] | None = None
+        # (frame target, (version, transfer, chunks, frames)) of the current model.
+        self._model_cache: tuple[int, tuple[int, str, list[m.Chunk], list[bytes]]] | None = None
         self._update_codec = int(get_codec(job.codecs.update).id)
         self.deltas = (
             DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
@@ -705,7 +706,12 @@ class Coordinator:
                 and held is not None
                 and conn.delta_chain < self.deltas.max_chain
                 and (
-                    d := self.deltas.delta(held, v, max_message_bytes=conn.limits.max_message_bytes)
+                    d := self.deltas.delta(
+                        held,
+                        v,
+                        max_message_bytes=conn.limits.max_message_bytes,
+                        target_bytes=conn.limits.frame_bytes,
+                    )
                 )
                 is not None
             ):
@@ -718,24 +724,25 @@ class Coordinator:
     def _model_chunks(self, conn: _Conn) -> tuple[int, str, list[m.Chunk], list[bytes]]:
         """The current model as chunks and frames, built once per version.
 
-        Sized for the smallest frame limit granted so far; a client granted less
-        gets a re-chunked copy (rare: limits are per profile).
+        Frames are sized to the client's link (``LinkLimits.frame_bytes``); a client
+        on another link gets a re-chunked copy (rare: limits are per profile).
         """
         v = self.model.version
         cache = self._model_cache
-        limit = conn.limits.max_message_bytes
-        if cache is not None and cache[0] == v and max(map(len, cache[3])) <= limit:
-            return cache
+        target = conn.limits.frame_bytes
+        if cache is not None and cache[1][0] == v and cache[0] == target:
+            return cache[1]
         transfer = f"model-{v}"
         chunks = chunk_params(
             self.model.params,
-            max_message_bytes=min(limit, self.limits.max_message_bytes),
+            max_message_bytes=min(conn.limits.max_message_bytes, self.limits.max_message_bytes),
             codec=self.job.codecs.model,
             transfer=transfer,
             rng=self.codec_rng,
+            target_bytes=target,
         )
-        self._model_cache = (v, transfer, chunks, [m.encode(c) for c in chunks])
-        return self._model_cache
+        self._model_cache = (target, (v, transfer, chunks, [m.encode(c) for c in chunks]))
+        return self._model_cache[1]
 
     # -- model steps, evaluation, stop ---------------------------------------------
 

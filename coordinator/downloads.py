@@ -53,7 +53,7 @@ class DeltaServer:
         self.history = VersionHistory(config.delta_versions)
         self.rng = rng
         self._spec = spec
-        self._cache: dict[tuple[int, int], Delta] = {}
+        self._cache: dict[tuple[int, int, int | None], Delta] = {}
 
     def served(self, version: int, params: Params) -> None:
         """``version`` is being sent to a client: keep a snapshot (once per version)."""
@@ -61,15 +61,18 @@ class DeltaServer:
             self.history.push(version, params.data)
             self._cache.clear()  # deltas to older versions are never sent again
 
-    def delta(self, held: int, version: int, *, max_message_bytes: int) -> Delta | None:
+    def delta(
+        self, held: int, version: int, *, max_message_bytes: int, target_bytes: int | None = None
+    ) -> Delta | None:
         """``version − held`` as chunks, or None when ``held`` is no longer kept.
 
         Call after ``served(version, ...)``. Cached per ``(held, version)`` and
-        frame limit: every client holding ``held`` gets the same frames.
+        frame size: every client holding ``held`` on the same link gets the same frames.
         """
         if held >= version or held not in self.history or self.history.latest != version:
             return None
-        cached = self._cache.get((held, version))
+        key = (held, version, target_bytes)
+        cached = self._cache.get(key)
         if cached is not None and max(map(len, cached.frames)) <= max_message_bytes:
             return cached
         snap = self.history.get(version)
@@ -83,7 +86,8 @@ class DeltaServer:
             codec=self.codec,
             transfer=transfer,
             rng=self.rng,
+            target_bytes=target_bytes,
         )
         d = Delta(held, version, transfer, chunks, [m.encode(c) for c in chunks])
-        self._cache[(held, version)] = d
+        self._cache[key] = d
         return d

@@ -5,9 +5,12 @@ list of blocks, each a float32 array of shape ``(rows,)`` or ``(rows, cols)``
 named ``(layer, part)``. Params has per layer a ``W`` block (out × in) and a ``b``
 block (out,). A chunk carries whole rows ``[row_start, row_end)`` of one block,
 encoded by one codec, so a neuron row is never split; the number of rows per chunk
-is the largest whose encoded frame fits ``max_message_bytes``, computed up front
-from the codec's exact ``encoded_size`` plus the worst-case msgpack envelope. A
-block whose single row cannot fit is a ValueError before anything is sent. Chunks
+is the largest whose encoded frame fits ``max_message_bytes`` (and, when given,
+the preferred ``target_bytes``: ``LinkLimits.frame_bytes``, one burst of the
+link; a row larger than the target goes alone), computed up front from the
+codec's exact ``encoded_size`` plus the worst-case msgpack envelope. A block
+whose single row cannot fit ``max_message_bytes`` is a ValueError before
+anything is sent. Chunks
 come in layout order (layer 0 first), so a receiver can start early.
 
 The receiver's :class:`Reassembler` takes chunks in any order and rejects, with a
@@ -104,36 +107,56 @@ def _overhead_for(transfer_bytes: int, part: str) -> int:
 
 
 def plan_chunks(
-    layout: Sequence[Block], *, max_message_bytes: int, codec: str | int = "fp32", transfer: str
+    layout: Sequence[Block],
+    *,
+    max_message_bytes: int,
+    codec: str | int = "fp32",
+    transfer: str,
+    target_bytes: int | None = None,
 ) -> list[Piece]:
-    """The pieces (in send order) whose frames all fit ``max_message_bytes``.
+    """The pieces (in send order) whose frames all fit ``max_message_bytes``, and
+    ``target_bytes`` too where one row does.
 
     Raises ValueError when one row of a block cannot fit: a configuration error
     to fix before anything is sent (raise the limit or use a smaller codec).
     """
-    pieces = _plan(tuple(layout), max_message_bytes, codec, len(transfer.encode()))
+    target = _target(max_message_bytes, target_bytes)
+    pieces = _plan(tuple(layout), max_message_bytes, codec, len(transfer.encode()), target)
     if len(pieces) > 1 << 24:
         raise ValueError(f"transfer {transfer!r}: {len(pieces)} chunks, more than 2**24")
     return list(pieces)
 
 
+def _target(max_message_bytes: int, target_bytes: int | None) -> int | None:
+    """A target at or above the hard limit changes nothing: one cache entry for both."""
+    return None if target_bytes is None or target_bytes >= max_message_bytes else target_bytes
+
+
 @functools.lru_cache(maxsize=64)
 def _plan(
-    layout: tuple[Block, ...], max_message_bytes: int, codec: str | int, transfer_bytes: int
+    layout: tuple[Block, ...],
+    max_message_bytes: int,
+    codec: str | int,
+    transfer_bytes: int,
+    target_bytes: int | None,
 ) -> tuple[Piece, ...]:
     """The plan depends only on these, so every task of a job reuses one (the
     simulator plans hundreds of transfers per virtual second)."""
     c = codecs.get(codec)
     pieces: list[Piece] = []
     for blk in layout:
-        budget = max_message_bytes - _overhead_for(transfer_bytes, blk.part)
-        if c.encoded_size(blk.rows_shape(0, 1)) > budget:
+        overhead = _overhead_for(transfer_bytes, blk.part)
+        budget = max_message_bytes - overhead
+        one_row = c.encoded_size(blk.rows_shape(0, 1))
+        if one_row > budget:
             raise ValueError(
                 f"block ({blk.layer}, {blk.part!r}): one row of shape {blk.shape[1:] or (1,)} "
-                f"encodes to {c.encoded_size(blk.rows_shape(0, 1))} bytes with codec {c.name}, "
+                f"encodes to {one_row} bytes with codec {c.name}, "
                 f"more than the {budget} payload bytes a {max_message_bytes}-byte frame "
                 "allows; raise max_message_bytes or use a smaller codec"
             )
+        if target_bytes is not None:
+            budget = min(budget, max(one_row, target_bytes - overhead))
         r0 = 0
         while r0 < blk.rows:
             lo, hi = 1, blk.rows - r0  # largest n in [lo, hi] that fits
@@ -165,6 +188,7 @@ def iter_chunks(
     transfer: str,
     rng: np.random.Generator | None = None,
     copy: bool = True,
+    target_bytes: int | None = None,
 ) -> Iterator[Chunk]:
     """Chunks of ``arrays`` (one per layout block). ``copy=False`` lets fp32
     payloads be views into ``arrays``: encode each chunk before the arrays change."""
@@ -179,7 +203,11 @@ def iter_chunks(
     c = codecs.get(codec)
     index = {blk.key: a for blk, a in zip(layout, arrays, strict=True)}
     pieces = plan_chunks(
-        layout, max_message_bytes=max_message_bytes, codec=codec, transfer=transfer
+        layout,
+        max_message_bytes=max_message_bytes,
+        codec=codec,
+        transfer=transfer,
+        target_bytes=target_bytes,
     )
     for seq, p in enumerate(pieces):
         payload = _payload(c, index[p.block.key][p.row_start : p.row_end], rng)
@@ -215,14 +243,18 @@ def params_arrays(params: Params) -> list[np.ndarray]:
 
 @functools.lru_cache(maxsize=64)
 def _params_plan(
-    spec: ModelSpec, max_message_bytes: int, codec: str | int, transfer_bytes: int
+    spec: ModelSpec,
+    max_message_bytes: int,
+    codec: str | int,
+    transfer_bytes: int,
+    target_bytes: int | None,
 ) -> tuple[tuple[Piece, int, int, tuple[int, ...]], ...]:
     """``plan_chunks`` of ``params_layout(spec)`` with each piece's span in the flat
     Params buffer and its rows' shape: everything chunking a model needs that does
     not depend on its values (a coordinator chunks a new version per result)."""
     offsets = spec.layer_offsets()
     out = []
-    for p in _plan(params_layout(spec), max_message_bytes, codec, transfer_bytes):
+    for p in _plan(params_layout(spec), max_message_bytes, codec, transfer_bytes, target_bytes):
         blk = p.block
         w0, b0, _ = offsets[blk.layer]
         if blk.part == "W":
@@ -241,13 +273,15 @@ def chunk_params(
     codec: str | int = "fp32",
     transfer: str,
     rng: np.random.Generator | None = None,
+    target_bytes: int | None = None,
 ) -> list[Chunk]:
     """A model or a delta as chunks, layer 0 first (payloads are copies).
 
     The same chunks as ``iter_chunks`` over ``params_arrays``, from a cached plan
     of flat-buffer spans (tests/protocol/test_chunking.py holds them equal)."""
     c = codecs.get(codec)
-    plan = _params_plan(params.spec, max_message_bytes, codec, len(transfer.encode()))
+    target = _target(max_message_bytes, target_bytes)
+    plan = _params_plan(params.spec, max_message_bytes, codec, len(transfer.encode()), target)
     if len(plan) > 1 << 24:
         raise ValueError(f"transfer {transfer!r}: {len(plan)} chunks, more than 2**24")
     data = params.data
@@ -270,6 +304,7 @@ def encode_params(
     codec: str | int = "fp32",
     transfer: str,
     rng: np.random.Generator | None = None,
+    target_bytes: int | None = None,
 ) -> list[bytes]:
     """Frames of ``chunk_params``: the fast path, one copy of the data in all."""
     arrays = params_arrays(params)
@@ -281,6 +316,7 @@ def encode_params(
         transfer=transfer,
         rng=rng,
         copy=False,
+        target_bytes=target_bytes,
     )
     return [encode(ch) for ch in chunks]
 
@@ -292,6 +328,7 @@ def chunk_named(
     codec: str | int = "fp32",
     transfer: str,
     rng: np.random.Generator | None = None,
+    target_bytes: int | None = None,
 ) -> list[Chunk]:
     """Any named set of float32 1-D/2-D arrays as chunks (see ``named_layout``)."""
     return list(
@@ -302,6 +339,7 @@ def chunk_named(
             codec=codec,
             transfer=transfer,
             rng=rng,
+            target_bytes=target_bytes,
         )
     )
 

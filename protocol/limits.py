@@ -24,6 +24,10 @@ from protocol.errors import ErrorCode, ProtocolError
 KIB = 1024
 MIB = 1024 * 1024
 
+#: Smallest preferred chunk frame (``LinkLimits.frame_bytes``): below it the
+#: per-frame envelope starts to dominate.
+MIN_FRAME_BYTES = 4 * KIB
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkLimits:
@@ -56,6 +60,19 @@ class LinkLimits:
     @property
     def burst_messages(self) -> float:
         return max(1.0, self.messages_per_s * self.burst)
+
+    @property
+    def frame_bytes(self) -> int:
+        """Preferred chunk frame size: one burst of the link, within the frame limit.
+
+        Such a frame never leaves the pacer in debt and holds its link at most
+        ``burst`` seconds, so heartbeats and acks interleave and a peer's "no
+        message for N s" check cannot fire in the middle of one frame (a 16 MiB
+        frame on a 50 kB/s link would hold it for five minutes).
+        """
+        if self.bytes_per_s == math.inf:
+            return self.max_message_bytes
+        return min(self.max_message_bytes, max(MIN_FRAME_BYTES, int(self.burst_bytes)))
 
     def transfer_seconds(self, nbytes: int, messages: int = 1) -> float:
         """Lower bound on the time to push ``nbytes`` in ``messages`` frames at rate."""

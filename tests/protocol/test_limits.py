@@ -138,3 +138,14 @@ def test_meter_flags_a_flooding_peer():
     msgs = RateMeter(LinkLimits(bytes_per_s=1e9, messages_per_s=10, max_message_bytes=4096))
     flags = [msgs.observe(1, i * 0.01) for i in range(100)]  # 100 msg/s
     assert any(f is not None and "messages/s" in f.message for f in flags)
+
+
+def test_frame_bytes_is_one_burst_of_the_link_within_the_frame_limit():
+    assert profile("roblox").frame_bytes == 50_000  # not the 16 MiB frame limit: 5 min at 50 kB/s
+    assert profile("mobile").frame_bytes == 250_000
+    assert profile("lan").frame_bytes == profile("lan").max_message_bytes
+    assert profile("unlimited").frame_bytes == profile("unlimited").max_message_bytes
+    slow = LinkLimits(bytes_per_s=1_000, messages_per_s=10, max_message_bytes=1 << 20)
+    assert slow.frame_bytes == 4096  # floor: the envelope must not dominate
+    bursty = LinkLimits(bytes_per_s=10_000, messages_per_s=10, max_message_bytes=1 << 20, burst=3)
+    assert bursty.frame_bytes == 30_000

@@ -196,3 +196,27 @@ def test_fault_sweep_keeps_the_coordinators_invariants(digits):
     assert totals["rejected"] > 10  # duplicates and stale results refused
     assert totals["expired"] > 0
     assert totals["accepted"] > 200
+
+
+def test_a_model_larger_than_the_heartbeat_window_crosses_a_roblox_link():
+    """The 600x600 layer is 1.4 MB: 29 s at 50 kB/s, so sent as one frame it would
+    starve the 20 s heartbeat check. Frames sized to the link keep players connected."""
+    sc = parse_scenario(
+        {
+            "name": "slow-link",
+            "seed": 1,
+            "job": {
+                "model": {"widths": [10, 600, 600, 10], "loss": "mse"},
+                "data": {"dataset": "teacher:small", "shards": 2, "batch": 16},
+                "strategy": {"name": "decentral-async", "tau": 2, "lr": 0.01},
+                "link": {"profile": "roblox"},
+                "stop": {"max_time_s": 200},
+                "lease": {"min_s": 600.0},
+            },
+            "clients": {"count": 2, "compute": 1e9, "latency": 0.05},
+            "run": {"max_steps": 4},
+        }
+    )
+    s = Simulation(sc).run().summary
+    assert s["closes"] == 0 and s["drops"] == 0
+    assert s["reason"] == "max_steps" and s["results_accepted"] >= 2
