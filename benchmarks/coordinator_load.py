@@ -498,8 +498,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="measurement window")
     ap.add_argument("--digits", action="store_true", help="also time digits to 0.95")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--default-gc", action="store_true", help="keep CPython's GC thresholds (not tune_gc)"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if not args.default_gc:
+        # The coordinator runs in this process; tune it as `crowdgrad coordinator`
+        # does (the load workers are spawned and keep the defaults).
+        from crowdgrad.process import tune_gc, tune_malloc
+
+        tune_malloc()
+        tune_gc()
     resource.setrlimit(resource.RLIMIT_NOFILE, _nofile())
     rows = []
     for n in (int(x) for x in args.clients.split(",")):

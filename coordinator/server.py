@@ -5,8 +5,8 @@ Theory of operation. ``/ws`` accepts binary msgpack frames (docs/protocol.md
 frames are decoded here, on the asyncio thread, and handed to the
 :class:`~coordinator.service.CoreService` queue. The core's outputs come back
 through ``loop.call_soon_threadsafe`` once per core call and are sorted into
-per-connection send queues. Heartbeats are echoed here at once (the core's
-echo is dropped), so a core busy merging never delays liveness. A peer's
+per-connection send queues. Heartbeats are echoed here at once (the core is
+told not to echo), so a core busy merging never delays liveness. A peer's
 misbehaviour caught here (bad bytes, a text frame, a wrong token) is answered
 like the core does it: an ``error`` frame, then a close with the code
 ``protocol.errors`` maps it to. Nothing a peer sends can raise out of the
@@ -211,6 +211,9 @@ class CrowdServer:
             return
         self._loop = asyncio.get_running_loop()
         self.service.add_sink(self._from_core)
+        self.service.echo_heartbeats = False  # echoed in _read_loop, at once
+        if self.service.core is not None:  # started by the caller already
+            self.service.core.echo_heartbeats = False
         self.service.start()
 
     async def drain(self) -> None:
@@ -378,8 +381,8 @@ class CrowdServer:
                     continue
                 if isinstance(msg, m.Heartbeat):
                     # Echoed here, not by the core: liveness must not wait behind a
-                    # busy core. The core still sees it (last_seen, rate limits); its
-                    # own echo is dropped in _deliver.
+                    # busy core. The core still sees it (last_seen, rate limits) but
+                    # does not echo it (echo_heartbeats is off).
                     self._enqueue(peer, heartbeat_echo(msg.seq, time.monotonic(), msg.time))
                 self.service.submit_receive(peer.client_id, msg, len(data))
             except ProtocolError as exc:

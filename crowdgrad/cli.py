@@ -64,11 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        from crowdgrad.process import tune_malloc
+        from crowdgrad.process import tune_gc, tune_malloc
         from nn.threads import set_threads
 
         set_threads(args.threads)
         tune_malloc()
+        tune_gc()
         return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
         print(f"crowdgrad {args.command}: error: {exc}", file=sys.stderr)

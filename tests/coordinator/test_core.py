@@ -255,6 +255,15 @@ def test_heartbeat_echo_and_timeout() -> None:
     assert core.book.all_resolved()
 
 
+def test_a_driver_that_echoes_heartbeats_itself_gets_no_echo_but_liveness_counts() -> None:
+    core = make_core(lease={"heartbeat_interval_s": 2.0, "heartbeat_timeout_s": 6.0})
+    core.echo_heartbeats = False
+    core.connect("a", hello("a"), 0.0)
+    assert sent(core.receive("a", m.Heartbeat(seq=1, time=1.0), 4.0), "a", m.Heartbeat) == []
+    assert not sent(core.tick(9.5), "a", m.Error)  # seen at 4.0: not late before 10.0
+    assert sent(core.tick(10.5), "a", m.Error)[0].code == ErrorCode.TIMEOUT
+
+
 def test_rate_limit_violation_closes() -> None:
     core = make_core(link={"profile": "roblox"})
     core.connect("a", hello("a"), 0.0)
