@@ -30,7 +30,7 @@ from typing import Any
 from simulations.churn import Lifecycle
 from simulations.engine import Engine, Priority
 from simulations.network import Link
-from simulations.report import RunResult, Sample
+from simulations.report import RunResult, Sample, run_summary
 from simulations.scenario import Scenario
 
 TASK_BYTES = 256
@@ -241,22 +241,22 @@ class CostSimulation:
         max_steps = sc.run.max_steps
         linear_s = max_steps * self.step_flops / sc.server.compute if max_steps else None
         ours = self.engine.now if self.reason == "max_steps" else None
-        summary = {
-            "mode": "cost",
-            "reason": self.reason,
-            "virtual_seconds": self.engine.now,
-            "seconds": ours,
-            "steps": self.steps,
-            "versions": self.version,
-            "loss": None,
-            "accuracy": None,
-            "time_to_target": None,
-            "linear_steps": max_steps,
-            "linear_seconds": linear_s,
-            "speedup": linear_s / ours if linear_s and ours else None,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "bytes_per_client": (self.bytes_up + self.bytes_down) / max(1, sc.clients.count),
+        summary = run_summary(
+            mode="cost",
+            reason=self.reason,
+            virtual_seconds=self.engine.now,
+            seconds=ours,
+            steps=self.steps,
+            versions=self.version,
+            loss=None,
+            accuracy=None,
+            time_to_target=None,
+            linear_steps=max_steps,
+            linear_seconds=linear_s,
+            bytes_up=self.bytes_up,
+            bytes_down=self.bytes_down,
+            players=sc.clients.count,
+        ) | {
             "frames_per_model": len(self.frames),
             "drops": self.drops,
             "frames_lost": self.frames_lost,

@@ -63,7 +63,7 @@ from protocol import messages as m
 from simulations.churn import Lifecycle
 from simulations.engine import Engine, Event, Priority
 from simulations.network import Link
-from simulations.report import RunResult, Sample
+from simulations.report import RunResult, Sample, run_summary
 from simulations.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -552,23 +552,22 @@ class Simulation:
         else:
             linear_steps, ours = None, None
         linear_s = linear_steps * step_flops / sc.server.compute if linear_steps else None
-        players = max(1, sc.clients.count)
-        summary = {
-            "mode": sc.run.mode,
-            "reason": self.stop_reason,
-            "virtual_seconds": elapsed,
-            "seconds": ours,
-            "steps": s.steps,
-            "versions": s.version,
-            "loss": s.loss,
-            "accuracy": s.accuracy,
-            "time_to_target": s.time_to_target,
-            "linear_steps": linear_steps,
-            "linear_seconds": linear_s,
-            "speedup": linear_s / ours if linear_s and ours else None,
-            "bytes_up": s.bytes_up,
-            "bytes_down": s.bytes_down,
-            "bytes_per_client": (s.bytes_up + s.bytes_down) / players,
+        summary = run_summary(
+            mode=sc.run.mode,
+            reason=self.stop_reason,
+            virtual_seconds=elapsed,
+            seconds=ours,
+            steps=s.steps,
+            versions=s.version,
+            loss=s.loss,
+            accuracy=s.accuracy,
+            time_to_target=s.time_to_target,
+            linear_steps=linear_steps,
+            linear_seconds=linear_s,
+            bytes_up=s.bytes_up,
+            bytes_down=s.bytes_down,
+            players=sc.clients.count,
+        ) | {
             "results_accepted": s.results_accepted,
             "results_rejected": s.results_rejected,
             "leases_expired": s.leases_expired,

@@ -78,6 +78,45 @@ class RunResult:
     series: list[Sample] = field(default_factory=list)
 
 
+def run_summary(
+    *,
+    mode: str,
+    reason: str | None,
+    virtual_seconds: float,
+    seconds: float | None,
+    steps: int,
+    versions: int,
+    loss: float | None,
+    accuracy: float | None,
+    time_to_target: float | None,
+    linear_steps: int | None,
+    linear_seconds: float | None,
+    bytes_up: int,
+    bytes_down: int,
+    players: int,
+) -> dict[str, Any]:
+    """The summary fields every run mode reports, in results.json order; a mode
+    appends its own counters after them."""
+    speedup = linear_seconds / seconds if linear_seconds and seconds else None
+    return {
+        "mode": mode,
+        "reason": reason,
+        "virtual_seconds": virtual_seconds,
+        "seconds": seconds,
+        "steps": steps,
+        "versions": versions,
+        "loss": loss,
+        "accuracy": accuracy,
+        "time_to_target": time_to_target,
+        "linear_steps": linear_steps,
+        "linear_seconds": linear_seconds,
+        "speedup": speedup,
+        "bytes_up": bytes_up,
+        "bytes_down": bytes_down,
+        "bytes_per_client": (bytes_up + bytes_down) / max(1, players),
+    }
+
+
 def seed_figure(scenario: dict[str, Any]) -> float | None:
     """The seed's time for the experiment this scenario reproduces, if any.
 
