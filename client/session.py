@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from compression import ErrorFeedback, codecs
-from compression.transfer import feedback_chunks
 from nn.params import Params
 from protocol import messages as m
 from protocol.chunking import Reassembler, chunk_params
 from protocol.errors import ProtocolError
+from protocol.feedback import feedback_chunks
 from protocol.limits import LinkLimits, Pacer
 
 log = logging.getLogger(__name__)

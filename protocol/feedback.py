@@ -8,8 +8,8 @@ depends only on the spec, codec and frame limit, all fixed for a session, so the
 keys repeat from one update to the next; if the limit changes, rows keyed by the
 old ranges are simply new keys (their old residuals wait, unused, until reset).
 
-Not imported by ``compression/__init__`` because it needs ``protocol`` (which
-itself imports ``compression.codecs``).
+It lives on the protocol side because it builds chunk messages: ``protocol``
+depends on ``compression`` (codecs, error feedback), never the other way.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compression import ErrorFeedback, get
-from compression.transfer import feedback_chunks
 from nn.params import Params
 from nn.spec import ModelSpec
 from protocol.chunking import Reassembler, chunk_params
+from protocol.feedback import feedback_chunks
 
 SPEC = ModelSpec(widths=(12, 9, 4))
 
