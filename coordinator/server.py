@@ -86,7 +86,7 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
     coordinator's CPU under load. Back-pressure is kept, only looser: at most
     ``READ_AHEAD_FRAMES`` frames (plus those of one socket read) wait per
     connection, each at most ``ws_max_size``. ``receive`` (upstream) resumes
-    once the queue is empty. Written against uvicorn 0.3x-0.5x's
+    once the queue is empty. Written against uvicorn 0.35-0.54's
     ``send_receive_event_to_app``; tests/coordinator/test_server.py checks that
     it still pauses.
     """
