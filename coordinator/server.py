@@ -86,9 +86,9 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
     coordinator's CPU under load. Back-pressure is kept, only looser: at most
     ``READ_AHEAD_FRAMES`` frames (plus those of one socket read) wait per
     connection, each at most ``ws_max_size``. ``receive`` (upstream) resumes
-    once the queue is empty. Written against uvicorn 0.35-0.54's
-    ``send_receive_event_to_app``; tests/coordinator/test_server.py checks that
-    it still pauses.
+    once the queue is empty. Written against uvicorn 0.54's
+    ``send_receive_event_to_app`` (the class exists since 0.35);
+    tests/coordinator/test_server.py checks that it still pauses.
     """
 
     def send_receive_event_to_app(self) -> None:
