@@ -12,6 +12,8 @@ the result with it and counts it against the client.
 from __future__ import annotations
 
 import enum
+import math
+import statistics
 from collections import deque
 
 import numpy as np
@@ -45,7 +47,7 @@ class UpdateValidator:
     def median(self) -> float | None:
         if len(self.norms) < self.config.norm_warmup:
             return None
-        return float(np.median(np.fromiter(self.norms, dtype=np.float64)))
+        return float(statistics.median(self.norms))  # a quarter of np.median's cost here
 
     def check(self, update: np.ndarray) -> tuple[Reject | None, float]:
         """``(reason or None, norm)``; call ``accept(norm)`` once the result is taken."""
@@ -53,9 +55,12 @@ class UpdateValidator:
             return Reject.SHAPE, float("nan")
         if update.dtype != np.float32:
             return Reject.DTYPE, float("nan")
-        if not np.isfinite(update).all():
+        # One pass for both checks: no float32 square overflows float64, so the
+        # sum of squares is finite exactly when every value is.
+        wide = update.astype(np.float64)
+        norm = math.sqrt(float(wide @ wide))
+        if not math.isfinite(norm):
             return Reject.NONFINITE, float("nan")
-        norm = float(np.linalg.norm(update.astype(np.float64)))
         med = self.median()
         if med is not None and norm > self.config.norm_multiple * max(med, 1e-12):
             return Reject.NORM, norm
