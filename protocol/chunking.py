@@ -218,11 +218,22 @@ def iter_chunks(
         )
 
 
+_TRANSFER_CHECK = Chunk.SCHEMA["transfer"]
+
+
 def piece_chunk(
     p: Piece, *, seq: int, total: int, codec: codecs.Codec, transfer: str, payload: bytes
 ) -> Chunk:
-    """The chunk message that carries ``payload`` (piece ``p`` encoded by ``codec``)."""
-    return Chunk(
+    """The chunk message that carries ``payload`` (piece ``p`` encoded by ``codec``).
+
+    Every field but ``transfer`` comes from a plan or is computed here, so only
+    that one is checked; the rest skip the per-field checks (``Message.trusted``).
+    """
+    try:
+        _TRANSFER_CHECK(transfer, "chunk.transfer")
+    except ProtocolError as exc:
+        raise ValueError(exc.message) from None
+    return Chunk.trusted(
         transfer=transfer,
         seq=seq,
         total=total,

@@ -325,3 +325,13 @@ def test_a_large_model_on_a_roblox_link_goes_in_frames_of_one_burst():
     for f in frames:
         r.add(decode(f))
     assert r.params().array_equal(p)
+
+
+def test_trusted_chunks_equal_checked_ones_and_transfer_is_still_checked():
+    p = _params("medium", seed=2)
+    chunks = chunk_params(p, max_message_bytes=8192, transfer="m-7", target_bytes=4096)
+    for c in chunks:
+        checked = Chunk(**{name: getattr(c, name) for name in Chunk.SCHEMA})
+        assert checked == c and encode(checked) == encode(c)
+    with pytest.raises(ValueError, match=r"chunk\.transfer"):
+        chunk_params(p, max_message_bytes=8192, transfer="")
