@@ -211,10 +211,11 @@ class CrowdServer:
             return
         self._loop = asyncio.get_running_loop()
         self.service.add_sink(self._from_core)
-        self.service.echo_heartbeats = False  # echoed in _read_loop, at once
-        if self.service.core is not None:  # started by the caller already
-            self.service.core.echo_heartbeats = False
         self.service.start()
+        # Echoed in _read_loop, at once. No client frame reaches the core before
+        # this returns: they are submitted from this loop.
+        assert self.service.core is not None
+        self.service.core.echo_heartbeats = False
 
     async def drain(self) -> None:
         """Stop accepting, stop the core (final tick + checkpoint), close every client
@@ -267,7 +268,7 @@ class CrowdServer:
             match o:
                 case ev.Send():
                     peer = self.peers.get(o.client_id)
-                    if peer is not None and not isinstance(o.message, m.Heartbeat):
+                    if peer is not None:
                         self._enqueue(peer, o.frame)
                 case ev.Close():
                     peer = self.peers.get(o.client_id)

@@ -125,9 +125,6 @@ class CoreService:
         self._keep = keep_checkpoints
         self._seed = seed
         self._dataset = dataset
-        #: Copied to ``core.echo_heartbeats`` at start; the websocket server echoes
-        #: heartbeats itself and sets this False before starting the service.
-        self.echo_heartbeats = True
         self.core: Coordinator | None = None
         self._interval = 1.0 / tick_hz
         self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -160,7 +157,6 @@ class CoreService:
         if self._thread is not None:
             return
         self.core = self._build_core()
-        self.core.echo_heartbeats = self.echo_heartbeats
         self.stats.version = self.core.version
         if self.store is not None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-ckpt")
