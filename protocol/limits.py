@@ -132,13 +132,6 @@ class _Bucket:
             self.level = min(self.capacity, self.level + (now - self.t) * self.rate)
         self.t = now
 
-    def ready_at(self, need: float, now: float) -> float:
-        """When the level reaches ``need`` (``need`` <= capacity), given no takes."""
-        short = need - self.level
-        if short <= 0:
-            return now
-        return now + short / self.rate
-
 
 class Pacer:
     """Send-side pacing for one link (see the module docstring for the guarantee).
@@ -166,7 +159,7 @@ class Pacer:
         """Earliest time >= ``now`` at which a frame of ``nbytes`` may be sent."""
         if nbytes < 0 or nbytes > self.limits.max_message_bytes:
             self._check(nbytes)
-        # _Bucket.refill and ready_at, inlined: drivers ask this for every frame
+        # When each bucket holds what it needs (inline: drivers ask for every frame)
         byts, msgs = self._bytes, self._msgs
         byts.refill(now)
         msgs.refill(now)

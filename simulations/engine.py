@@ -142,15 +142,9 @@ class Engine:
 
     def step(self) -> bool:
         """Run the next live event; False when none is left."""
-        self._drop_cancelled()
-        if not self._heap:
-            return False
-        ev = heapq.heappop(self._heap)[3]
-        self._now = ev.time
-        ev.cancelled = True  # a handle of a run event cancels as a no-op
-        self.events_run += 1
-        ev.callback(*ev.args)
-        return True
+        before = self.events_run
+        self.run_until(max_events=1)
+        return self.events_run > before
 
     def run_until(
         self,
@@ -165,7 +159,8 @@ class Engine:
         (when given and not stopped earlier by ``until``). ``until`` is checked
         before the first event and after every event. Returns the clock.
         """
-        # step() inlined: this loop runs once per event of every simulation
+        # The one place events run (step() comes here too); peek_time() and
+        # _drop_cancelled() inlined: this loop runs once per event of every simulation
         heap, pop = self._heap, heapq.heappop
         horizon = math.inf if time is None else time
         ran = 0
