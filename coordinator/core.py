@@ -162,6 +162,14 @@ class Coordinator:
             self.dataset.y_train, job.data.shards, kind=job.data.sharding, seed=job.data.seed
         )
         self._shard_idx = [s.astype(np.int32) for s in self.shards]
+        # Task fields that are the same for every task (Task.trusted takes them as is).
+        self._dataset_name = f"{job.data.dataset}#{job.data.seed}"
+        st = job.strategy
+        self._optimizer = {
+            "kind": st.client_optimizer,
+            "lr": float(st.lr),
+            "momentum": float(st.momentum),
+        }
         if teacher is None and job.distill.teacher is not None:
             teacher = load_model(job.distill.teacher)[0]
         #: distillation job: the teacher's logits per training row (float16), else None
@@ -515,7 +523,7 @@ class Coordinator:
         rec.version_held = task.version
         samples = result.samples or task.steps * task.batch
         rec.observe_speed(self._flops_per_sample * samples, result.compute_seconds)
-        self._queue(conn, m.Ack(task_id=result.task_id, accepted=True))
+        self._queue(conn, m.Ack.trusted(task_id=result.task_id, accepted=True))
         out.append(
             ev.ResultAccepted(
                 client_id=conn.client_id,
@@ -549,7 +557,7 @@ class Coordinator:
         count: bool,
     ) -> None:
         tid = int(task_id) if task_id.isdigit() else -1
-        self._queue(conn, m.Ack(task_id=task_id, accepted=False, reason=reason.value))
+        self._queue(conn, m.Ack.trusted(task_id=task_id, accepted=False, reason=reason.value))
         out.append(
             ev.ResultRejected(client_id=conn.client_id, task_id=tid, reason=reason.value, now=now)
         )
@@ -637,19 +645,22 @@ class Coordinator:
         )
         lease_s = max(self.job.lease.min_s, self.job.lease.slack * predicted)
         lease = self.book.lease(task, conn.client_id, now=now, deadline=now + lease_s)
-        msg = m.Task(
+        # Every field is the core's own, derived from the checked job and its own
+        # counters: built without the per-field checks (tests/coordinator/test_core.py
+        # holds it equal to the checked construction).
+        msg = m.Task.trusted(
             task_id=str(task.task_id),
             kind=self._task_kind(task),
             model_version=version,
             spec=self.spec,
-            dataset=f"{self.job.data.dataset}#{self.job.data.seed}",
+            dataset=self._dataset_name,
             shard=task.shard,
             indices=self._shard_idx[task.shard],
             steps=task.steps,
             batch=task.batch,
-            optimizer=self._optimizer(),
+            optimizer=self._optimizer,
             seed=task.seed,
-            deadline=lease_s,
+            deadline=float(lease_s),
             base_version=None if send_model else version,
             model_transfer=transfer if send_model else None,
             num_chunks=len(chunks) if send_model else 0,
@@ -692,10 +703,6 @@ class Coordinator:
             "temperature": self.job.distill.temperature,
             "distill_alpha": self.job.distill.alpha,
         }
-
-    def _optimizer(self) -> dict[str, Any]:
-        s = self.job.strategy
-        return {"kind": s.client_optimizer, "lr": s.lr, "momentum": s.momentum}
 
     def _download(
         self, conn: _Conn, rec: ClientRecord

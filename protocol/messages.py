@@ -246,6 +246,9 @@ class Message:
     #: per field ``(name, check, where, dump)`` in field order, filled in once below
     #: the classes: ``dataclasses.fields`` per message was a third of building one
     _PLAN: ClassVar[tuple[tuple[str, Check, str, Callable[[Any], Any] | None], ...]] = ()
+    #: per field ``(name, where, default)``: ``default`` makes the value when the
+    #: field is left out, or is None for a required field
+    _FILL: ClassVar[tuple[tuple[str, str, Callable[[], Any] | None], ...]] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -260,16 +263,24 @@ class Message:
 
     @classmethod
     def trusted(cls, **values: Any) -> Message:
-        """Build from values this process derived from already-checked inputs, every
-        field given: the per-field checks are skipped, the cross-field ones run.
+        """Build from values this process derived from already-checked inputs: the
+        per-field checks are skipped, the cross-field ones run, left-out fields take
+        their defaults.
 
-        For the hot path only (chunking builds several chunks per result and task);
-        tests/protocol/test_chunking.py holds what it builds equal to the checked
+        For the hot path only (chunking builds several chunks per result and task,
+        the core a task and an ack per result); tests/protocol/test_chunking.py and
+        tests/coordinator/test_core.py hold what they build equal to the checked
         construction. Anything a peer sent goes through ``decode`` instead.
         """
         msg = object.__new__(cls)
-        for name, _, _, _ in cls._PLAN:
-            object.__setattr__(msg, name, values[name])
+        for name, where, default in cls._FILL:
+            if name in values:
+                v = values[name]
+            elif default is None:
+                raise TypeError(f"{where}: missing required field")
+            else:
+                v = default()
+            object.__setattr__(msg, name, v)
         msg._cross()
         return msg
 
@@ -283,17 +294,15 @@ class Message:
     @classmethod
     def from_wire(cls, obj: Mapping[str, Any]) -> Message:
         msg = object.__new__(cls)
-        for f in fields(cls):
-            where = f"{cls.TYPE}.{f.name}"
-            if f.name in obj:
-                v = cls.SCHEMA[f.name](obj[f.name], where)
-            elif f.default is not MISSING:
-                v = f.default
-            elif f.default_factory is not MISSING:
-                v = f.default_factory()
-            else:
+        schema = cls.SCHEMA
+        for name, where, default in cls._FILL:
+            if name in obj:
+                v = schema[name](obj[name], where)
+            elif default is None:
                 raise ProtocolError(ErrorCode.BAD_FIELD, f"{where}: missing required field")
-            object.__setattr__(msg, f.name, v)
+            else:
+                v = default()
+            object.__setattr__(msg, name, v)
         msg._cross()
         return msg
 
@@ -596,6 +605,16 @@ class Bye(Message):
     SCHEMA: ClassVar[dict[str, Check]] = {"reason": _str(256)}
 
 
+def _filler(f: Any) -> Callable[[], Any] | None:
+    """What makes a left-out field's value (None: the field is required)."""
+    if f.default is not MISSING:
+        default = f.default
+        return lambda: default
+    if f.default_factory is not MISSING:
+        return f.default_factory  # type: ignore[no-any-return]
+    return None
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     m.TYPE: m for m in (Hello, Welcome, Task, Result, Chunk, Ack, Heartbeat, Error, Bye)
 }
@@ -606,6 +625,7 @@ for _m in MESSAGE_TYPES.values():  # every dataclass field has exactly one check
     _m._PLAN = tuple(
         (f.name, _m.SCHEMA[f.name], f"{_m.TYPE}.{f.name}", _DUMP.get(f.name)) for f in fields(_m)
     )
+    _m._FILL = tuple((f.name, f"{_m.TYPE}.{f.name}", _filler(f)) for f in fields(_m))
 
 
 # -- framing ----------------------------------------------------------------------------

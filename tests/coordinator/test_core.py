@@ -356,3 +356,29 @@ def test_time_going_backwards_is_the_callers_bug() -> None:
     core.tick(5.0)
     with pytest.raises(ValueError, match="backwards"):
         core.tick(4.0)
+
+
+def _checked(msg: m.Message) -> m.Message:
+    """The same message through the per-field checks."""
+    return type(msg)(**{name: getattr(msg, name) for name, *_ in msg._PLAN})
+
+
+def test_tasks_and_acks_the_core_builds_unchecked_equal_the_checked_ones() -> None:
+    core = make_core(validation={"max_rejections": 9})
+    out = core.connect("a", hello("a"), 0.0)
+    task = task_of(out, "a")
+    update = np.full(core.params.num_params, 0.01, np.float32)
+    second = deliver(core, "a", result_messages(task, update), 1.0)  # accepted, next task
+    out += second + deliver(core, "a", result_messages(task, update), 2.0)  # duplicate
+    out += deliver(core, "a", result_messages(task_of(second, "a"), version=7), 3.0)  # refused
+    built = [msg for msg in sent(out, "a") if isinstance(msg, m.Task | m.Ack)]
+    assert sum(isinstance(x, m.Task) for x in built) >= 2
+    assert {(x.accepted, x.reason) for x in built if isinstance(x, m.Ack)} == {
+        (True, ""),
+        (False, "duplicate"),
+        (False, "version"),
+    }
+    for msg in built:
+        assert _checked(msg) == msg
+        assert m.encode(_checked(msg)) == m.encode(msg)
+        assert m.decode(m.encode(msg)) == msg
