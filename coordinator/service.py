@@ -2,7 +2,7 @@
 
 Theory of operation (game-server style). The asyncio network thread only
 decodes frames and moves bytes; it ``submit``s facts (connected, received,
-disconnected, admin commands) to a ``queue.Queue``. This thread takes them one
+disconnected, admin commands) to a ``queue.SimpleQueue``. This thread takes them one
 by one, calls the core with ``now = time.monotonic()`` and hands every output
 list to ``sink`` (the server forwards frames to its connections with
 ``loop.call_soon_threadsafe``). Between inputs it calls ``tick(now)`` at
@@ -127,7 +127,9 @@ class CoreService:
         self._dataset = dataset
         self.core: Coordinator | None = None
         self._interval = 1.0 / tick_hz
-        self._inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        # SimpleQueue, not Queue: its put takes no Python-level lock, so the network
+        # thread never blocks on (and hands the GIL over to) this thread's get.
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._sinks: list[Sink] = []
         self._out: list[ev.Output] = []  # outputs not yet handed to the sinks
         self._thread: threading.Thread | None = None
