@@ -10,6 +10,8 @@ import ctypes
 import gc
 import logging
 import sys
+import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +46,59 @@ def tune_malloc() -> bool:
     return ok
 
 
-#: Allocations between young collections, and young collections between full ones.
+#: Allocations between young collections.
 _GC_GEN0 = 10_000
-_GC_FULL_EVERY = 1_000
+#: Seconds between freezing what survived, and between full collections.
+GC_FREEZE_EVERY_S = 1.0
+GC_FULL_EVERY_S = 600.0
+
+_gc_thread: threading.Thread | None = None
 
 
-def tune_gc() -> None:
-    """Make CPython's full garbage collections rare in a long-running coordinator.
+def tune_gc(
+    *, freeze_every: float = GC_FREEZE_EVERY_S, full_every: float = GC_FULL_EVERY_S
+) -> threading.Thread:
+    """Keep CPython's collector from pausing a coordinator that holds thousands of
+    connections; returns the (daemon) thread that does it. Idempotent.
 
-    A coordinator holding 10,000 connections has millions of long-lived objects;
-    each full collection walks all of them, about a second during which no
-    heartbeat is answered (benchmarks/coordinator_load.py: heartbeat p99 0.1 to
-    1.7 s at 10,000 clients with the defaults, 52 to 66 ms with this). The
-    objects alive after start-up are frozen out of collection, young collections
-    still free short-lived cycles, and a full collection runs after
-    ``_GC_FULL_EVERY`` middle-generation ones instead of 10.
+    Each connection keeps about 180 objects alive (its websocket, the coroutine and
+    future of every read and write it waits on), so 10,000 clients hold about two
+    million. CPython collects a generation by walking all of it: a full collection
+    then takes about a second, and the middle generation, where the futures of
+    reads waiting out a 5 s heartbeat pile up, 50 to 200 ms; no heartbeat is
+    answered meanwhile (benchmarks/coordinator_load.py, 10,000 clients: heartbeat
+    p99 0.1 to 1.7 s with CPython's defaults, 100 to 350 ms with rare full
+    collections alone, about 60 ms with this).
+
+    So every ``freeze_every`` seconds whatever survived is frozen (``gc.freeze``:
+    moved out of every generation, a constant-time splice), and collections only
+    ever walk what was allocated since. Frozen objects are still freed by reference
+    counting, which frees nearly all of them (10,000 clients leaving leave about 6
+    objects each in reference cycles); those cycles wait for the full collection
+    run every ``full_every`` seconds (unfreeze, collect, freeze; ten minutes by
+    default), the one pause left.
     """
+    global _gc_thread
+    if not freeze_every > 0 or not full_every >= freeze_every:
+        raise ValueError(
+            f"tune_gc: need 0 < freeze_every <= full_every, got {freeze_every!r}, {full_every!r}"
+        )
+    if _gc_thread is not None:
+        return _gc_thread
     gc.freeze()
-    gc.set_threshold(_GC_GEN0, 10, _GC_FULL_EVERY)
+    gc.set_threshold(_GC_GEN0, 10, 10)
+
+    def run() -> None:
+        last_full = time.monotonic()
+        while True:
+            time.sleep(freeze_every)
+            if time.monotonic() - last_full >= full_every:
+                gc.unfreeze()
+                found = gc.collect()
+                last_full = time.monotonic()
+                log.debug("full collection: %d unreachable objects", found)
+            gc.freeze()
+
+    _gc_thread = threading.Thread(target=run, name="crowdgrad-gc", daemon=True)
+    _gc_thread.start()
+    return _gc_thread
