@@ -651,12 +651,22 @@ def _bin_header(n: int) -> bytes:
 def _encode_chunk(msg: Chunk) -> bytes:
     """Same bytes as the generic path, but the payload is copied once, by join,
     instead of through msgpack's growing buffer (2-3x faster for large chunks)."""
-    wire = msg.to_wire()
-    payload = wire.pop("payload")
+    # The map to_wire gives, payload left out, fields in order (no dump functions).
+    wire = {
+        "type": "chunk",
+        "transfer": msg.transfer,
+        "seq": msg.seq,
+        "total": msg.total,
+        "layer": msg.layer,
+        "part": msg.part,
+        "row_start": msg.row_start,
+        "row_end": msg.row_end,
+        "codec": msg.codec,
+        "crc": msg.crc,
+    }
+    payload = msg.payload
     head = bytearray(msgpack.packb(wire, use_bin_type=True))
-    if head[0] != 0x80 | len(wire):  # a fixmap of 10 entries; one more follows
-        raise AssertionError("chunk envelope is not a fixmap")
-    head[0] += 1
+    head[0] += 1  # a fixmap of 10 entries: the payload makes 11
     return b"".join((head, _PAYLOAD_KEY, _bin_header(len(payload)), payload))
 
 

@@ -37,10 +37,17 @@ DTYPES: dict[int, np.dtype] = {
     5: np.dtype("<u4"),
 }
 _CODES: dict[str, int] = {dt.name: code for code, dt in DTYPES.items()}
+#: The array header per (dtype, shape) seen; a coordinator packs the same few
+#: shapes (a shard's sample indices) once per task.
+_HEADS: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
 
 
 def pack_ndarray(arr: np.ndarray) -> msgpack.ExtType:
     """An allowed-dtype array as an ExtType; a disallowed one is the caller's bug."""
+    if type(arr) is np.ndarray and arr.flags.c_contiguous:  # the common case
+        head = _HEADS.get((arr.dtype, arr.shape))
+        if head is not None:
+            return msgpack.ExtType(NDARRAY_EXT, head + arr.tobytes())
     a = np.asarray(arr)
     code = _CODES.get(a.dtype.name)
     if code is None:
@@ -51,6 +58,8 @@ def pack_ndarray(arr: np.ndarray) -> msgpack.ExtType:
         raise ValueError(f"ndarray: {a.size} elements, at most {MAX_ELEMENTS}")
     data = np.ascontiguousarray(a, dtype=DTYPES[code])
     head = _HEADER.pack(code, a.ndim, 0) + struct.pack(f"<{a.ndim}I", *a.shape)
+    if data is a and len(_HEADS) < 4096:
+        _HEADS[(a.dtype, a.shape)] = head
     return msgpack.ExtType(NDARRAY_EXT, head + data.tobytes())
 
 
