@@ -14,7 +14,12 @@ def test_four_clients_reach_95_percent(strategy: str) -> None:
     job = digits_job(strategy)
     with running(job) as (bg, service, rec):
         names = [f"w{i}" for i in range(4)]
+        # Results wait until all four have joined: a client that starts a few
+        # seconds late on a loaded machine would otherwise find the job done.
+        service.set_paused(True)
         with clients(bg.url, names) as procs:
+            assert rec.wait_for(lambda: len(rec.of(ev.ClientJoined)) == 4)
+            service.set_paused(False)
             assert service.done.wait(120), service.stats
             codes = {n: p.wait(30) for n, p in procs.items()}
     fin = service.stats.finished
