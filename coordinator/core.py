@@ -154,7 +154,11 @@ class Coordinator:
             rng=np.random.default_rng(strat_seq),
         )
         self.codec_rng = np.random.default_rng(codec_seq)
-        self.book = LeaseBook(on_release=self._released)
+        # Outcomes of resolved tasks are kept long enough to answer a late copy of a
+        # result (a client resending after a reconnect) as duplicate, not stale.
+        self.book = LeaseBook(
+            on_release=self._released, retain_s=max(600.0, 2 * job.lease.resume_grace_s)
+        )
         self.registry = Registry(seed)
         self.validator = UpdateValidator(job.validation, size=spec.num_params)
         self.dataset = dataset or load_dataset(job.data.dataset, seed=job.data.seed)
@@ -201,7 +205,6 @@ class Coordinator:
             if job.codecs.delta is not None
             else None
         )
-        self._restored_accepted: set[int] = set()
         #: Answer each heartbeat with an echo. A driver that echoes on its own IO
         #: thread (the websocket server) turns this off: the core then only notes
         #: that the client is alive, which is most of what 10,000 clients send.
@@ -302,6 +305,7 @@ class Coordinator:
         """Time passed: heartbeats, lease deadlines, round deadlines, paced frames."""
         out: list[ev.Output] = []
         self._advance(now)
+        self.book.forget(now)
         if self.finished is None:
             timeout = self.job.lease.heartbeat_timeout_s
             late: list[str] = []
@@ -381,13 +385,12 @@ class Coordinator:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume after a crash: acknowledged results survive."""
-        accepted = {t.task_id for t in self.book.tasks.values() if t.state is TaskState.ACCEPTED}
         return {
             "version": self.model.version,
             "contributions": self.model.contributions,
             "params": self.model.params.data.copy(),
             "strategy": self.strategy.state_dict(),
-            "accepted_tasks": sorted(accepted | self._restored_accepted),
+            "accepted_tasks": sorted(self.book.accepted_ids()),
             "accepted_results": self.accepted_results,
             "next_task_id": self.book.next_task_id,
             "norms": list(self.validator.norms),
@@ -410,7 +413,7 @@ class Coordinator:
         core.model.version = int(state["version"])
         core.model.contributions = int(state["contributions"])
         core.strategy.load_state_dict(state["strategy"])
-        core._restored_accepted = {int(t) for t in state["accepted_tasks"]}
+        core.book.remember_accepted(int(t) for t in state["accepted_tasks"])
         core.accepted_results = int(state["accepted_results"])
         core.book.next_task_id = int(state["next_task_id"])
         core.validator.norms.extend(float(x) for x in state["norms"])
@@ -489,15 +492,15 @@ class Coordinator:
         lease = self._lease_for(task, conn.client_id) if task is not None else None
         if lease is not None and lease.live:
             self.book.end(lease, LeaseState.DONE, now)
-        if task is None:
-            reason = Reject.DUPLICATE if tid in self._restored_accepted else Reject.UNKNOWN_TASK
+        if task is None:  # resolved (its outcome kept a while), forgotten or never issued
+            outcome = self.book.outcome(tid)
+            if outcome is TaskState.ACCEPTED:
+                reason = Reject.DUPLICATE
+            elif outcome is TaskState.DROPPED or 0 < tid < self.book.next_task_id:
+                reason = Reject.STALE
+            else:
+                reason = Reject.UNKNOWN_TASK
             self._reject(conn, rec, result.task_id, reason, now, out, count=False)
-            return
-        if task.state is TaskState.ACCEPTED:
-            self._reject(conn, rec, result.task_id, Reject.DUPLICATE, now, out, count=False)
-            return
-        if task.state is TaskState.DROPPED:
-            self._reject(conn, rec, result.task_id, Reject.STALE, now, out, count=False)
             return
         if result.model_version != task.version:
             self._reject(conn, rec, result.task_id, Reject.VERSION, now, out, count=True)

@@ -105,7 +105,7 @@ def test_disconnect_mid_task_then_resume_delivers_result() -> None:
     assert only(out, ev.ClientLeft)[0].client_id == "a"
     lease = core.book.leases[1]
     assert lease.state is LeaseState.LOST
-    assert core.book.tasks[int(task.task_id)].state is TaskState.OPEN  # resume grace
+    assert core.book.outcome(int(task.task_id)) is TaskState.OPEN  # resume grace
     out = core.connect("a2", hello("a", resume=welcome.resume_token), 5.0)
     assert only(out, ev.ClientJoined)[0].resumed
     assert sent(out, "a2", m.Welcome)[0].resume_token == welcome.resume_token
@@ -119,7 +119,7 @@ def test_orphaned_task_is_dropped_after_resume_grace() -> None:
     welcome, task = sent(core.connect("a", hello("a"), 0.0), "a")[:2]
     core.disconnect("a", 1.0)
     core.tick(40.0)
-    assert core.book.tasks[int(task.task_id)].state is TaskState.DROPPED
+    assert core.book.outcome(int(task.task_id)) is TaskState.DROPPED
     core.connect("b", hello("a", resume=welcome.resume_token), 41.0)
     out = deliver(core, "b", result_messages(task), 42.0)
     assert (task.task_id, False, "stale") in acks(out, "b")
@@ -147,7 +147,8 @@ def test_sync_lease_expiry_reissues_and_first_result_wins() -> None:
     out = deliver(core, "a", result_messages(t_a), 12.0)
     assert (t_a.task_id, True, "") in acks(out, "a")
     assert core.version == 1
-    assert core.book.leases[2].state is LeaseState.CANCELLED
+    assert core.book.live_lease_of("b") is None  # b's lease was cancelled
+    assert 2 not in core.book.leases  # and left the book with its resolved task
     out = deliver(core, "b", result_messages(t_b), 13.0)
     assert (t_b.task_id, False, "duplicate") in acks(out, "b")
     assert core.version == 1 and core.model.contributions == 1
@@ -165,7 +166,7 @@ def test_sync_round_closes_at_deadline_with_quorum_and_drops_straggler() -> None
     out = core.tick(5.0)
     assert core.version == 1 and core.model.contributions == 2
     assert only(out, ev.ModelUpdated)[0].contributions == 2
-    assert core.book.tasks[int(tasks["c"].task_id)].state is TaskState.DROPPED
+    assert core.book.outcome(int(tasks["c"].task_id)) is TaskState.DROPPED
     out = deliver(core, "c", result_messages(tasks["c"]), 6.0)
     assert (tasks["c"].task_id, False, "stale") in acks(out, "c")
     assert core.model.contributions == 2
@@ -382,3 +383,48 @@ def test_tasks_and_acks_the_core_builds_unchecked_equal_the_checked_ones() -> No
         assert _checked(msg) == msg
         assert m.encode(_checked(msg)) == m.encode(msg)
         assert m.decode(m.encode(msg)) == msg
+
+
+def test_resolved_tasks_leave_the_book_and_late_copies_are_answered_from_outcomes() -> None:
+    core = make_core()
+    update = np.full(core.params.num_params, 1e-3, np.float32)
+    task = first = task_of(core.connect("a", hello("a"), 0.0), "a")
+    for i in range(40):
+        task = task_of(deliver(core, "a", result_messages(task, update), 1.0 + i), "a")
+    assert core.accepted_results == 40
+    # only the open task and its lease stay; 40 outcomes are remembered
+    assert list(core.book.tasks) == [int(task.task_id)]
+    assert len(core.book.leases) == 1
+    assert len(core.book.accepted_ids()) == 40
+    late = deliver(core, "a", result_messages(first, update), 50.0)
+    assert acks(late, "a") == [(first.task_id, False, "duplicate")]
+    # past the retention the outcome is forgotten: the id was issued, so stale
+    retain = core.book.retain_s
+    assert retain >= 2 * core.job.lease.resume_grace_s
+    core.tick(50.0 + retain + 1)
+    assert core.book.accepted_ids() == []
+    t_b = task_of(core.connect("b", hello("b"), 50.0 + retain + 2), "b")
+    out = deliver(core, "b", result_messages(first, update), 50.0 + retain + 3)
+    assert acks(out, "b") == [(first.task_id, False, "stale")]
+    never = m.Task(**{**{n: getattr(t_b, n) for n, *_ in t_b._PLAN}, "task_id": "999999"})
+    out = deliver(core, "b", result_messages(never, update), 50.0 + retain + 4)
+    assert acks(out, "b") == [("999999", False, "unknown_task")]
+    assert core.accepted_results == 40
+
+
+def test_restored_core_answers_duplicates_of_checkpointed_results_for_the_retention() -> None:
+    core = make_core()
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    deliver(core, "a", result_messages(task), 1.0)
+    state = core.state_dict()
+    assert state["accepted_tasks"] == [int(task.task_id)]
+    again = Coordinator.restore(core.job, state, dataset=digits())
+    again.connect("a", hello("a"), 100.0)
+    out = deliver(again, "a", result_messages(task, version=task.model_version), 101.0)
+    assert acks(out, "a") == [(task.task_id, False, "duplicate")]
+    assert again.state_dict()["accepted_tasks"] == [int(task.task_id)]  # carried on
+    again.tick(102.0)  # the first tick starts their retention (the book has no clock)
+    again.tick(102.0 + again.book.retain_s - 1)
+    assert again.state_dict()["accepted_tasks"] == [int(task.task_id)]
+    again.tick(102.0 + again.book.retain_s + 1)
+    assert again.state_dict()["accepted_tasks"] == []

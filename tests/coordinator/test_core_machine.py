@@ -167,9 +167,11 @@ class CoreMachine(RuleBasedStateMachine):
         counts = Counter(o.task_id for o in self.outputs if isinstance(o, ev.ResultAccepted))
         assert all(c == 1 for c in counts.values()), counts
         if self.core is not None:
-            accepted = {t for t, c in counts.items()}
-            states = self.core.book.tasks
-            assert all(states[t].state is TaskState.ACCEPTED for t in accepted)
+            book = self.core.book
+            assert all(book.outcome(t) is TaskState.ACCEPTED for t in counts)
+            # resolved tasks leave the book with their leases: it holds open work only
+            assert all(t.state is TaskState.OPEN for t in book.tasks.values())
+            assert {x.task_id for x in book.leases.values()} <= set(book.tasks)
 
     @invariant()
     def accepted_results_are_counted(self) -> None:

@@ -29,7 +29,7 @@ def test_known_rounding_cases_make_progress() -> None:
     wake = core.next_wakeup()
     assert wake == 0.7 + 0.3
     core.tick(wake)
-    assert core.book.tasks[int(task.task_id)].state is TaskState.DROPPED
+    assert core.book.outcome(int(task.task_id)) is TaskState.DROPPED
     assert core.next_wakeup() is None
 
 
@@ -42,7 +42,7 @@ def test_orphan_grace_ends_at_next_wakeup(start: float, grace: float, gap: float
     wake = core.next_wakeup()
     assert wake is not None
     core.tick(wake)
-    assert core.book.tasks[int(task.task_id)].state is TaskState.DROPPED
+    assert core.book.outcome(int(task.task_id)) is TaskState.DROPPED
     assert core.next_wakeup() is None
 
 
