@@ -306,6 +306,7 @@ class Coordinator:
         out: list[ev.Output] = []
         self._advance(now)
         self.book.forget(now)
+        self.registry.forget(now - self.book.retain_s)
         if self.finished is None:
             timeout = self.job.lease.heartbeat_timeout_s
             late: list[str] = []
@@ -840,7 +841,7 @@ class Coordinator:
         self._idle.discard(client_id)
         self._dirty.discard(client_id)
         self._ready.pop(client_id, None)
-        self.registry.leave(client_id)
+        self.registry.leave(client_id, now)
         lease = self.book.live_lease_of(client_id)
         if lease is not None:
             self.book.end(lease, LeaseState.LOST, now)

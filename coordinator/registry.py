@@ -4,12 +4,15 @@ A client is known by the driver's connection id while connected, and by its
 *resume id* across connections: the coordinator hands one out in ``welcome``
 and a client that reconnects with it gets its record (rejection count, speed
 estimate, cached model version) back. Resume ids are derived from the job seed
-and a counter, so a replay issues the same ids.
+and a counter, so a replay issues the same ids. The record of a client that
+left is kept for resuming until ``forget`` drops it (the core keeps it as long
+as the outcomes of its tasks); a resume id forgotten starts a fresh record.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -44,13 +47,15 @@ class ClientRecord:
 
 
 class Registry:
-    __slots__ = ("_by_conn", "_by_resume", "_counter", "_salt", "_seen")
+    __slots__ = ("_by_conn", "_by_resume", "_counter", "_left", "_salt", "_seen")
 
     def __init__(self, seed: int) -> None:
         self._by_conn: dict[str, ClientRecord] = {}
         #: connected records, least recently seen first (``touch`` moves to the end)
         self._seen: dict[str, ClientRecord] = {}
         self._by_resume: dict[str, ClientRecord] = {}
+        #: resume id -> when its client left, oldest first (resumable, not connected)
+        self._left: OrderedDict[str, float] = OrderedDict()
         self._counter = 0
         self._salt = f"crowdgrad:{seed}:".encode()
 
@@ -70,6 +75,7 @@ class Registry:
             raise ValueError(f"client {client_id!r} is already connected")
         old = self._by_resume.get(resume_id) if resume_id else None
         if old is not None and not old.connected:
+            self._left.pop(old.resume_id, None)
             old.client_id = client_id
             old.connected = True
             old.name = name
@@ -104,13 +110,30 @@ class Registry:
         iterator is live)."""
         return iter(self._seen.values())
 
-    def leave(self, client_id: str) -> ClientRecord | None:
+    def leave(self, client_id: str, now: float) -> ClientRecord | None:
         self._seen.pop(client_id, None)
         rec = self._by_conn.pop(client_id, None)
         if rec is not None:
             rec.connected = False
             rec.version_held = None  # its cache is unknown after a reconnect
+            self._left[rec.resume_id] = now
         return rec
+
+    def forget(self, before: float) -> int:
+        """Drop the records of clients that left before ``before``; returns how many."""
+        left, n = self._left, 0
+        while left:
+            resume_id, at = next(iter(left.items()))
+            if at >= before:
+                break
+            left.popitem(last=False)
+            del self._by_resume[resume_id]
+            n += 1
+        return n
+
+    def known(self) -> int:
+        """Records kept: connected clients and those that may still resume."""
+        return len(self._by_resume)
 
     def get(self, client_id: str) -> ClientRecord | None:
         return self._by_conn.get(client_id)
