@@ -50,7 +50,8 @@ from typing import Any
 
 import msgpack
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException, WebSocket
+from fastapi import FastAPI, Header, HTTPException
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from coordinator import events as ev
@@ -139,10 +140,69 @@ def heartbeat_echo(seq: int, now: float, echo: float) -> bytes:
     )
 
 
+class RawWebSocket:
+    """The four calls the endpoint makes, straight on the ASGI channel.
+
+    Starlette's ``WebSocket`` and the middleware stack a FastAPI route runs in
+    wrap every send and receive and keep about a dozen objects alive per
+    connection (an exit stack, headers, two request objects, a coroutine per
+    middleware) for its whole life; at 10,000 connections those are what the
+    collector walks. ``CrowdApp`` hands ``/ws`` here instead.
+    """
+
+    __slots__ = ("_receive", "_send")
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+
+    async def accept(self) -> None:
+        first = await self._receive()
+        if first["type"] != "websocket.connect":
+            raise RuntimeError(f"websocket: expected websocket.connect, got {first['type']!r}")
+        await self._send({"type": "websocket.accept"})
+
+    async def receive(self) -> dict[str, Any]:
+        return await self._receive()  # type: ignore[return-value]
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self._send({"type": "websocket.send", "bytes": data})
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+class CrowdApp:
+    """What uvicorn (or a host app's ``mount``) serves: websocket ``/ws`` goes to the
+    endpoint directly, everything else (HTTP, lifespan, unknown paths) to the FastAPI
+    app, whose attributes this forwards (``openapi()``, ``routes``...)."""
+
+    def __init__(self, api: FastAPI, ws: Callable[[RawWebSocket], Any]) -> None:
+        self.api = api
+        self._ws = ws
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and _route_path(scope) == "/ws":
+            await self._ws(RawWebSocket(receive, send))
+        else:
+            await self.api(scope, receive, send)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the mount point (Starlette's ``Mount`` keeps the full path in
+    ``path`` and the mount point in ``root_path``)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
 @dataclass(slots=True, eq=False)
 class _Peer:
     client_id: str
-    ws: WebSocket
+    ws: RawWebSocket
     bound: int
     queue: deque[bytes] = field(default_factory=deque)
     queued: int = 0
@@ -166,7 +226,8 @@ class NetStats:
 
 
 class CrowdServer:
-    """The FastAPI app plus its connections; ``app`` is what uvicorn (or a host) serves."""
+    """The FastAPI app plus its connections; ``app`` is what uvicorn (or a host) serves
+    (a ``CrowdApp``: ``/ws`` directly, the rest through FastAPI)."""
 
     def __init__(
         self,
@@ -196,7 +257,7 @@ class CrowdServer:
         self._scheduled = False
         self._drained = False
         self._stop_task: asyncio.Future[None] | None = None
-        self.app = self._build_app()
+        self.app = CrowdApp(self._build_app(), self._endpoint)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -321,9 +382,12 @@ class CrowdServer:
         with contextlib.suppress(Exception):
             await ws.close(code, reason)
 
-    async def _endpoint(self, ws: WebSocket) -> None:
+    async def _endpoint(self, ws: RawWebSocket) -> None:
         self.ensure_started()
-        await ws.accept()
+        try:
+            await ws.accept()
+        except Exception:  # gone before the handshake finished: nothing to serve
+            return
         if not self.accepting:
             await ws.close(CLOSE_GOING_AWAY, "going away")
             return
@@ -465,7 +529,6 @@ class CrowdServer:
             description="Websocket /ws speaks docs/protocol.md; the rest is JSON.",
             lifespan=self.lifespan,
         )
-        app.add_api_websocket_route("/ws", self._endpoint)
 
         @app.get("/healthz")
         async def healthz() -> dict[str, Any]:
