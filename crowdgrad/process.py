@@ -61,14 +61,14 @@ def tune_gc(
     """Keep CPython's collector from pausing a coordinator that holds thousands of
     connections; returns the (daemon) thread that does it. Idempotent.
 
-    Each connection keeps about 180 objects alive (its websocket, the coroutine and
-    future of every read and write it waits on), so 10,000 clients hold about two
-    million. CPython collects a generation by walking all of it: a full collection
-    then takes about a second, and the middle generation, where the futures of
-    reads waiting out a 5 s heartbeat pile up, 50 to 200 ms; no heartbeat is
-    answered meanwhile (benchmarks/coordinator_load.py, 10,000 clients: heartbeat
-    p99 0.1 to 1.7 s with CPython's defaults, 100 to 350 ms with rare full
-    collections alone, about 60 ms with this).
+    Each connection keeps over a hundred objects alive (its websocket protocol,
+    the coroutine and future of every read and write it waits on), so 10,000
+    clients hold over a million. CPython collects a generation by walking all of
+    it: a full collection then takes about a second, and the middle generation,
+    where the futures of reads waiting out a 5 s heartbeat pile up, 30 to 200 ms;
+    no heartbeat is answered meanwhile (benchmarks/coordinator_load.py, 10,000
+    clients: heartbeat p99 0.1 to 1.7 s with CPython's defaults, 100 to 350 ms
+    with rare full collections alone, 20 to 80 ms with this).
 
     So every ``freeze_every`` seconds whatever survived is frozen (``gc.freeze``:
     moved out of every generation, a constant-time splice), and collections only
