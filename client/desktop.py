@@ -102,6 +102,7 @@ class DesktopClient:
         max_attempts: int | None = None,
         stop_grace: float = 3.0,
         slice_s: float = 0.01,
+        seeded_init: bool = True,
     ) -> None:
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
@@ -121,6 +122,7 @@ class DesktopClient:
         self.max_attempts = max_attempts
         self.stop_grace = stop_grace
         self.slice_s = slice_s
+        self.seeded_init = seeded_init
         self.stats = ClientStats()
         self.session: ClientSession | None = None
         self._jitter = random.Random(self.seed)
@@ -154,6 +156,7 @@ class DesktopClient:
                 cores=max(1, min(4096, os.cpu_count() or 1)),
                 platform=platform.platform()[:64],
                 codecs=tuple(n for n in codecs.names() if len(n) <= 32)[:32],
+                seeded_init=self.seeded_init,
             )
             self.session = ClientSession(self.name[:64], caps, seed=self.seed)
             return await self._connect_loop()
@@ -398,6 +401,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seeds update codecs and jitter (default: pid)")
     p.add_argument("--max-attempts", type=int, help="give up after this many failed connects")
     p.add_argument("--stop-grace", type=float, default=3.0, help="seconds to finish a task")
+    p.add_argument(
+        "--no-seeded-init",
+        dest="seeded_init",
+        action="store_false",
+        help="download version 0 instead of building it from the job's init seed",
+    )
 
 
 def client_from_args(args: argparse.Namespace) -> DesktopClient:
@@ -410,6 +419,7 @@ def client_from_args(args: argparse.Namespace) -> DesktopClient:
         seed=args.seed,
         max_attempts=args.max_attempts,
         stop_grace=args.stop_grace,
+        seeded_init=args.seeded_init,
     )
 
 

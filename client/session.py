@@ -42,6 +42,7 @@ import numpy as np
 from compression import ErrorFeedback, codecs
 from nn.params import Params
 from protocol import messages as m
+from protocol.checksum import crc32
 from protocol.chunking import Reassembler, chunk_params
 from protocol.errors import ProtocolError
 from protocol.feedback import feedback_chunks
@@ -80,6 +81,8 @@ class Capabilities:
     codecs: tuple[str, ...] = field(default_factory=lambda: tuple(codecs.names()))
     #: applies model deltas (task.delta_base)
     deltas: bool = True
+    #: builds version 0 from task.init_seed (this build's NumPy draws the init)
+    seeded_init: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +162,7 @@ class ClientSession:
             codecs=self.caps.codecs,
             resume=self.resume_token,
             deltas=self.caps.deltas,
+            seeded_init=self.caps.seeded_init,
         )
         self._last_sent = now
         return [Send(message=hello, frame=m.encode(hello))]
@@ -313,6 +317,22 @@ class ClientSession:
             self.model is None or self.model_version != msg.delta_base
         ):
             log.warning("task %s: delta base %s not held", msg.task_id, msg.delta_base)
+            return
+        if msg.init_seed is not None:
+            model = msg.spec.init_params(msg.init_seed)
+            if crc32(model.data) != msg.init_crc:
+                # Another NumPy draws another init: training on it would send
+                # updates against a model the coordinator does not have.
+                reason = (
+                    f"version 0 from init_seed {msg.init_seed} has CRC-32 "
+                    f"{crc32(model.data)}, the coordinator's is {msg.init_crc}: this "
+                    "client must download it (desktop client: --no-seeded-init)"
+                )
+                log.error("task %s: %s", msg.task_id, reason)
+                out.append(Finished(reason=reason))
+                return
+            self.model, self.model_version = model, 0
+            self._request(out)
             return
         if msg.base_version is not None:
             if self.model is None or self.model_version != msg.base_version:

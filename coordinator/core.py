@@ -55,6 +55,7 @@ from nn.data import Dataset, load_dataset, shard
 from nn.modelfile import load_model
 from nn.params import Params
 from protocol import messages as m
+from protocol.checksum import crc32
 from protocol.chunking import Reassembler, chunk_params
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
 from protocol.limits import LinkLimits, Pacer, RateMeter, negotiate
@@ -80,6 +81,8 @@ class _Conn:
     deltas: bool = False
     #: deltas sent in a row since the last full model (drift bound)
     delta_chain: int = 0
+    #: the client builds version 0 from the job's init seed (from hello)
+    seeded_init: bool = False
 
 
 @dataclass(slots=True)
@@ -132,6 +135,9 @@ class Coordinator:
         teacher: Params | None = None,
     ) -> None:
         spec = job.spec
+        # Version 0 is the init seed's exactly when no params were given: then a
+        # client that says so in hello builds it itself instead of downloading it.
+        seeded = params is None
         if params is None:
             params = spec.init_params(job.model.init_seed)
         if params.spec.widths != spec.widths:
@@ -145,6 +151,7 @@ class Coordinator:
         self._flops_per_sample = spec.flops_per_sample()
         self.seed = seed
         self.model = ModelState(params=params.copy())
+        self._v0_crc = crc32(self.model.params.data) if seeded else None
         root = np.random.SeedSequence(seed)
         strat_seq, codec_seq = root.spawn(2)
         self.strategy = make_strategy(
@@ -250,6 +257,7 @@ class Coordinator:
             and self.job.codecs.delta is not None
             and _codec_id(self.job.codecs.delta) in offered
         )
+        conn.seeded_init = hello.seeded_init and self._v0_crc is not None
         self.conns[client_id] = conn
         self._order[client_id] = self._joined
         self._joined += 1
@@ -640,8 +648,15 @@ class Coordinator:
             task = self.book.new_task(plan, version=self.model.version, now=now)
             self.strategy.on_task_created(task)
         self._orphans.pop(task.task_id, None)
-        version, transfer, chunks, frames, delta_base = self._download(conn, rec)
-        send_model = rec.version_held != version
+        # A client that builds version 0 from the init seed gets no model at all.
+        seeded = conn.seeded_init and rec.version_held is None and self.model.version == 0
+        if seeded:
+            if self.deltas is not None:  # its later downloads can be deltas from 0
+                self.deltas.served(0, self.model.params)
+            version, transfer, chunks, frames, delta_base = 0, "", [], [], None
+        else:
+            version, transfer, chunks, frames, delta_base = self._download(conn, rec)
+        send_model = rec.version_held != version and not seeded
         model_bytes = sum(len(f) for f in frames) if send_model else 0
         flops = self._flops_per_sample * task.steps * task.batch
         predicted = flops / rec.rate() + (model_bytes + self.spec.nbytes) / min(
@@ -665,12 +680,14 @@ class Coordinator:
             optimizer=self._optimizer,
             seed=task.seed,
             deadline=float(lease_s),
-            base_version=None if send_model else version,
+            base_version=None if send_model or seeded else version,
             model_transfer=transfer if send_model else None,
             num_chunks=len(chunks) if send_model else 0,
             upload_codec=self.job.codecs.update,
             error_feedback=self.job.codecs.error_feedback,
             delta_base=delta_base if send_model else None,
+            init_seed=self.job.model.init_seed if seeded else None,
+            init_crc=self._v0_crc if seeded else None,
             **self._distill_fields(task),
         )
         self._queue(conn, msg)
@@ -687,7 +704,13 @@ class Coordinator:
                 shard=task.shard,
                 deadline=lease.deadline,
                 now=now,
-                download="none" if not send_model else "full" if delta_base is None else "delta",
+                download="seed"
+                if seeded
+                else "none"
+                if not send_model
+                else "full"
+                if delta_base is None
+                else "delta",
                 download_bytes=model_bytes,
             )
         )

@@ -66,7 +66,8 @@ class ClientLeft:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskLeased:
-    """``download`` is how the model went: ``none`` (held), ``full`` or ``delta``;
+    """``download`` is how the model went: ``none`` (held), ``full``, ``delta`` or
+    ``seed`` (the client built version 0 from the init seed);
     ``download_bytes`` its exact frame bytes."""
 
     client_id: ClientId

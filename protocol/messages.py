@@ -329,7 +329,8 @@ class Message:
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Hello(Message):
     """Client -> server, first frame: who I am and what link I ask for.
-    ``deltas``: this client applies ``task.delta_base`` downloads."""
+    ``deltas``: this client applies ``task.delta_base`` downloads. ``seeded_init``:
+    it builds version 0 itself from ``task.init_seed`` (docs/protocol.md §4.3)."""
 
     TYPE: ClassVar[str] = "hello"
     version: int = PROTOCOL_VERSION
@@ -343,6 +344,7 @@ class Hello(Message):
     token: str | None = None
     resume: str | None = None
     deltas: bool = False
+    seeded_init: bool = False
 
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
@@ -356,6 +358,7 @@ class Hello(Message):
         "token": _opt(_str(512)),
         "resume": _opt(_str(128)),
         "deltas": _bool,
+        "seeded_init": _bool,
     }
 
 
@@ -388,7 +391,10 @@ class Task(Message):
     client's copy of ``delta_base``. ``error_feedback`` asks the client to carry
     what ``upload_codec`` dropped into its next result. A ``distill`` task trains
     the student toward ``teacher_logits`` (one row per entry of ``indices``) at
-    ``temperature``, mixed with the hard labels by ``distill_alpha``."""
+    ``temperature``, mixed with the hard labels by ``distill_alpha``. With
+    ``init_seed`` (version 0, to a client whose hello said ``seeded_init``) no model
+    follows: the client builds it from the seed and checks its CRC-32 against
+    ``init_crc``."""
 
     TYPE: ClassVar[str] = "task"
     task_id: str
@@ -412,6 +418,8 @@ class Task(Message):
     teacher_logits: np.ndarray | None = None
     temperature: float = 4.0
     distill_alpha: float = 0.7
+    init_seed: int | None = None
+    init_crc: int | None = None
 
     SCHEMA: ClassVar[dict[str, Check]] = {
         "task_id": _str(128, empty=False),
@@ -435,9 +443,28 @@ class Task(Message):
         "teacher_logits": _opt(_logits),
         "temperature": _float(1e-3, 1e3),
         "distill_alpha": _float(0.0, 1.0),
+        "init_seed": _opt(_int(0, U64)),
+        "init_crc": _opt(_int(0, U32)),
     }
 
     def _cross(self) -> None:
+        if self.init_seed is not None:
+            if (
+                self.init_crc is None
+                or self.model_version != 0
+                or self.num_chunks
+                or self.base_version is not None
+                or self.delta_base is not None
+            ):
+                raise ProtocolError(
+                    ErrorCode.BAD_FIELD,
+                    "task.init_seed: only for model_version 0, with init_crc, no chunks, "
+                    "no base_version and no delta_base",
+                )
+            self._cross_distill()
+            return
+        if self.init_crc is not None:
+            raise ProtocolError(ErrorCode.BAD_FIELD, "task.init_crc: only with init_seed")
         if self.num_chunks and self.model_transfer is None:
             raise ProtocolError(
                 ErrorCode.BAD_FIELD, "task.model_transfer: required when num_chunks > 0"
@@ -460,6 +487,9 @@ class Task(Message):
                 raise _bad(
                     "task.delta_base", f"< model_version ({self.model_version})", self.delta_base
                 )
+        self._cross_distill()
+
+    def _cross_distill(self) -> None:
         if self.kind == "distill":
             t = self.teacher_logits
             if t is None or self.indices is None:

@@ -75,3 +75,14 @@ def test_measure_flops_is_positive_and_rejects_a_bad_budget() -> None:
     assert measure_flops(budget_s=0.02) > 1e6
     with pytest.raises(ValueError, match="budget_s"):
         measure_flops(budget_s=0)
+
+
+def test_seeded_init_flag_reaches_hello() -> None:
+    import argparse
+
+    from client.desktop import add_arguments, client_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert client_from_args(p.parse_args(["ws://x/ws"])).seeded_init is True
+    assert client_from_args(p.parse_args(["ws://x/ws", "--no-seeded-init"])).seeded_init is False

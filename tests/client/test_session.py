@@ -11,6 +11,7 @@ from client.session import Capabilities, ClientSession, ComputeRequest, Finished
 from nn.params import Params
 from nn.spec import ModelSpec
 from protocol import messages as m
+from protocol.checksum import crc32
 from protocol.chunking import Reassembler, chunk_params
 from protocol.limits import PROFILES, LinkLimits
 
@@ -159,3 +160,33 @@ def test_upload_is_paced_to_granted_limits() -> None:
         assert t is not None and math.isfinite(t)
         got += len(sends(s.tick(t)))
     assert t >= (total - slow.burst_messages) / slow.messages_per_s - 1e-9
+
+
+def _seeded_task(seed: int, crc: int) -> m.Task:
+    return m.Task(
+        task_id="1", model_version=0, spec=SPEC, dataset="digits#0", init_seed=seed, init_crc=crc
+    )
+
+
+def test_version_zero_is_built_from_the_init_seed_and_checked() -> None:
+    s = ClientSession("alice", Capabilities(flops=2e9), seed=0)
+    (hello,) = s.start(0.0)
+    assert hello.message.seeded_init  # this build draws the reference init
+    s.receive(welcome(), 0.1)
+    want = SPEC.init_params(7)
+    out = s.receive(_seeded_task(7, crc32(want.data)), 1.0)
+    (req,) = [a for a in out if isinstance(a, ComputeRequest)]
+    assert req.params.array_equal(want) and s.model_version == 0
+
+
+def test_a_different_version_zero_stops_the_client_instead_of_training_on_it() -> None:
+    s = ready_session()
+    out = s.receive(_seeded_task(7, crc32(SPEC.init_params(8).data)), 1.0)
+    (fin,) = [a for a in out if isinstance(a, Finished)]
+    assert "init_seed 7" in fin.reason and not any(isinstance(a, ComputeRequest) for a in out)
+    assert s.model is None
+
+
+def test_a_client_may_leave_seeded_init_off() -> None:
+    (hello,) = ClientSession("bob", Capabilities(seeded_init=False), seed=0).start(0.0)
+    assert hello.message.seeded_init is False

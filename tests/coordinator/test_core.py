@@ -14,6 +14,7 @@ from coordinator import events as ev
 from coordinator.core import Coordinator
 from coordinator.leases import LeaseState, TaskState
 from protocol import messages as m
+from protocol.checksum import crc32
 from protocol.errors import CLOSE_NORMAL, ErrorCode, close_code
 from tests.coordinator.coord_helpers import (
     acks,
@@ -428,3 +429,49 @@ def test_restored_core_answers_duplicates_of_checkpointed_results_for_the_retent
     assert again.state_dict()["accepted_tasks"] == [int(task.task_id)]
     again.tick(102.0 + again.book.retain_s + 1)
     assert again.state_dict()["accepted_tasks"] == []
+
+
+def test_a_seeded_client_builds_version_zero_itself_and_gets_no_model() -> None:
+    core = make_core(model={"init_seed": 5})
+    out = core.connect("a", hello("a", seeded_init=True), 0.0)
+    task = task_of(out, "a")
+    assert task.init_seed == 5 and task.num_chunks == 0 and task.base_version is None
+    assert task.init_crc == crc32(core.params.data)
+    assert _checked(task) == task and m.decode(m.encode(task)) == task
+    assert sent(out, "a", m.Chunk) == []
+    (leased,) = only(out, ev.TaskLeased)
+    assert (leased.download, leased.download_bytes) == ("seed", 0)
+    assert core.job.spec.init_params(5).array_equal(core.params)  # what the client builds
+    # a client without the capability, in the same job, downloads version 0
+    plain = core.connect("b", hello("b"), 0.5)
+    assert task_of(plain, "b").init_seed is None and sent(plain, "b", m.Chunk)
+    # later versions are downloaded as usual
+    out = deliver(core, "a", result_messages(task), 1.0)
+    assert acks(out, "a") == [(task.task_id, True, "")]
+    nxt = task_of(out, "a")
+    assert nxt.model_version == 1 and nxt.init_seed is None and nxt.num_chunks > 0
+
+
+def test_a_core_started_from_given_params_never_seeds() -> None:
+    job = make_job()
+    params = job.spec.init_params(job.model.init_seed)
+    params.W[0][0, 0] += 1.0  # not the seed's version 0
+    core = Coordinator(job, params, dataset=digits())
+    task = task_of(core.connect("a", hello("a", seeded_init=True), 0.0), "a")
+    assert task.init_seed is None and task.num_chunks > 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"init_seed": 1, "init_crc": 2, "model_version": 3},  # only version 0
+        {"init_seed": 1},  # needs the checksum
+        {"init_crc": 2, "base_version": 0},  # checksum without a seed
+        {"init_seed": 1, "init_crc": 2, "model_transfer": "m", "num_chunks": 2},  # and chunks
+        {"init_seed": 1, "init_crc": 2, "base_version": 0},
+    ],
+)
+def test_seeded_task_fields_are_checked(fields: dict) -> None:
+    base = {"task_id": "1", "model_version": 0, "spec": make_job().spec, "dataset": "d"}
+    with pytest.raises(ValueError, match="init_"):
+        m.Task(**{**base, **fields})

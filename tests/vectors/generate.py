@@ -20,6 +20,7 @@ import msgpack
 import numpy as np
 
 from nn.spec import ModelSpec
+from protocol.checksum import crc32
 from protocol.chunking import chunk_params
 from protocol.limits import profile
 from protocol.messages import (
@@ -146,6 +147,16 @@ def valid_messages() -> dict[str, Message]:
             upload_codec="topk:0.01+int8",
             error_feedback=True,
             delta_base=3,
+        ),
+        "task_seeded": Task(
+            task_id="t-5",
+            kind="train",
+            model_version=0,
+            spec=spec,
+            dataset="blobs",
+            steps=10,
+            init_seed=42,
+            init_crc=crc32(spec.init_params(42).data),
         ),
         "task_distill": Task(
             task_id="t-4",
