@@ -118,6 +118,12 @@ def speedup() -> list[dict[str, Any]]:
         ),
         # 80 tasks on 8 players: no half-empty last wave, so the 5x ceiling of 100 steps lifts.
         ("lan", "fp32", None, 800),
+        (
+            "roblox",
+            "topk:0.01+int8 +ef, delta downloads topk:0.01+int8",
+            {**topk, "delta": "topk:0.01+int8"},
+            800,
+        ),
     ]
     for link, label, codecs, steps in cases:
         row: dict[str, Any] = {"link": link, "uploads": label, "steps": steps}
