@@ -320,12 +320,13 @@ class ClientSession:
             return
         if msg.init_seed is not None:
             model = msg.spec.init_params(msg.init_seed)
-            if crc32(model.data) != msg.init_crc:
+            crc = crc32(model.data)
+            if crc != msg.init_crc:
                 # Another NumPy draws another init: training on it would send
                 # updates against a model the coordinator does not have.
                 reason = (
                     f"version 0 from init_seed {msg.init_seed} has CRC-32 "
-                    f"{crc32(model.data)}, the coordinator's is {msg.init_crc}: this "
+                    f"{crc}, the coordinator's is {msg.init_crc}: this "
                     "client must download it (desktop client: --no-seeded-init)"
                 )
                 log.error("task %s: %s", msg.task_id, reason)

@@ -695,6 +695,12 @@ class Coordinator:
             for chunk, frame in zip(chunks, frames, strict=True):
                 conn.outbox.append(ev.Send(client_id=conn.client_id, message=chunk, frame=frame))
         rec.version_held = version
+        if seeded:
+            download = "seed"
+        elif not send_model:
+            download = "none"
+        else:
+            download = "full" if delta_base is None else "delta"
         out.append(
             ev.TaskLeased(
                 client_id=conn.client_id,
@@ -704,13 +710,7 @@ class Coordinator:
                 shard=task.shard,
                 deadline=lease.deadline,
                 now=now,
-                download="seed"
-                if seeded
-                else "none"
-                if not send_model
-                else "full"
-                if delta_base is None
-                else "delta",
+                download=download,
                 download_bytes=model_bytes,
             )
         )
