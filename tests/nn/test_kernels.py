@@ -119,7 +119,7 @@ def test_code_of_names_unknown_activation() -> None:
         kernels.code_of("swish", kernels.ACT_CODES, "activation")
 
 
-def _train_loop(spec, data, X, T, labels, idx, batch, opt, parts):
+def _train_loop(spec, data, X, T, labels, idx, batch, opt, parts, eps=1e-8):
     lay = layout_of(spec)
     steps = len(idx) // batch
     n = data.size
@@ -129,7 +129,7 @@ def _train_loop(spec, data, X, T, labels, idx, batch, opt, parts):
     losses = np.empty(steps)
     kernels.train_loop(
         data, lay.shapes, lay.offs, lay.acts, lay.loss, X, T, labels, idx, batch,
-        opt, 0.01, 0.9, False, 0.9, 0.999, 1e-8, 0, buf1, buf2, G, losses, parts,
+        opt, 0.01, 0.9, False, 0.9, 0.999, eps, 0, buf1, buf2, G, losses, parts,
     )  # fmt: skip
     return losses
 
@@ -143,9 +143,16 @@ def test_neuron_groups_equal_the_whole_layer(opt: int, parts: int) -> None:
     data, X, T, labels = _problem(spec, 64, np.float32, seed=4)
     idx = np.random.default_rng(0).integers(0, 64, 5 * 16).astype(np.int64)
     assert kernels.split_layer(16, 512, 512, parts) == parts
+    # Groups and whole layers may sum in another order (BLAS picks kernels by shape
+    # and CPU), so gradients agree to rounding. Adam's first steps are about
+    # lr * g / (|g| + eps): a weight whose gradient is rounding noise near zero
+    # moves by up to lr either way (seen: 1e-3 apart on an AMD EPYC). A larger eps
+    # keeps that noise at rounding size; the per-group m and v bookkeeping under
+    # test is the same.
+    eps = 1e-3 if opt == 2 else 1e-8
     whole, grouped = data.copy(), data.copy()
-    lw = _train_loop(spec, whole, X, T, labels, idx, 16, opt, 1)
-    lg = _train_loop(spec, grouped, X, T, labels, idx, 16, opt, parts)
+    lw = _train_loop(spec, whole, X, T, labels, idx, 16, opt, 1, eps)
+    lg = _train_loop(spec, grouped, X, T, labels, idx, 16, opt, parts, eps)
     np.testing.assert_allclose(lg, lw, rtol=1e-5)
     assert _rel_err(grouped, whole.astype(np.float64)) <= 1e-5
     assert not np.array_equal(grouped, data)

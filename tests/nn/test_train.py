@@ -125,7 +125,15 @@ def _with_numba_threads(n: int, fn):
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
-@pytest.mark.parametrize("opt", [OPTIMIZERS[0], OPTIMIZERS[3]], ids=lambda o: o.kind)
+@pytest.mark.parametrize(
+    # Adam moves a weight by about lr * g / (|g| + eps): where g is float32 rounding
+    # noise near zero, float32 and the float64 reference part by up to lr (seen on
+    # an AMD EPYC: 1.4e-5 of the largest weight after 8 steps). eps = 1e-4 keeps
+    # that at rounding size; the grouped m and v bookkeeping under test is the same.
+    "opt",
+    [OPTIMIZERS[0], Optimizer(kind="adam", lr=0.003, eps=1e-4)],
+    ids=lambda o: o.kind,
+)
 def test_neuron_groups_on_two_threads_match_reference(opt: Optimizer) -> None:
     spec = ModelSpec(widths=GROUPED, loss="mse")
     assert _with_numba_threads(2, lambda: group_threads(layout_of(spec), 16)) == 2
@@ -139,7 +147,9 @@ def test_neuron_groups_on_two_threads_match_reference(opt: Optimizer) -> None:
         2, lambda: train_steps(params, state, X, y, steps, batch, np.random.default_rng(5))
     )
     idx = batch_indices(len(X), steps, batch, np.random.default_rng(5))
-    ropt = ref.RefOptimizer(opt.kind, opt.lr, opt.momentum, opt.nesterov, opt.beta1, opt.beta2)
+    ropt = ref.RefOptimizer(
+        opt.kind, opt.lr, opt.momentum, opt.nesterov, opt.beta1, opt.beta2, opt.eps
+    )
     ref.train(Ws, bs, spec.activations, "mse", X.astype(np.float64), y, idx, batch, ropt)
     want = Params.from_layers(spec, list(zip(Ws, bs, strict=True))).data.astype(np.float64)
     assert np.max(np.abs(params.data - want)) <= 1e-5 * np.max(np.abs(want))
