@@ -166,7 +166,7 @@ class _LoadClient(asyncio.Protocol):
 class _Worker:
     """A load process's clients and counters."""
 
-    def __init__(self, url: str, first: int, n: int, hb: float) -> None:
+    def __init__(self, url: str, first: int, n: int, hb: float, spans: bool = True) -> None:
         from websockets.uri import parse_uri
 
         from nn.params import Params
@@ -174,10 +174,10 @@ class _Worker:
         from protocol.chunking import chunk_params
 
         self.uri = parse_uri(url)
-        self.first, self.n, self.hb = first, n, hb
+        self.first, self.n, self.hb, self.spans = first, n, hb, spans
         spec = ModelSpec(widths=tuple(TINY))
         zero = Params.from_flat(spec, np.zeros(spec.num_params, np.float32))
-        chunks = chunk_params(zero, max_message_bytes=1 << 16, transfer="t")
+        chunks = chunk_params(zero, max_message_bytes=1 << 16, transfer="t", spans=spans)
         self.chunk_wires: list[tuple[dict[str, Any], bytes]] = []
         for c in chunks:
             wire = c.to_wire()
@@ -208,7 +208,7 @@ class _Worker:
         self.clients: list[_LoadClient] = []
 
     def hello(self, i: int) -> bytes:
-        return m.encode(m.Hello(client=f"load{i}", flops=1e9))
+        return m.encode(m.Hello(client=f"load{i}", flops=1e9, spans=self.spans))
 
     def result_frames(self, task: dict[str, Any]) -> list[bytes]:
         """The result and its zero-update chunks, packed from wire dicts: the same
@@ -261,11 +261,19 @@ class _Worker:
 
 
 async def _worker_main(
-    url: str, first: int, n: int, hb: float, warm: float, secs: float, q: Any, go: Any
+    url: str,
+    first: int,
+    n: int,
+    hb: float,
+    warm: float,
+    secs: float,
+    q: Any,
+    go: Any,
+    spans: bool = True,
 ) -> dict:
     """Connect n clients; once every worker has (``go``), a heartbeat-only window,
     then a tasks window; report."""
-    w = _Worker(url, first, n, hb)
+    w = _Worker(url, first, n, hb, spans)
     marks: dict[str, tuple[float, float]] = {}
 
     def mark(name: str) -> None:
@@ -314,10 +322,18 @@ async def _worker_main(
 
 
 def _worker(
-    url: str, first: int, n: int, hb: float, warm: float, secs: float, q: Any, go: Any
+    url: str,
+    first: int,
+    n: int,
+    hb: float,
+    warm: float,
+    secs: float,
+    q: Any,
+    go: Any,
+    spans: bool = True,
 ) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, _nofile())
-    q.put(asyncio.run(_worker_main(url, first, n, hb, warm, secs, q, go)))
+    q.put(asyncio.run(_worker_main(url, first, n, hb, warm, secs, q, go, spans)))
 
 
 def _nofile() -> tuple[int, int]:
@@ -375,7 +391,9 @@ class _CpuSampler:
 # -- driver -----------------------------------------------------------------------------
 
 
-def run_load(n: int, *, workers: int, hb: float, warm: float, secs: float) -> dict[str, Any]:
+def run_load(
+    n: int, *, workers: int, hb: float, warm: float, secs: float, spans: bool = True
+) -> dict[str, Any]:
     from coordinator.config import parse_job
     from coordinator.server import BackgroundServer, CrowdServer
     from coordinator.service import CoreService
@@ -399,7 +417,7 @@ def run_load(n: int, *, workers: int, hb: float, warm: float, secs: float) -> di
         per = [n // workers + (1 if i < n % workers else 0) for i in range(workers)]
         starts = [sum(per[:i]) for i in range(workers)]
         procs = [
-            ctx.Process(target=_worker, args=(bg.url, s, k, hb, warm, secs, q, go))
+            ctx.Process(target=_worker, args=(bg.url, s, k, hb, warm, secs, q, go, spans))
             for s, k in zip(starts, per, strict=True)
             if k
         ]
@@ -428,6 +446,7 @@ def run_load(n: int, *, workers: int, hb: float, warm: float, secs: float) -> di
     task_cpu = cpu.share(t0, t1)
     return {
         "clients": n,
+        "spans": spans,
         "workers": len(procs),
         "connected": sum(r["connected"] for r in results),
         "held": sum(r["held"] for r in results),  # at the end of the heartbeat window
@@ -499,6 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--digits", action="store_true", help="also time digits to 0.95")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--no-spans",
+        dest="spans",
+        action="store_false",
+        help="one chunk per block, as a client without hello.spans sends (4 per transfer)",
+    )
+    ap.add_argument(
         "--default-gc", action="store_true", help="keep CPython's GC thresholds (not tune_gc)"
     )
     args = ap.parse_args(argv)
@@ -515,7 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.clients.split(",")):
         rows.append(
             run_load(
-                n, workers=args.workers, hb=args.heartbeat, warm=args.warmup, secs=args.seconds
+                n,
+                workers=args.workers,
+                hb=args.heartbeat,
+                warm=args.warmup,
+                secs=args.seconds,
+                spans=args.spans,
             )
         )
         if not args.json:

@@ -83,6 +83,8 @@ class Capabilities:
     deltas: bool = True
     #: builds version 0 from task.init_seed (this build's NumPy draws the init)
     seeded_init: bool = True
+    #: takes chunks spanning several blocks (and sends them to a server that does)
+    spans: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +129,8 @@ class ClientSession:
         self.phase = Phase.NEW
         self.resume_token: str | None = None
         self.limits: LinkLimits | None = None
+        #: the server takes result chunks spanning several blocks (from welcome)
+        self.server_spans = False
         self.heartbeat_interval = 5.0
         self.model: Params | None = None
         self.model_version: int | None = None
@@ -163,6 +167,7 @@ class ClientSession:
             resume=self.resume_token,
             deltas=self.caps.deltas,
             seeded_init=self.caps.seeded_init,
+            spans=self.caps.spans,
         )
         self._last_sent = now
         return [Send(message=hello, frame=m.encode(hello))]
@@ -234,6 +239,7 @@ class ClientSession:
                 transfer=task.task_id,
                 rng=self.rng,
                 target_bytes=target,
+                spans=self.server_spans,
             )
         else:
             chunks = chunk_params(
@@ -243,6 +249,7 @@ class ClientSession:
                 transfer=task.task_id,
                 rng=self.rng,
                 target_bytes=target,
+                spans=self.server_spans,
             )
         result = m.Result(
             task_id=task.task_id,
@@ -305,6 +312,7 @@ class ClientSession:
         self.limits = msg.limits
         self._pacer = Pacer(msg.limits)
         self.heartbeat_interval = msg.heartbeat_interval
+        self.server_spans = msg.spans and self.caps.spans
         if self.pending is not None:
             self._send_pending()
 

@@ -70,6 +70,13 @@ class Codec(ABC):
     def encoded_size(self, shape: tuple[int, ...]) -> int:
         """The exact number of payload bytes ``encode`` produces for ``shape``."""
 
+    def payload_size(self, data: bytes | memoryview, shape: tuple[int, ...]) -> int:
+        """How many leading bytes of ``data`` are the encoding of a ``shape`` block:
+        how a chunk spanning several blocks is split (docs/protocol.md §5.3). The
+        encoder's parameters do not travel, so a codec whose size depends on them
+        (top-k's fraction) reads it from its header instead of ``encoded_size``."""
+        return self.encoded_size(shape)
+
     def __repr__(self) -> str:
         return f"<codec {self.name}>"
 

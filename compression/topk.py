@@ -78,6 +78,11 @@ class TopK(Codec):
     def encoded_size(self, shape: tuple[int, ...]) -> int:
         return self._size_for_k(kept(block_size(shape), self.fraction))
 
+    def payload_size(self, data: bytes | memoryview, shape: tuple[int, ...]) -> int:
+        if len(data) < _COUNT.size:
+            raise CodecError(f"{self.name}: payload of {len(data)} bytes has no count")
+        return self._size_for_k(_COUNT.unpack_from(data, 0)[0])
+
     def encode(self, x: np.ndarray, *, rng: np.random.Generator | None = None) -> bytes:
         flat = _as_block(x).reshape(-1)
         check_finite(flat, self.name)

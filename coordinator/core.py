@@ -83,6 +83,8 @@ class _Conn:
     delta_chain: int = 0
     #: the client builds version 0 from the job's init seed (from hello)
     seeded_init: bool = False
+    #: the client takes chunks spanning several blocks (from hello)
+    spans: bool = False
 
 
 @dataclass(slots=True)
@@ -205,7 +207,9 @@ class Coordinator:
         self._now = -math.inf
         self._orphans: dict[int, Task] = {}
         # (frame target, (version, transfer, chunks, frames)) of the current model.
-        self._model_cache: tuple[int, tuple[int, str, list[m.Chunk], list[bytes]]] | None = None
+        self._model_cache: (
+            tuple[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] | None
+        ) = None
         self._update_codec = int(get_codec(job.codecs.update).id)
         self.deltas = (
             DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
@@ -258,6 +262,7 @@ class Coordinator:
             and _codec_id(self.job.codecs.delta) in offered
         )
         conn.seeded_init = hello.seeded_init and self._v0_crc is not None
+        conn.spans = hello.spans
         self.conns[client_id] = conn
         self._order[client_id] = self._joined
         self._joined += 1
@@ -267,6 +272,7 @@ class Coordinator:
             resume_token=rec.resume_id,
             limits=limits,
             heartbeat_interval=self.job.lease.heartbeat_interval_s,
+            spans=True,
         )
         self._queue(conn, welcome)
         out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
@@ -750,6 +756,7 @@ class Coordinator:
                         v,
                         max_message_bytes=conn.limits.max_message_bytes,
                         target_bytes=conn.limits.frame_bytes,
+                        spans=conn.spans,
                     )
                 )
                 is not None
@@ -763,13 +770,14 @@ class Coordinator:
     def _model_chunks(self, conn: _Conn) -> tuple[int, str, list[m.Chunk], list[bytes]]:
         """The current model as chunks and frames, built once per version.
 
-        Frames are sized to the client's link (``LinkLimits.frame_bytes``); a client
-        on another link gets a re-chunked copy (rare: limits are per profile).
+        Frames are sized to the client's link (``LinkLimits.frame_bytes``) and span
+        blocks if it takes that; a client on another link, or one without spans, gets
+        a re-chunked copy (rare: limits are per profile, clients of one build alike).
         """
         v = self.model.version
         cache = self._model_cache
-        target = conn.limits.frame_bytes
-        if cache is not None and cache[1][0] == v and cache[0] == target:
+        key = (conn.limits.frame_bytes, conn.spans)
+        if cache is not None and cache[1][0] == v and cache[0] == key:
             return cache[1]
         transfer = f"model-{v}"
         chunks = chunk_params(
@@ -778,9 +786,10 @@ class Coordinator:
             codec=self.job.codecs.model,
             transfer=transfer,
             rng=self.codec_rng,
-            target_bytes=target,
+            target_bytes=key[0],
+            spans=conn.spans,
         )
-        self._model_cache = (target, (v, transfer, chunks, [m.encode(c) for c in chunks]))
+        self._model_cache = (key, (v, transfer, chunks, [m.encode(c) for c in chunks]))
         return self._model_cache[1]
 
     # -- model steps, evaluation, stop ---------------------------------------------

@@ -53,7 +53,7 @@ class DeltaServer:
         self.history = VersionHistory(config.delta_versions)
         self.rng = rng
         self._spec = spec
-        self._cache: dict[tuple[int, int, int | None], Delta] = {}
+        self._cache: dict[tuple[int, int, int | None, bool], Delta] = {}
 
     def served(self, version: int, params: Params) -> None:
         """``version`` is being sent to a client: keep a snapshot (once per version)."""
@@ -62,16 +62,23 @@ class DeltaServer:
             self._cache.clear()  # deltas to older versions are never sent again
 
     def delta(
-        self, held: int, version: int, *, max_message_bytes: int, target_bytes: int | None = None
+        self,
+        held: int,
+        version: int,
+        *,
+        max_message_bytes: int,
+        target_bytes: int | None = None,
+        spans: bool = False,
     ) -> Delta | None:
         """``version − held`` as chunks, or None when ``held`` is no longer kept.
 
         Call after ``served(version, ...)``. Cached per ``(held, version)`` and
-        frame size: every client holding ``held`` on the same link gets the same frames.
+        frame size and spans: every client holding ``held`` on the same link gets the
+        same frames.
         """
         if held >= version or held not in self.history or self.history.latest != version:
             return None
-        key = (held, version, target_bytes)
+        key = (held, version, target_bytes, spans)
         cached = self._cache.get(key)
         if cached is not None and max(map(len, cached.frames)) <= max_message_bytes:
             return cached
@@ -87,6 +94,7 @@ class DeltaServer:
             transfer=transfer,
             rng=self.rng,
             target_bytes=target_bytes,
+            spans=spans,
         )
         d = Delta(held, version, transfer, chunks, [m.encode(c) for c in chunks])
         self._cache[key] = d

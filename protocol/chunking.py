@@ -13,6 +13,12 @@ whose single row cannot fit ``max_message_bytes`` is a ValueError before
 anything is sent. Chunks
 come in layout order (layer 0 first), so a receiver can start early.
 
+With ``spans`` (a peer that said it takes them) a chunk with room left after the
+end of a block goes on into the next blocks: a :data:`Span` of pieces, each
+encoded alone and concatenated, ``chunk.blocks`` saying how many blocks it
+touches. A small model is then one frame instead of two per layer, which counts
+on links limited in messages per second and on servers paying per frame.
+
 The receiver's :class:`Reassembler` takes chunks in any order and rejects, with a
 ProtocolError, anything that does not fit: another transfer, a different total,
 a duplicate seq, rows outside the block or overlapping rows already received, an
@@ -32,7 +38,7 @@ from nn.params import Params
 from nn.spec import ModelSpec
 from protocol.checksum import crc32
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.messages import U32, Chunk, encode
+from protocol.messages import MAX_CHUNK_BLOCKS, U32, Chunk, encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +93,13 @@ def named_layout(arrays: Mapping[str, np.ndarray]) -> Layout:
     return tuple(Block(i, name, tuple(np.shape(a))) for i, (name, a) in enumerate(arrays.items()))
 
 
+#: The pieces one chunk carries, in layout order: one piece, or with spans the tail
+#: of a block, whole blocks, and the head of a block (``chunk.blocks`` = its length).
+Span = tuple[Piece, ...]
+
+
 @functools.lru_cache(maxsize=256)
-def _overhead_for(transfer_bytes: int, part: str) -> int:
+def _overhead_for(transfer_bytes: int, part: str, spans: bool = False) -> int:
     """Worst-case frame bytes of a chunk besides its payload (every int at max).
     Only the transfer id's length matters: msgpack sizes a str by its length."""
     probe = Chunk(
@@ -101,6 +112,7 @@ def _overhead_for(transfer_bytes: int, part: str) -> int:
         row_end=U32,
         codec=255,
         crc=U32,
+        blocks=MAX_CHUNK_BLOCKS if spans else 1,
         payload=b"",
     )
     return len(encode(probe)) - 2 + 5  # empty bin8 header -> worst bin32 header
@@ -113,23 +125,41 @@ def plan_chunks(
     codec: str | int = "fp32",
     transfer: str,
     target_bytes: int | None = None,
-) -> list[Piece]:
-    """The pieces (in send order) whose frames all fit ``max_message_bytes``, and
-    ``target_bytes`` too where one row does.
+    spans: bool = False,
+) -> list[Span]:
+    """The chunks (in send order, each as the pieces it carries) whose frames all
+    fit ``max_message_bytes``, and ``target_bytes`` too where one row does.
 
-    Raises ValueError when one row of a block cannot fit: a configuration error
-    to fix before anything is sent (raise the limit or use a smaller codec).
+    ``spans`` lets a chunk that has room left after the end of a block go on into
+    the next ones (only for a peer that said it takes them: ``hello.spans``,
+    ``welcome.spans``). Raises ValueError when one row of a block cannot fit: a
+    configuration error to fix before anything is sent (raise the limit or use a
+    smaller codec).
     """
     target = _target(max_message_bytes, target_bytes)
-    pieces = _plan(tuple(layout), max_message_bytes, codec, len(transfer.encode()), target)
-    if len(pieces) > 1 << 24:
-        raise ValueError(f"transfer {transfer!r}: {len(pieces)} chunks, more than 2**24")
-    return list(pieces)
+    plan = _plan(tuple(layout), max_message_bytes, codec, len(transfer.encode()), target, spans)
+    if len(plan) > 1 << 24:
+        raise ValueError(f"transfer {transfer!r}: {len(plan)} chunks, more than 2**24")
+    return list(plan)
 
 
 def _target(max_message_bytes: int, target_bytes: int | None) -> int | None:
     """A target at or above the hard limit changes nothing: one cache entry for both."""
     return None if target_bytes is None or target_bytes >= max_message_bytes else target_bytes
+
+
+def _rows_fitting(c: codecs.Codec, blk: Block, r0: int, budget: int) -> int:
+    """The most rows of ``blk`` from ``r0`` whose encoding fits ``budget`` (may be 0)."""
+    lo, hi = 0, blk.rows - r0
+    if c.encoded_size(blk.rows_shape(r0, r0 + hi)) <= budget:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if c.encoded_size(blk.rows_shape(r0, r0 + mid)) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,14 +169,13 @@ def _plan(
     codec: str | int,
     transfer_bytes: int,
     target_bytes: int | None,
-) -> tuple[Piece, ...]:
+    spans: bool = False,
+) -> tuple[Span, ...]:
     """The plan depends only on these, so every task of a job reuses one (the
     simulator plans hundreds of transfers per virtual second)."""
     c = codecs.get(codec)
-    pieces: list[Piece] = []
-    for blk in layout:
-        overhead = _overhead_for(transfer_bytes, blk.part)
-        budget = max_message_bytes - overhead
+    for blk in layout:  # every block first: a bad one fails before any chunk is planned
+        budget = max_message_bytes - _overhead_for(transfer_bytes, blk.part)
         one_row = c.encoded_size(blk.rows_shape(0, 1))
         if one_row > budget:
             raise ValueError(
@@ -155,22 +184,37 @@ def _plan(
                 f"more than the {budget} payload bytes a {max_message_bytes}-byte frame "
                 "allows; raise max_message_bytes or use a smaller codec"
             )
+    plan: list[Span] = []
+    i, r0 = 0, 0
+    while i < len(layout):
+        blk = layout[i]
+        overhead = _overhead_for(transfer_bytes, blk.part)
+        budget = max_message_bytes - overhead
         if target_bytes is not None:
+            one_row = c.encoded_size(blk.rows_shape(0, 1))
             budget = min(budget, max(one_row, target_bytes - overhead))
-        r0 = 0
-        while r0 < blk.rows:
-            lo, hi = 1, blk.rows - r0  # largest n in [lo, hi] that fits
-            if c.encoded_size(blk.rows_shape(r0, r0 + hi)) <= budget:
-                lo = hi
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if c.encoded_size(blk.rows_shape(r0, r0 + mid)) <= budget:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            pieces.append(Piece(blk, r0, r0 + lo))
-            r0 += lo
-    return tuple(pieces)
+        n = max(1, _rows_fitting(c, blk, r0, budget))
+        span = [Piece(blk, r0, r0 + n)]
+        budget -= c.encoded_size(blk.rows_shape(r0, r0 + n))
+        r0 += n
+        if r0 == blk.rows:
+            i, r0 = i + 1, 0
+            # going on costs the ``blocks`` key, so a chunk that stays in its block
+            # is planned exactly as without spans (and spans never need more chunks)
+            budget -= _overhead_for(transfer_bytes, blk.part, True) - overhead
+            while spans and i < len(layout) and len(span) < MAX_CHUNK_BLOCKS:
+                nxt = layout[i]
+                n = _rows_fitting(c, nxt, 0, budget)
+                if n == 0:
+                    break
+                span.append(Piece(nxt, 0, n))
+                budget -= c.encoded_size(nxt.rows_shape(0, n))
+                if n < nxt.rows:
+                    r0 = n
+                    break
+                i += 1
+        plan.append(tuple(span))
+    return tuple(plan)
 
 
 def _payload(c: codecs.Codec, block: np.ndarray, rng: np.random.Generator | None) -> bytes:
@@ -189,6 +233,7 @@ def iter_chunks(
     rng: np.random.Generator | None = None,
     copy: bool = True,
     target_bytes: int | None = None,
+    spans: bool = False,
 ) -> Iterator[Chunk]:
     """Chunks of ``arrays`` (one per layout block). ``copy=False`` lets fp32
     payloads be views into ``arrays``: encode each chunk before the arrays change."""
@@ -202,19 +247,21 @@ def iter_chunks(
             )
     c = codecs.get(codec)
     index = {blk.key: a for blk, a in zip(layout, arrays, strict=True)}
-    pieces = plan_chunks(
+    plan = plan_chunks(
         layout,
         max_message_bytes=max_message_bytes,
         codec=codec,
         transfer=transfer,
         target_bytes=target_bytes,
+        spans=spans,
     )
-    for seq, p in enumerate(pieces):
-        payload = _payload(c, index[p.block.key][p.row_start : p.row_end], rng)
+    for seq, span in enumerate(plan):
+        parts = [_payload(c, index[p.block.key][p.row_start : p.row_end], rng) for p in span]
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
         if copy and isinstance(payload, memoryview):
             payload = payload.tobytes()
         yield piece_chunk(
-            p, seq=seq, total=len(pieces), codec=c, transfer=transfer, payload=payload
+            span, seq=seq, total=len(plan), codec=c, transfer=transfer, payload=payload
         )
 
 
@@ -222,9 +269,10 @@ _TRANSFER_CHECK = Chunk.SCHEMA["transfer"]
 
 
 def piece_chunk(
-    p: Piece, *, seq: int, total: int, codec: codecs.Codec, transfer: str, payload: bytes
+    span: Span, *, seq: int, total: int, codec: codecs.Codec, transfer: str, payload: bytes
 ) -> Chunk:
-    """The chunk message that carries ``payload`` (piece ``p`` encoded by ``codec``).
+    """The chunk message that carries ``payload`` (the pieces of ``span``, each
+    encoded by ``codec``, concatenated).
 
     Every field but ``transfer`` comes from a plan or is computed here, so only
     that one is checked; the rest skip the per-field checks (``Message.trusted``).
@@ -233,16 +281,18 @@ def piece_chunk(
         _TRANSFER_CHECK(transfer, "chunk.transfer")
     except ProtocolError as exc:
         raise ValueError(exc.message) from None
+    first, last = span[0], span[-1]
     return Chunk.trusted(
         transfer=transfer,
         seq=seq,
         total=total,
-        layer=p.block.layer,
-        part=p.block.part,
-        row_start=p.row_start,
-        row_end=p.row_end,
+        layer=first.block.layer,
+        part=first.block.part,
+        row_start=first.row_start,
+        row_end=last.row_end,
         codec=int(codec.id),
         crc=crc32(payload),
+        blocks=len(span),
         payload=payload,
     )
 
@@ -259,21 +309,28 @@ def _params_plan(
     codec: str | int,
     transfer_bytes: int,
     target_bytes: int | None,
-) -> tuple[tuple[Piece, int, int, tuple[int, ...]], ...]:
-    """``plan_chunks`` of ``params_layout(spec)`` with each piece's span in the flat
-    Params buffer and its rows' shape: everything chunking a model needs that does
-    not depend on its values (a coordinator chunks a new version per result)."""
+    spans: bool = False,
+) -> tuple[tuple[Span, int, int, tuple[tuple[int, int, tuple[int, ...]], ...]], ...]:
+    """``plan_chunks`` of ``params_layout(spec)`` with each chunk's range ``[a, b)``
+    in the flat Params buffer (a span's pieces are adjacent there) and each piece's
+    own range and rows' shape: everything chunking a model needs that does not
+    depend on its values (a coordinator chunks a new version per result)."""
     offsets = spec.layer_offsets()
     out = []
-    for p in _plan(params_layout(spec), max_message_bytes, codec, transfer_bytes, target_bytes):
-        blk = p.block
-        w0, b0, _ = offsets[blk.layer]
-        if blk.part == "W":
-            cols = blk.shape[1]
-            a, b = w0 + p.row_start * cols, w0 + p.row_end * cols
-        else:
-            a, b = b0 + p.row_start, b0 + p.row_end
-        out.append((p, a, b, blk.rows_shape(p.row_start, p.row_end)))
+    for span in _plan(
+        params_layout(spec), max_message_bytes, codec, transfer_bytes, target_bytes, spans
+    ):
+        pieces = []
+        for p in span:
+            blk = p.block
+            w0, b0, _ = offsets[blk.layer]
+            if blk.part == "W":
+                cols = blk.shape[1]
+                a, b = w0 + p.row_start * cols, w0 + p.row_end * cols
+            else:
+                a, b = b0 + p.row_start, b0 + p.row_end
+            pieces.append((a, b, blk.rows_shape(p.row_start, p.row_end)))
+        out.append((span, pieces[0][0], pieces[-1][1], tuple(pieces)))
     return tuple(out)
 
 
@@ -285,25 +342,31 @@ def chunk_params(
     transfer: str,
     rng: np.random.Generator | None = None,
     target_bytes: int | None = None,
+    spans: bool = False,
 ) -> list[Chunk]:
     """A model or a delta as chunks, layer 0 first (payloads are copies).
 
     The same chunks as ``iter_chunks`` over ``params_arrays``, from a cached plan
-    of flat-buffer spans (tests/protocol/test_chunking.py holds them equal)."""
+    of flat-buffer ranges (tests/protocol/test_chunking.py holds them equal)."""
     c = codecs.get(codec)
     target = _target(max_message_bytes, target_bytes)
-    plan = _params_plan(params.spec, max_message_bytes, codec, len(transfer.encode()), target)
+    plan = _params_plan(
+        params.spec, max_message_bytes, codec, len(transfer.encode()), target, spans
+    )
     if len(plan) > 1 << 24:
         raise ValueError(f"transfer {transfer!r}: {len(plan)} chunks, more than 2**24")
     data = params.data
     raw = c.id == codecs.CodecId.FP32 and data.dtype == np.dtype("<f4")
     total = len(plan)
     out = []
-    for seq, (p, a, b, shape) in enumerate(plan):
-        block = data[a:b]
-        payload = block.tobytes() if raw else c.encode(block.reshape(shape), rng=rng)
+    for seq, (span, a, b, pieces) in enumerate(plan):
+        if raw:
+            payload = data[a:b].tobytes()
+        else:
+            parts = [c.encode(data[pa:pb].reshape(shape), rng=rng) for pa, pb, shape in pieces]
+            payload = parts[0] if len(parts) == 1 else b"".join(parts)
         out.append(
-            piece_chunk(p, seq=seq, total=total, codec=c, transfer=transfer, payload=payload)
+            piece_chunk(span, seq=seq, total=total, codec=c, transfer=transfer, payload=payload)
         )
     return out
 
@@ -316,6 +379,7 @@ def encode_params(
     transfer: str,
     rng: np.random.Generator | None = None,
     target_bytes: int | None = None,
+    spans: bool = False,
 ) -> list[bytes]:
     """Frames of ``chunk_params``: the fast path, one copy of the data in all."""
     arrays = params_arrays(params)
@@ -328,6 +392,7 @@ def encode_params(
         rng=rng,
         copy=False,
         target_bytes=target_bytes,
+        spans=spans,
     )
     return [encode(ch) for ch in chunks]
 
@@ -340,6 +405,7 @@ def chunk_named(
     transfer: str,
     rng: np.random.Generator | None = None,
     target_bytes: int | None = None,
+    spans: bool = False,
 ) -> list[Chunk]:
     """Any named set of float32 1-D/2-D arrays as chunks (see ``named_layout``)."""
     return list(
@@ -351,6 +417,7 @@ def chunk_named(
             transfer=transfer,
             rng=rng,
             target_bytes=target_bytes,
+            spans=spans,
         )
     )
 
@@ -397,6 +464,7 @@ class Reassembler:
         self._blocks = {
             b.key: (b, v, self._have[b.key]) for b, v in zip(self.layout, views, strict=True)
         }
+        self._index = {b.key: i for i, b in enumerate(self.layout)}
         self._seqs: set[int] = set()
         self._rows_total = self._rows_left = sum(b.rows for b in self.layout)
         if total is not None and not 1 <= total <= self._rows_total:
@@ -445,39 +513,74 @@ class Reassembler:
             )
         if chunk.seq in self._seqs:
             raise ProtocolError(ErrorCode.DUPLICATE, f"{_where(chunk)}: seq received twice")
-        entry = self._blocks.get((chunk.layer, chunk.part))
-        if entry is None:
+        first = self._index.get((chunk.layer, chunk.part))
+        if first is None:
             raise ProtocolError(
                 ErrorCode.BAD_CHUNK,
                 f"{_where(chunk)}: no block (layer {chunk.layer}, {chunk.part!r})",
             )
-        blk, target, have = entry
-        r0, r1 = chunk.row_start, chunk.row_end
-        if r1 > blk.shape[0]:
+        k = chunk.blocks
+        if first + k > len(self.layout):
             raise ProtocolError(
                 ErrorCode.BAD_CHUNK,
-                f"{_where(chunk)}: rows [{r0}, {r1}) out of range for block "
-                f"({blk.layer}, {blk.part!r}) with {blk.rows} rows",
+                f"{_where(chunk)}: spans {k} blocks from ({chunk.layer}, {chunk.part!r}), "
+                f"the layout has {len(self.layout) - first} from there",
             )
-        if have.find(1, r0, r1) >= 0:
-            raise ProtocolError(
-                ErrorCode.CONFLICT,
-                f"{_where(chunk)}: rows [{r0}, {r1}) overlap rows already received",
-            )
+        pieces = []
+        for j in range(k):
+            blk = self.layout[first + j]
+            r0 = chunk.row_start if j == 0 else 0
+            r1 = chunk.row_end if j == k - 1 else blk.rows
+            if r1 > blk.rows or r0 >= r1:
+                raise ProtocolError(
+                    ErrorCode.BAD_CHUNK,
+                    f"{_where(chunk)}: rows [{r0}, {r1}) out of range for block "
+                    f"({blk.layer}, {blk.part!r}) with {blk.rows} rows",
+                )
+            if self._blocks[blk.key][2].find(1, r0, r1) >= 0:
+                raise ProtocolError(
+                    ErrorCode.CONFLICT,
+                    f"{_where(chunk)}: rows [{r0}, {r1}) of block ({blk.layer}, {blk.part!r}) "
+                    "overlap rows already received",
+                )
+            pieces.append((blk, r0, r1))
         try:
             codec = codecs.get(chunk.codec)
         except codecs.CodecError as exc:
             raise ProtocolError(ErrorCode.BAD_CHUNK, f"{_where(chunk)}: {exc}") from None
         if crc32(chunk.payload) != chunk.crc:
             raise ProtocolError(ErrorCode.CHECKSUM, f"{_where(chunk)}: crc32 mismatch")
+        payload = chunk.payload
+        if k > 1:  # split at each piece's size (the codec may read it from its header)
+            view, at, slices = memoryview(payload), 0, []
+            try:
+                for blk, r0, r1 in pieces:
+                    size = codec.payload_size(view[at:], blk.rows_shape(r0, r1))
+                    slices.append(view[at : at + size])
+                    at += size
+            except codecs.CodecError as exc:
+                raise ProtocolError(ErrorCode.BAD_CHUNK, f"{_where(chunk)}: {exc}") from None
+            if at != len(payload):
+                raise ProtocolError(
+                    ErrorCode.BAD_CHUNK,
+                    f"{_where(chunk)}: payload of {len(payload)} bytes, its {k} pieces "
+                    f"encode to {at} with codec {codec.name}",
+                )
+        else:
+            slices = [payload]
         try:
-            values = codec.decode(chunk.payload, (r1 - r0, *blk.shape[1:]))
+            values = [
+                codec.decode(data, blk.rows_shape(r0, r1))
+                for data, (blk, r0, r1) in zip(slices, pieces, strict=True)
+            ]
         except codecs.CodecError as exc:
             raise ProtocolError(ErrorCode.BAD_CHUNK, f"{_where(chunk)}: {exc}") from None
-        target[r0:r1] = values
-        have[r0:r1] = b"\x01" * (r1 - r0)
+        for v, (blk, r0, r1) in zip(values, pieces, strict=True):
+            _, target, have = self._blocks[blk.key]
+            target[r0:r1] = v
+            have[r0:r1] = b"\x01" * (r1 - r0)
+            self._rows_left -= r1 - r0
         self._seqs.add(chunk.seq)
-        self._rows_left -= r1 - r0
 
     @property
     def received(self) -> int:

@@ -30,26 +30,31 @@ def feedback_chunks(
     transfer: str,
     rng: np.random.Generator | None = None,
     target_bytes: int | None = None,
+    spans: bool = False,
 ) -> list[Chunk]:
     """``delta`` as chunks in ``feedback.codec``, each carrying its rows' residual."""
     codec = feedback.codec
     layout = params_layout(delta.spec)
     arrays = {blk.key: a for blk, a in zip(layout, params_arrays(delta), strict=True)}
-    pieces = plan_chunks(
+    plan = plan_chunks(
         layout,
         max_message_bytes=max_message_bytes,
         codec=codec.name,
         transfer=transfer,
         target_bytes=target_bytes,
+        spans=spans,
     )
     out: list[Chunk] = []
-    for seq, p in enumerate(pieces):
-        rows = np.ascontiguousarray(arrays[p.block.key][p.row_start : p.row_end])
-        key = (p.block.layer, p.block.part, p.row_start, p.row_end)
-        payload = feedback.encode(key, rows, rng=rng)
+    for seq, span in enumerate(plan):
+        parts = []
+        for p in span:
+            rows = np.ascontiguousarray(arrays[p.block.key][p.row_start : p.row_end])
+            key = (p.block.layer, p.block.part, p.row_start, p.row_end)
+            parts.append(feedback.encode(key, rows, rng=rng))
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
         out.append(
             piece_chunk(
-                p, seq=seq, total=len(pieces), codec=codec, transfer=transfer, payload=payload
+                span, seq=seq, total=len(plan), codec=codec, transfer=transfer, payload=payload
             )
         )
     return out

@@ -35,6 +35,8 @@ FLAT_MAP_MIN_BYTES = 128 * 1024
 
 U32 = 2**32 - 1
 I64 = 2**63 - 1
+#: Most blocks one chunk may span (``chunk.blocks``): 2 per layer, 65536 layers.
+MAX_CHUNK_BLOCKS = 1 << 17
 U64 = 2**64 - 1
 
 
@@ -330,7 +332,8 @@ class Message:
 class Hello(Message):
     """Client -> server, first frame: who I am and what link I ask for.
     ``deltas``: this client applies ``task.delta_base`` downloads. ``seeded_init``:
-    it builds version 0 itself from ``task.init_seed`` (docs/protocol.md §4.3)."""
+    it builds version 0 itself from ``task.init_seed`` (docs/protocol.md §3.3).
+    ``spans``: it takes chunks that span several blocks (``chunk.blocks`` > 1, §5.3)."""
 
     TYPE: ClassVar[str] = "hello"
     version: int = PROTOCOL_VERSION
@@ -345,6 +348,7 @@ class Hello(Message):
     resume: str | None = None
     deltas: bool = False
     seeded_init: bool = False
+    spans: bool = False
 
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
@@ -359,12 +363,14 @@ class Hello(Message):
         "resume": _opt(_str(128)),
         "deltas": _bool,
         "seeded_init": _bool,
+        "spans": _bool,
     }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Welcome(Message):
-    """Server -> client answer to hello: the session and the limits it granted."""
+    """Server -> client answer to hello: the session and the limits it granted.
+    ``spans``: the server takes result chunks that span several blocks (§5.3)."""
 
     TYPE: ClassVar[str] = "welcome"
     version: int = PROTOCOL_VERSION
@@ -372,6 +378,7 @@ class Welcome(Message):
     resume_token: str = ""
     limits: LinkLimits
     heartbeat_interval: float = 5.0
+    spans: bool = False
 
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
@@ -379,6 +386,7 @@ class Welcome(Message):
         "resume_token": _str(128),
         "limits": _limits,
         "heartbeat_interval": _float(0.001, 3600.0),
+        "spans": _bool,
     }
 
 
@@ -538,6 +546,11 @@ class Result(Message):
 class Chunk(Message):
     """Rows ``[row_start, row_end)`` of block ``(layer, part)`` of a transfer,
     encoded by codec ``codec`` (wire id); ``crc`` is the CRC-32 of ``payload``.
+    With ``blocks`` = k > 1 the chunk runs on through the next k − 1 blocks of the
+    layout: rows ``[row_start, end)`` of the first, the middle ones whole, rows
+    ``[0, row_end)`` of the last, each encoded alone and concatenated (a small
+    model is one frame instead of one per block). ``blocks`` is left off the wire
+    when 1, so such frames are what a peer without spans knows.
     See docs/protocol.md §5 and protocol.chunking."""
 
     TYPE: ClassVar[str] = "chunk"
@@ -550,6 +563,7 @@ class Chunk(Message):
     row_end: int
     codec: int = 0
     crc: int
+    blocks: int = 1
     payload: bytes | memoryview
 
     SCHEMA: ClassVar[dict[str, Check]] = {
@@ -562,14 +576,21 @@ class Chunk(Message):
         "row_end": _int(1, U32),
         "codec": _int(0, 255),
         "crc": _int(0, U32),
+        "blocks": _int(1, MAX_CHUNK_BLOCKS),
         "payload": _bytes,
     }
 
     def _cross(self) -> None:
         if self.seq >= self.total:
             raise _bad("chunk.seq", f"< total ({self.total})", self.seq)
-        if self.row_end <= self.row_start:
+        if self.blocks == 1 and self.row_end <= self.row_start:
             raise _bad("chunk.row_end", f"> row_start ({self.row_start})", self.row_end)
+
+    def to_wire(self) -> dict[str, Any]:
+        out = Message.to_wire(self)
+        if self.blocks == 1:
+            del out["blocks"]
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -694,9 +715,11 @@ def _encode_chunk(msg: Chunk) -> bytes:
         "codec": msg.codec,
         "crc": msg.crc,
     }
+    if msg.blocks != 1:
+        wire["blocks"] = msg.blocks
     payload = msg.payload
     head = bytearray(msgpack.packb(wire, use_bin_type=True))
-    head[0] += 1  # a fixmap of 10 entries: the payload makes 11
+    head[0] += 1  # a fixmap of 10 (11 with blocks) entries: the payload makes one more
     return b"".join((head, _PAYLOAD_KEY, _bin_header(len(payload)), payload))
 
 

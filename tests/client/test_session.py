@@ -19,8 +19,12 @@ SPEC = ModelSpec(widths=(8, 6, 3))
 LAN = PROFILES["lan"]
 
 
-def welcome(token: str = "tok", limits: LinkLimits = LAN, hb: float = 5.0) -> m.Welcome:
-    return m.Welcome(session_id="s", resume_token=token, limits=limits, heartbeat_interval=hb)
+def welcome(
+    token: str = "tok", limits: LinkLimits = LAN, hb: float = 5.0, spans: bool = False
+) -> m.Welcome:
+    return m.Welcome(
+        session_id="s", resume_token=token, limits=limits, heartbeat_interval=hb, spans=spans
+    )
 
 
 def task_with_model(task_id: str, version: int, params: Params) -> list[m.Message]:
@@ -190,3 +194,32 @@ def test_a_different_version_zero_stops_the_client_instead_of_training_on_it() -
 def test_a_client_may_leave_seeded_init_off() -> None:
     (hello,) = ClientSession("bob", Capabilities(seeded_init=False), seed=0).start(0.0)
     assert hello.message.seeded_init is False
+
+
+@pytest.mark.parametrize(("caps", "server", "frames"), [(True, True, 1), (True, False, 4),
+                                                       (False, True, 4)])  # fmt: skip
+def test_result_chunks_span_blocks_only_when_both_sides_said_so(caps, server, frames) -> None:
+    s = ClientSession("alice", Capabilities(flops=2e9, spans=caps), seed=0)
+    (hello,) = s.start(0.0)
+    assert hello.message.spans is caps
+    s.receive(welcome(spans=server), 0.1)
+    (req,) = [a for a in feed(s, task_with_model("7", 3, SPEC.init_params(1)), 1.0)
+              if isinstance(a, ComputeRequest)]  # fmt: skip
+    update = np.linspace(-1, 1, SPEC.num_params).astype(np.float32)
+    res, *chunks = sends(s.compute_done(req.request_id, update, 2.0))
+    assert res.num_chunks == len(chunks) == frames  # SPEC has 2 layers: 4 blocks
+    re = Reassembler.for_params(SPEC, transfer="7", total=res.num_chunks)
+    for c in chunks:
+        re.add(m.decode(m.encode(c)))
+    assert np.array_equal(re.params().data, update)
+
+
+def test_a_spanning_model_download_is_reassembled() -> None:
+    s = ready_session()
+    model = SPEC.init_params(2)
+    chunks = chunk_params(model, max_message_bytes=1024, transfer="model-4", spans=True)
+    assert len(chunks) == 1
+    t = m.Task(task_id="9", model_version=4, spec=SPEC, dataset="digits#0",
+               model_transfer="model-4", num_chunks=1)  # fmt: skip
+    (req,) = [a for a in feed(s, [t, *chunks], 1.0) if isinstance(a, ComputeRequest)]
+    assert req.params.array_equal(model)

@@ -65,7 +65,11 @@ def task_of(outputs: list[ev.Output], client_id: str) -> m.Task:
 
 
 def result_messages(
-    task: m.Task, update: np.ndarray | None = None, *, version: int | None = None
+    task: m.Task,
+    update: np.ndarray | None = None,
+    *,
+    version: int | None = None,
+    spans: bool = False,
 ) -> list[m.Message]:
     """What a client sends for ``task``: a result and the update's chunks."""
     spec = task.spec
@@ -75,6 +79,7 @@ def result_messages(
         Params.from_flat(spec, update.astype(np.float32)),
         max_message_bytes=1 << 20,
         transfer=task.task_id,
+        spans=spans,
     )
     res = m.Result(
         task_id=task.task_id,

@@ -475,3 +475,23 @@ def test_seeded_task_fields_are_checked(fields: dict) -> None:
     base = {"task_id": "1", "model_version": 0, "spec": make_job().spec, "dataset": "d"}
     with pytest.raises(ValueError, match="init_"):
         m.Task(**{**base, **fields})
+
+
+def test_spans_are_negotiated_per_client() -> None:
+    core = make_core()
+    n_blocks = 2 * core.job.spec.num_layers
+    out = core.connect("a", hello("a", spans=True), 0.0)
+    (welcome,) = sent(out, "a", m.Welcome)
+    assert welcome.spans  # this server takes spanning result chunks
+    task = task_of(out, "a")
+    spanned = sent(out, "a", m.Chunk)
+    assert task.num_chunks == len(spanned) < n_blocks and spanned[0].blocks > 1
+    # a client without the flag, in the same job, gets one block per chunk
+    plain_out = core.connect("b", hello("b"), 0.5)
+    plain = sent(plain_out, "b", m.Chunk)
+    assert len(plain) >= n_blocks and all(c.blocks == 1 for c in plain)
+    assert b"blocks" not in m.encode(plain[0])
+    # both rebuild the same model; the spanning result is applied like any other
+    out = deliver(core, "a", result_messages(task, spans=True), 1.0)
+    assert acks(out, "a") == [(task.task_id, True, "")]
+    assert len(result_messages(task, spans=True)) == 2  # the result and one chunk

@@ -1,5 +1,6 @@
 import random
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -201,16 +202,19 @@ block_st = st.tuples(st.integers(1, 40), st.one_of(st.none(), st.integers(1, 300
     st.lists(block_st, min_size=1, max_size=4),
     st.integers(1024, 6000),
     st.integers(0, 2**32 - 1),
+    st.booleans(),
 )
-def test_chunk_shuffle_reassemble_is_exact_within_the_limit(shapes, limit, seed):
+def test_chunk_shuffle_reassemble_is_exact_within_the_limit(shapes, limit, seed, spans):
     rng = np.random.default_rng(seed)
     arrays = {f"a{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     row_bytes = max(4 * (s[1] if len(s) > 1 else 1) for s in shapes)
     try:
-        chunks = chunk_named(arrays, max_message_bytes=limit, transfer="t")
+        chunks = chunk_named(arrays, max_message_bytes=limit, transfer="t", spans=spans)
     except ValueError:
         assert row_bytes > limit - 150  # only when one row cannot fit
         return
+    if not spans:
+        assert all(c.blocks == 1 for c in chunks)
     frames = [encode(c) for c in chunks]
     assert all(len(f) <= limit for f in frames)
     random.Random(seed).shuffle(frames)
@@ -266,8 +270,9 @@ def test_reassembler_can_fill_a_reused_buffer():
     codec=st.sampled_from(["fp32", "fp16", "int8", "topk:0.25+int8"]),
     seed=st.integers(0, 2**16),
     target=st.one_of(st.none(), st.integers(1024, 6000)),
+    spans=st.booleans(),
 )
-def test_chunk_params_equals_iter_chunks_over_the_layout(widths, limit, codec, seed, target):
+def test_chunk_params_equals_iter_chunks_over_the_layout(widths, limit, codec, seed, target, spans):
     """chunk_params takes a cached plan of flat-buffer spans; it must give the
     same chunks (and draw the codec's rng the same way) as the general path."""
     spec = ModelSpec(widths=tuple(widths), loss="mse")
@@ -276,7 +281,7 @@ def test_chunk_params_equals_iter_chunks_over_the_layout(widths, limit, codec, s
     try:
         fast = chunk_params(
             p, max_message_bytes=limit, codec=codec, transfer="t-1",
-            rng=np.random.default_rng(seed), target_bytes=target,
+            rng=np.random.default_rng(seed), target_bytes=target, spans=spans,
         )  # fmt: skip
     except ValueError:
         with pytest.raises(ValueError):
@@ -291,6 +296,7 @@ def test_chunk_params_equals_iter_chunks_over_the_layout(widths, limit, codec, s
             transfer="t-1",
             rng=np.random.default_rng(seed),
             target_bytes=target,
+            spans=spans,
         )
     )
     assert [encode(c) for c in fast] == [encode(c) for c in slow]
@@ -301,19 +307,26 @@ def test_chunk_params_equals_iter_chunks_over_the_layout(widths, limit, codec, s
     st.lists(block_st, min_size=1, max_size=4),
     st.integers(1024, 4000),
     st.integers(4000, 20000),
+    st.booleans(),
 )
-def test_target_bytes_bounds_frames_except_single_rows(shapes, target, limit):
+def test_target_bytes_bounds_frames_except_single_rows(shapes, target, limit, spans):
     arrays = {f"a{i}": np.ones(s, dtype=np.float32) for i, s in enumerate(shapes)}
     try:
-        chunks = chunk_named(arrays, max_message_bytes=limit, transfer="t", target_bytes=target)
+        chunks = chunk_named(
+            arrays, max_message_bytes=limit, transfer="t", target_bytes=target, spans=spans
+        )
     except ValueError:
         return  # one row above the hard limit: covered by the test above
     for c in chunks:
         n = len(encode(c))
         assert n <= limit
-        assert n <= target or c.row_end - c.row_start == 1  # a row over the target goes alone
-    untargeted = chunk_named(arrays, max_message_bytes=limit, transfer="t")
+        # a row over the target goes alone
+        assert n <= target or (c.blocks == 1 and c.row_end - c.row_start == 1)
+    untargeted = chunk_named(arrays, max_message_bytes=limit, transfer="t", spans=spans)
     assert len(chunks) >= len(untargeted)
+    if spans:  # never more frames than without spans
+        plain = chunk_named(arrays, max_message_bytes=limit, transfer="t", target_bytes=target)
+        assert len(chunks) <= len(plain)
 
 
 def test_a_large_model_on_a_roblox_link_goes_in_frames_of_one_burst():
@@ -335,3 +348,98 @@ def test_trusted_chunks_equal_checked_ones_and_transfer_is_still_checked():
         assert checked == c and encode(checked) == encode(c)
     with pytest.raises(ValueError, match=r"chunk\.transfer"):
         chunk_params(p, max_message_bytes=8192, transfer="")
+
+
+# -- chunks spanning blocks (docs/protocol.md §5.3) ---------------------------------------
+
+
+def test_a_small_model_with_spans_is_one_frame():
+    p = _params("small", seed=4)
+    plain = chunk_params(p, max_message_bytes=1 << 16, transfer="m")
+    spanned = chunk_params(p, max_message_bytes=1 << 16, transfer="m", spans=True)
+    assert len(plain) == 2 * p.spec.num_layers and len(spanned) == 1
+    (c,) = spanned
+    assert (c.layer, c.part, c.row_start, c.blocks) == (0, "W", 0, 2 * p.spec.num_layers)
+    assert c.row_end == p.spec.widths[-1]  # the last block (the output biases) ends it
+    assert bytes(c.payload) == p.data.tobytes()  # fp32 pieces are adjacent in the buffer
+    r = Reassembler.for_params(p.spec, transfer="m", total=1)
+    r.add(decode(encode(c)))
+    assert r.params().array_equal(p)
+
+
+def test_spans_fill_each_frame_before_starting_the_next():
+    p = _params("medium", seed=5)
+    limit = 6000
+    chunks = chunk_params(p, max_message_bytes=limit, transfer="m", spans=True)
+    frames = [encode(c) for c in chunks]
+    assert all(len(f) <= limit for f in frames)
+    assert any(c.blocks > 1 for c in chunks) and any(c.row_start > 0 for c in chunks)
+    # greedy: every frame but the last lacks room for the next row (a W row is 128 floats)
+    assert all(len(f) > limit - 24 - 4 * 128 for f in frames[:-1])
+    assert len(chunks) < len(chunk_params(p, max_message_bytes=limit, transfer="m"))
+    r = Reassembler.for_params(p.spec, transfer="m", total=len(chunks))
+    for f in reversed(frames):
+        r.add(decode(f))
+    assert r.params().array_equal(p)
+
+
+def test_frames_without_spans_never_carry_the_blocks_key():
+    p = _params("small")
+    for c in chunk_params(p, max_message_bytes=300, transfer="m"):
+        assert b"blocks" not in encode(c)
+    (c,) = chunk_params(p, max_message_bytes=1 << 16, transfer="m", spans=True)
+    assert decode(encode(c)).blocks == c.blocks > 1
+
+
+def _spanning_chunk(**change):
+    p = _params("tiny", seed=6)
+    (c,) = chunk_params(p, max_message_bytes=4096, transfer="m", spans=True)
+    fields = {name: getattr(c, name) for name in Chunk.SCHEMA}
+    fields.update(change)
+    if "payload" in change:
+        fields["crc"] = crc32(fields["payload"])
+    return p.spec, c, Chunk(**fields)
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "text"),
+    [
+        ({"blocks": 9}, ErrorCode.BAD_CHUNK, "spans 9 blocks"),
+        ({"row_end": 4}, ErrorCode.BAD_CHUNK, "out of range"),
+        ({"row_start": 5}, ErrorCode.BAD_CHUNK, "out of range"),
+        ({"payload": b"\0" * 428}, ErrorCode.BAD_CHUNK, "encode to 432"),
+        ({"layer": 1, "blocks": 6, "row_end": 3}, ErrorCode.BAD_CHUNK, "payload of 432"),
+    ],
+)
+def test_reassembler_rejects_bad_spanning_chunks(change, code, text):
+    spec, good, bad = _spanning_chunk(**change)
+    r = Reassembler.for_params(spec, transfer="m", total=1)
+    with pytest.raises(ProtocolError) as info:
+        r.add(bad)
+    assert info.value.code == code and text in info.value.message
+    r.add(good)  # the refused chunk changed nothing
+    assert r.done
+
+
+def test_a_spanning_chunk_that_overlaps_a_later_block_is_a_conflict():
+    p = _params("tiny", seed=7)
+    single = chunk_params(p, max_message_bytes=4096, transfer="m")
+    (whole,) = chunk_params(p, max_message_bytes=4096, transfer="m", spans=True)
+    r = Reassembler.for_params(p.spec, transfer="m", total=len(single))
+    r.add(single[3])  # block (1, "b")
+    with pytest.raises(ProtocolError) as info:
+        r.add(Chunk(**{**{n: getattr(whole, n) for n in Chunk.SCHEMA}, "total": len(single)}))
+    assert info.value.code == ErrorCode.CONFLICT and "(1, 'b')" in info.value.message
+    assert r.missing()[0] == (0, "W", 0, 5)  # nothing of the refused chunk was kept
+
+
+def test_blocks_field_is_checked_on_the_wire():
+    _, c, _ = _spanning_chunk()
+    wire = c.to_wire()
+    for bad in (0, -1, "2", 1 << 20):
+        with pytest.raises(ProtocolError) as info:
+            decode(msgpack.packb({**wire, "blocks": bad}))
+        assert "chunk.blocks" in info.value.message
+    # one block keeps the single-block rule: row_end must pass row_start
+    with pytest.raises(ProtocolError, match=r"chunk\.row_end"):
+        decode(msgpack.packb({**wire, "blocks": 1, "row_start": 3, "row_end": 2}))

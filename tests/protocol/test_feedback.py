@@ -29,15 +29,20 @@ def reassemble(chunks) -> np.ndarray:
     limit=st.sampled_from([1024, 1200, 1 << 20]),
     seed=st.integers(0, 2**32 - 1),
     rounds=st.integers(1, 4),
+    spans=st.booleans(),
 )
-def test_sent_plus_owed_is_everything(codec: str, limit: int, seed: int, rounds: int) -> None:
+def test_sent_plus_owed_is_everything(
+    codec: str, limit: int, seed: int, rounds: int, spans: bool
+) -> None:
     rng = np.random.default_rng(seed)
     ef = ErrorFeedback(get(codec))
     total = np.zeros(SPEC.num_params, np.float32)
     sent = np.zeros(SPEC.num_params, np.float32)
     for i in range(rounds):
         delta = Params.from_flat(SPEC, rng.normal(0, 1, SPEC.num_params).astype(np.float32))
-        chunks = feedback_chunks(delta, ef, max_message_bytes=limit, transfer=f"t{i}", rng=rng)
+        chunks = feedback_chunks(
+            delta, ef, max_message_bytes=limit, transfer=f"t{i}", rng=rng, spans=spans
+        )
         assert all(c.codec == int(get(codec).id) for c in chunks)
         assert all(len(c.payload) <= limit for c in chunks)
         sent += reassemble(chunks)
@@ -52,13 +57,16 @@ def test_sent_plus_owed_is_everything(codec: str, limit: int, seed: int, rounds:
         assert len(ef) == 0
 
 
-def test_first_round_matches_plain_chunking() -> None:
+@pytest.mark.parametrize("spans", [False, True])
+def test_first_round_matches_plain_chunking(spans: bool) -> None:
     """With nothing owed yet, feedback changes nothing on the wire."""
     delta = Params.from_flat(SPEC, np.linspace(-1, 1, SPEC.num_params, dtype=np.float32))
     ef = ErrorFeedback(get("topk:0.1+int8"))
-    a = feedback_chunks(delta, ef, max_message_bytes=1024, transfer="t")
-    b = chunk_params(delta, max_message_bytes=1024, codec="topk:0.1+int8", transfer="t")
-    assert a == b
+    a = feedback_chunks(delta, ef, max_message_bytes=1024, transfer="t", spans=spans)
+    b = chunk_params(
+        delta, max_message_bytes=1024, codec="topk:0.1+int8", transfer="t", spans=spans
+    )
+    assert a == b and (len(a) == 1) is spans
 
 
 def test_shape_change_is_refused() -> None:

@@ -54,8 +54,9 @@ def test_frame_decodes_to_its_json_and_json_encodes_to_the_frame(name):
     assert encode(again) == frame
 
 
-def test_transfer_vector_rebuilds_the_model():
-    doc = json.loads((VECTORS / "transfer_tiny.json").read_text())
+@pytest.mark.parametrize("transfer", sorted(gen.TRANSFERS))
+def test_transfer_vector_rebuilds_the_model(transfer):
+    doc = json.loads((VECTORS / f"{transfer}.json").read_text())
     spec = ModelSpec.from_dict(doc["spec"])
     r = Reassembler.for_params(spec, transfer="model-3")
     for name in reversed(doc["frames"]):

@@ -5,7 +5,8 @@ JSON form (docs/protocol.md §10): the wire map itself, with msgpack bin as
 ``{"$bin": "<hex>"}`` and the ndarray ext as ``{"$ndarray": {"dtype", "shape",
 "data"}}``. An invalid frame's JSON is ``{"$error": "<ErrorCode name>",
 "$field": "<text the message must contain>"}``. ``transfer_tiny.json`` lists the
-chunk frames of one whole model and the flat float32 parameters they rebuild.
+chunk frames of one whole model and the flat float32 parameters they rebuild;
+``transfer_tiny_spans.json`` the same model in chunks that span blocks.
 """
 
 from __future__ import annotations
@@ -100,12 +101,14 @@ def valid_messages() -> dict[str, Message]:
             token="tok-123",
             resume="resume-abc",
             deltas=True,
+            spans=True,
         ),
         "welcome_roblox": Welcome(
             session_id="s-42",
             resume_token="resume-abc",
             limits=profile("roblox"),
             heartbeat_interval=5.0,
+            spans=True,
         ),
         "welcome_unlimited": Welcome(session_id="s-43", limits=profile("unlimited")),
         "task_train": Task(
@@ -223,14 +226,20 @@ def invalid_frames() -> dict[str, tuple[bytes, str, str]]:
     }
 
 
-def transfer_tiny() -> tuple[dict[str, Any], dict[str, bytes]]:
+#: name -> (max_message_bytes, spans): one chunk per block; chunks spanning blocks,
+#: small enough that some start and end inside a block (docs/protocol.md §5.3)
+TRANSFERS = {"transfer_tiny": (1024, False), "transfer_tiny_spans": (300, True)}
+
+
+def transfer_tiny(name: str = "transfer_tiny") -> tuple[dict[str, Any], dict[str, bytes]]:
+    limit, spans = TRANSFERS[name]
     spec = _tiny_spec()
     p = spec.init_params(0)
-    chunks = chunk_params(p, max_message_bytes=1024, transfer="model-3")
-    frames = {f"transfer_tiny_{c.seq:03d}": encode(c) for c in chunks}
+    chunks = chunk_params(p, max_message_bytes=limit, transfer="model-3", spans=spans)
+    frames = {f"{name}_{c.seq:03d}": encode(c) for c in chunks}
     doc = {
         "spec": spec.to_dict(),
-        "max_message_bytes": 1024,
+        "max_message_bytes": limit,
         "frames": sorted(frames),
         "params_le_f32": {"$bin": p.data.astype("<f4").tobytes().hex()},
     }
@@ -245,10 +254,11 @@ def build() -> dict[str, tuple[bytes, Any]]:
         out[name] = (frame, to_json(decode_raw(frame)))
     for name, (frame, code, text) in invalid_frames().items():
         out[name] = (frame, {"$error": code, "$field": text})
-    doc, frames = transfer_tiny()
-    for name, frame in frames.items():
-        out[name] = (frame, to_json(decode_raw(frame)))
-    out["transfer_tiny"] = (b"", doc)
+    for transfer in TRANSFERS:
+        doc, frames = transfer_tiny(transfer)
+        for name, frame in frames.items():
+            out[name] = (frame, to_json(decode_raw(frame)))
+        out[transfer] = (b"", doc)
     return out
 
 
