@@ -29,7 +29,6 @@ import contextlib
 import functools
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -38,10 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+from nn.threads import bound_omp_spin
+
 # The same OpenMP wait policy for every contender, set before any OpenMP runtime
-# loads: nn.kernels makes it passive (see there), and torch, imported first,
-# would load the shared libgomp with the default spinning policy for both.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# loads: nn.kernels bounds the spin (see nn.threads), and torch, imported first,
+# would load the shared libgomp with the default spin count for both.
+bound_omp_spin()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "nn"))
 

@@ -44,21 +44,17 @@ check path. Codes for activations, losses and optimizers are the tuples below.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
-
-# Neuron-group regions end in a barrier. GNU OpenMP's default is to spin there, and
-# on a shared machine (a volunteer's desktop, a 2-core VM running tests) the spinner
-# burns the timeslice its descheduled partner needs: large/16 on 2 threads at load
-# average 5 ran 4x slower than on one thread, and as fast as one thread with
-# passive waiting. Set before numba loads its OpenMP layer (first parallel call);
-# an explicit setting by the user wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from numba import njit, prange
 
 from nn.blas import gemm
+from nn.threads import bound_omp_spin
+
+# Neuron-group regions end in a barrier: spin there briefly, then sleep (see
+# nn.threads.bound_omp_spin). Before numba loads its OpenMP layer (its first
+# parallel call, not its import); an explicit setting by the user wins.
+bound_omp_spin()
 
 ACT_CODES = ("identity", "relu", "tanh", "sigmoid")
 LOSS_CODES = ("mse", "softmax_ce")

@@ -18,6 +18,28 @@ from threadpoolctl import threadpool_limits
 
 _limiter: threadpool_limits | None = None
 
+#: Spins of a GNU OpenMP thread at a barrier before it sleeps (``GOMP_SPINCOUNT``).
+OMP_SPIN_COUNT = 30_000
+
+
+def bound_omp_spin() -> None:
+    """Make GNU OpenMP spin briefly at a barrier, then sleep, unless the user chose
+    (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set). Call before libgomp loads
+    (numba's first parallel region; ``import torch``): it reads them once.
+
+    Why: neuron-group regions end in a barrier. libgomp's default spins ~300,000
+    times there, and on a shared machine the spinner burns the timeslice its
+    descheduled partner needs (large/16 on 2 threads at load 5 ran 4x slower than
+    on one thread). Sleeping at once (``OMP_WAIT_POLICY=PASSIVE``, the earlier
+    choice) fixed that but costs a wake-up per region, which on a VM means waking
+    a halted vCPU: on an AMD EPYC VM large/16 ran 428-432 steps/s passive against
+    499-521 with 30,000-100,000 spins, large/128 74-79 % against 82-83 % of the
+    GEMM-bound rate, and 30,000 spins also beat passive with 2 and 4 busy
+    processes beside it (docs/performance.md, "Bounded spin").
+    """
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)
+
 
 def default_threads() -> int:
     """``CROWDGRAD_THREADS`` when set, else 1 (see the module docstring)."""
