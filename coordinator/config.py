@@ -96,9 +96,15 @@ class DataSection(_Section):
 
 
 class StalenessSection(_Section):
-    """Step scale by staleness s: constant 1, polynomial (1+s)^-a, hinge 1/(a(s-b)+1) past b."""
+    """Step scale by staleness s: constant 1, polynomial (1+s)^-a, hinge 1/(a(s-b)+1) past b.
 
-    kind: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    Hinge by default: with N players a result is ~N versions stale and ~N arrive
+    per task time, so the model moves ~N·f(N) per task time. The polynomial's
+    N^(1-a) grows with the crowd (700 players on digits collapsed to one class),
+    the hinge's ~1/a does not, and up to b versions it takes the whole step
+    (docs/simulations.md, "Beyond the seed")."""
+
+    kind: Literal["constant", "polynomial", "hinge"] = "hinge"
     a: float = Field(default=0.5, ge=0)
     b: int = Field(default=4, ge=0)
 
