@@ -14,11 +14,13 @@ machine; ``--virtual-s 3600`` runs the whole hour.
 steps, seed-table rates (2.4e8 FLOP/s for players and for the linear machine),
 under ``lan`` links (the seed's setting) and under ``roblox`` links with fp32,
 with ``topk:0.01+int8`` uploads plus error feedback, and with delta downloads
-in the same codec; then ``lan`` for 800 steps (whole waves of tasks). The
-linear anchor is the same run's modelled single machine (steps x FLOP/step /
-rate).
+in the same codec; then ``lan`` for 800 steps (whole waves of tasks), and
+``--topk F,...`` adds the 800-step roblox row with sparser top-k both ways. Each
+row reports the last evaluation's loss beside the speedup. The linear anchor
+is the same run's modelled single machine (steps x FLOP/step / rate).
 
     python benchmarks/simulations.py [--virtual-s 60] [--skip-scale] [--json]
+        [--topk 0.003,0.001]
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def _large(link: str, codecs: dict[str, Any] | None, steps: int = 100) -> dict[s
     }
 
 
-def speedup() -> list[dict[str, Any]]:
+def speedup(fractions: tuple[float, ...] = ()) -> list[dict[str, Any]]:
     rows = []
     topk = {"update": "topk:0.01+int8", "error_feedback": True}
     cases = [
@@ -125,6 +127,16 @@ def speedup() -> list[dict[str, Any]]:
             800,
         ),
     ]
+    for f in fractions:  # --topk: how far sparser codecs take the roblox row
+        name = f"topk:{f:g}+int8"
+        cases.append(
+            (
+                "roblox",
+                f"{name} +ef, delta downloads {name}",
+                {"update": name, "error_feedback": True, "delta": name},
+                800,
+            )
+        )
     for link, label, codecs, steps in cases:
         row: dict[str, Any] = {"link": link, "uploads": label, "steps": steps}
         try:
@@ -143,6 +155,7 @@ def speedup() -> list[dict[str, Any]]:
             bytes_up=s["bytes_up"],
             bytes_down=s["bytes_down"],
             reason=s["reason"],
+            loss=s["loss"],
         )
         rows.append(row)
     return rows
@@ -155,15 +168,27 @@ def main() -> None:
     ap.add_argument("--skip-speedup", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--topk",
+        default="",
+        metavar="F,F,...",
+        help="also the 800-step roblox row with topk:F+int8 both ways, for each F in (0, 1]",
+    )
+    ap.add_argument(
         "--overlap", action="store_true", help="run the numerics on a thread, not inline"
     )
     args = ap.parse_args()
     if args.virtual_s <= 0:
         ap.error(f"--virtual-s: expected a positive number, got {args.virtual_s}")
+    try:
+        fractions = tuple(float(x) for x in args.topk.split(",") if x.strip())
+    except ValueError:
+        ap.error(f"--topk: expected comma-separated numbers, got {args.topk!r}")
+    if any(not 0 < f <= 1 for f in fractions):
+        ap.error(f"--topk: every fraction must be in (0, 1], got {args.topk!r}")
     set_threads(1)
     out: dict[str, Any] = {}
     if not args.skip_speedup:
-        out["speedup"] = speedup()
+        out["speedup"] = speedup(fractions)
     if not args.skip_scale:
         out["scale"] = scale(args.virtual_s, overlap=args.overlap)
     if args.json:

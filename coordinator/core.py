@@ -206,7 +206,7 @@ class Coordinator:
         self.started_at: float | None = None
         self._now = -math.inf
         self._orphans: dict[int, Task] = {}
-        # (frame target, (version, transfer, chunks, frames)) of the current model.
+        # ((frame target, spans), (version, transfer, chunks, frames)) of the current model.
         self._model_cache: (
             tuple[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] | None
         ) = None
