@@ -206,10 +206,8 @@ class Coordinator:
         self.started_at: float | None = None
         self._now = -math.inf
         self._orphans: dict[int, Task] = {}
-        # ((frame target, spans), (version, transfer, chunks, frames)) of the current model.
-        self._model_cache: (
-            tuple[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] | None
-        ) = None
+        # (frame target, spans) -> (version, transfer, chunks, frames) of the current model
+        self._model_cache: dict[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] = {}
         self._update_codec = int(get_codec(job.codecs.update).id)
         self.deltas = (
             DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
@@ -771,14 +769,14 @@ class Coordinator:
         """The current model as chunks and frames, built once per version.
 
         Frames are sized to the client's link (``LinkLimits.frame_bytes``) and span
-        blocks if it takes that; a client on another link, or one without spans, gets
-        a re-chunked copy (rare: limits are per profile, clients of one build alike).
+        blocks if it takes that; each (link, spans) pair gets its own copy, and a new
+        version drops the old ones.
         """
         v = self.model.version
-        cache = self._model_cache
         key = (conn.limits.frame_bytes, conn.spans)
-        if cache is not None and cache[1][0] == v and cache[0] == key:
-            return cache[1]
+        cached = self._model_cache.get(key)
+        if cached is not None and cached[0] == v:
+            return cached
         transfer = f"model-{v}"
         chunks = chunk_params(
             self.model.params,
@@ -789,8 +787,10 @@ class Coordinator:
             target_bytes=key[0],
             spans=conn.spans,
         )
-        self._model_cache = (key, (v, transfer, chunks, [m.encode(c) for c in chunks]))
-        return self._model_cache[1]
+        cache = {k: e for k, e in self._model_cache.items() if e[0] == v}  # drop old versions
+        cache[key] = entry = (v, transfer, chunks, [m.encode(c) for c in chunks])
+        self._model_cache = cache
+        return entry
 
     # -- model steps, evaluation, stop ---------------------------------------------
 

@@ -491,7 +491,15 @@ def test_spans_are_negotiated_per_client() -> None:
     plain = sent(plain_out, "b", m.Chunk)
     assert len(plain) >= n_blocks and all(c.blocks == 1 for c in plain)
     assert b"blocks" not in m.encode(plain[0])
-    # both rebuild the same model; the spanning result is applied like any other
+    # the spanning result is applied like any other
     out = deliver(core, "a", result_messages(task, spans=True), 1.0)
     assert acks(out, "a") == [(task.task_id, True, "")]
     assert len(result_messages(task, spans=True)) == 2  # the result and one chunk
+    # the frames are built once per version for each kind of client, and a new
+    # version drops the old ones (docs: Coordinator._model_chunks)
+    v = core.model.version
+    assert v == 1 and task_of(out, "a").model_version == v  # "a" got version 1 at once
+    assert {k[1]: e[0] for k, e in core._model_cache.items()} == {True: v}
+    core.connect("c", hello("c"), 1.5)
+    core.connect("d", hello("d", spans=True), 1.6)
+    assert {k[1]: e[0] for k, e in core._model_cache.items()} == {False: v, True: v}
