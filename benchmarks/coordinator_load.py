@@ -270,9 +270,9 @@ async def _worker_main(
     q: Any,
     go: Any,
     spans: bool = True,
-) -> dict:
+) -> None:
     """Connect n clients; once every worker has (``go``), a heartbeat-only window,
-    then a tasks window; report."""
+    then a tasks window; put the report on ``q``."""
     w = _Worker(url, first, n, hb, spans)
     marks: dict[str, tuple[float, float]] = {}
 
@@ -310,30 +310,23 @@ async def _worker_main(
         if c.tr is not None:
             c.tr.close()
     await asyncio.sleep(0.2)
-    return {
-        "connected": w.connected,
-        "failed": w.failed,
-        "dropped": w.dropped,
-        "held": held,
-        "acks": acks,
-        "rtts": w.rtts,
-        "marks": marks,
-    }
+    q.put(
+        {
+            "connected": w.connected,
+            "failed": w.failed,
+            "dropped": w.dropped,
+            "held": held,
+            "acks": acks,
+            "rtts": w.rtts,
+            "marks": marks,
+        }
+    )
 
 
-def _worker(
-    url: str,
-    first: int,
-    n: int,
-    hb: float,
-    warm: float,
-    secs: float,
-    q: Any,
-    go: Any,
-    spans: bool = True,
-) -> None:
+def _worker(*args: Any) -> None:
+    """A load process: ``_worker_main(*args)``, which reports through its queue."""
     resource.setrlimit(resource.RLIMIT_NOFILE, _nofile())
-    q.put(asyncio.run(_worker_main(url, first, n, hb, warm, secs, q, go, spans)))
+    asyncio.run(_worker_main(*args))
 
 
 def _nofile() -> tuple[int, int]:
