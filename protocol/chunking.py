@@ -174,9 +174,9 @@ def _plan(
     """The plan depends only on these, so every task of a job reuses one (the
     simulator plans hundreds of transfers per virtual second)."""
     c = codecs.get(codec)
-    for blk in layout:  # every block first: a bad one fails before any chunk is planned
+    one_rows = [c.encoded_size(blk.rows_shape(0, 1)) for blk in layout]
+    for blk, one_row in zip(layout, one_rows, strict=True):  # a bad block fails up front
         budget = max_message_bytes - _overhead_for(transfer_bytes, blk.part)
-        one_row = c.encoded_size(blk.rows_shape(0, 1))
         if one_row > budget:
             raise ValueError(
                 f"block ({blk.layer}, {blk.part!r}): one row of shape {blk.shape[1:] or (1,)} "
@@ -191,17 +191,17 @@ def _plan(
         overhead = _overhead_for(transfer_bytes, blk.part)
         budget = max_message_bytes - overhead
         if target_bytes is not None:
-            one_row = c.encoded_size(blk.rows_shape(0, 1))
-            budget = min(budget, max(one_row, target_bytes - overhead))
+            budget = min(budget, max(one_rows[i], target_bytes - overhead))
         n = max(1, _rows_fitting(c, blk, r0, budget))
         span = [Piece(blk, r0, r0 + n)]
         budget -= c.encoded_size(blk.rows_shape(r0, r0 + n))
         r0 += n
         if r0 == blk.rows:
             i, r0 = i + 1, 0
-            # going on costs the ``blocks`` key, so a chunk that stays in its block
-            # is planned exactly as without spans (and spans never need more chunks)
-            budget -= _overhead_for(transfer_bytes, blk.part, True) - overhead
+            if spans:
+                # going on costs the ``blocks`` key, so a chunk that stays in its block
+                # is planned exactly as without spans (and spans never need more chunks)
+                budget -= _overhead_for(transfer_bytes, blk.part, True) - overhead
             while spans and i < len(layout) and len(span) < MAX_CHUNK_BLOCKS:
                 nxt = layout[i]
                 n = _rows_fitting(c, nxt, 0, budget)
@@ -215,6 +215,12 @@ def _plan(
                 i += 1
         plan.append(tuple(span))
     return tuple(plan)
+
+
+def join_pieces(parts: list[bytes]) -> bytes:
+    """A span's payload: its pieces' encodings in layout order. One piece is kept as
+    it is, so a zero-copy fp32 view stays a view (``b"".join`` would copy it)."""
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _payload(c: codecs.Codec, block: np.ndarray, rng: np.random.Generator | None) -> bytes:
@@ -256,8 +262,9 @@ def iter_chunks(
         spans=spans,
     )
     for seq, span in enumerate(plan):
-        parts = [_payload(c, index[p.block.key][p.row_start : p.row_end], rng) for p in span]
-        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        payload = join_pieces(
+            [_payload(c, index[p.block.key][p.row_start : p.row_end], rng) for p in span]
+        )
         if copy and isinstance(payload, memoryview):
             payload = payload.tobytes()
         yield piece_chunk(
@@ -363,8 +370,9 @@ def chunk_params(
         if raw:
             payload = data[a:b].tobytes()
         else:
-            parts = [c.encode(data[pa:pb].reshape(shape), rng=rng) for pa, pb, shape in pieces]
-            payload = parts[0] if len(parts) == 1 else b"".join(parts)
+            payload = join_pieces(
+                [c.encode(data[pa:pb].reshape(shape), rng=rng) for pa, pb, shape in pieces]
+            )
         out.append(
             piece_chunk(span, seq=seq, total=total, codec=c, transfer=transfer, payload=payload)
         )

@@ -18,7 +18,13 @@ import numpy as np
 
 from compression.feedback import ErrorFeedback
 from nn.params import Params
-from protocol.chunking import params_arrays, params_layout, piece_chunk, plan_chunks
+from protocol.chunking import (
+    join_pieces,
+    params_arrays,
+    params_layout,
+    piece_chunk,
+    plan_chunks,
+)
 from protocol.messages import Chunk
 
 
@@ -51,7 +57,7 @@ def feedback_chunks(
             rows = np.ascontiguousarray(arrays[p.block.key][p.row_start : p.row_end])
             key = (p.block.layer, p.block.part, p.row_start, p.row_end)
             parts.append(feedback.encode(key, rows, rng=rng))
-        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        payload = join_pieces(parts)
         out.append(
             piece_chunk(
                 span, seq=seq, total=len(plan), codec=codec, transfer=transfer, payload=payload
