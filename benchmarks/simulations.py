@@ -17,7 +17,9 @@ with ``topk:0.01+int8`` uploads plus error feedback, and with delta downloads
 in the same codec; then ``lan`` for 800 steps (whole waves of tasks), and
 ``--topk F,...`` adds the 800-step roblox row with sparser top-k both ways. Each
 row reports the last evaluation's loss beside the speedup. The linear anchor
-is the same run's modelled single machine (steps x FLOP/step / rate).
+is the same run's modelled single machine (steps x FLOP/step / rate). Players
+prefetch their next task while they compute (docs/protocol.md §3.10) unless
+``--no-prefetch``.
 
     python benchmarks/simulations.py [--virtual-s 60] [--skip-scale] [--json]
         [--topk 0.003,0.001]
@@ -42,9 +44,10 @@ from simulations.scenario import load_raw, parse_scenario, resolve  # noqa: E402
 HOUR = 3600.0
 
 
-def scale(virtual_s: float, *, overlap: bool = False) -> dict[str, Any]:
+def scale(virtual_s: float, *, overlap: bool = False, prefetch: bool = True) -> dict[str, Any]:
     data = load_raw(resolve("scale-700"))
     data.setdefault("run", {})["max_virtual_s"] = virtual_s
+    data["clients"]["prefetch"] = prefetch
     sc = parse_scenario(data, source="scale-700")
     marks: list[tuple[float, float, float]] = []  # (virtual s, wall s, cpu s) per sample
 
@@ -67,6 +70,7 @@ def scale(virtual_s: float, *, overlap: bool = False) -> dict[str, Any]:
     return {
         "clients": sc.clients.count,
         "overlap": overlap,
+        "prefetch": prefetch,
         "virtual_s": s["virtual_seconds"],
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
@@ -83,7 +87,9 @@ def scale(virtual_s: float, *, overlap: bool = False) -> dict[str, Any]:
     }
 
 
-def _large(link: str, codecs: dict[str, Any] | None, steps: int = 100) -> dict[str, Any]:
+def _large(
+    link: str, codecs: dict[str, Any] | None, steps: int = 100, prefetch: bool = True
+) -> dict[str, Any]:
     job: dict[str, Any] = {
         "model": {"preset": "large", "loss": "mse"},
         "data": {"dataset": "teacher:large", "shards": 8, "batch": 16},
@@ -99,13 +105,13 @@ def _large(link: str, codecs: dict[str, Any] | None, steps: int = 100) -> dict[s
         "name": f"large-{link}",
         "seed": 1,
         "job": job,
-        "clients": {"count": 8, "compute": 2.4e8, "latency": 0.05},
+        "clients": {"count": 8, "compute": 2.4e8, "latency": 0.05, "prefetch": prefetch},
         "server": {"compute": 2.4e8},
         "run": {"mode": "numeric", "max_steps": steps, "sample_every_s": 10.0},
     }
 
 
-def speedup(fractions: tuple[float, ...] = ()) -> list[dict[str, Any]]:
+def speedup(fractions: tuple[float, ...] = (), *, prefetch: bool = True) -> list[dict[str, Any]]:
     rows = []
     topk = {"update": "topk:0.01+int8", "error_feedback": True}
     cases = [
@@ -140,7 +146,7 @@ def speedup(fractions: tuple[float, ...] = ()) -> list[dict[str, Any]]:
     for link, label, codecs, steps in cases:
         row: dict[str, Any] = {"link": link, "uploads": label, "steps": steps}
         try:
-            sc = parse_scenario(_large(link, codecs, steps))
+            sc = parse_scenario(_large(link, codecs, steps, prefetch))
             t0 = time.perf_counter()
             s = Simulation(sc).run().summary
         except Exception as exc:  # a codec not wired end to end yet: say so, go on
@@ -156,6 +162,7 @@ def speedup(fractions: tuple[float, ...] = ()) -> list[dict[str, Any]]:
             bytes_down=s["bytes_down"],
             reason=s["reason"],
             loss=s["loss"],
+            tasks_prefetched=s["tasks_prefetched"],
         )
         rows.append(row)
     return rows
@@ -176,6 +183,11 @@ def main() -> None:
     ap.add_argument(
         "--overlap", action="store_true", help="run the numerics on a thread, not inline"
     )
+    ap.add_argument(
+        "--no-prefetch",
+        action="store_true",
+        help="players wait for each task instead of asking for it while they compute",
+    )
     args = ap.parse_args()
     if args.virtual_s <= 0:
         ap.error(f"--virtual-s: expected a positive number, got {args.virtual_s}")
@@ -188,9 +200,9 @@ def main() -> None:
     set_threads(1)
     out: dict[str, Any] = {}
     if not args.skip_speedup:
-        out["speedup"] = speedup(fractions)
+        out["speedup"] = speedup(fractions, prefetch=not args.no_prefetch)
     if not args.skip_scale:
-        out["scale"] = scale(args.virtual_s, overlap=args.overlap)
+        out["scale"] = scale(args.virtual_s, overlap=args.overlap, prefetch=not args.no_prefetch)
     if args.json:
         print(json.dumps(out, indent=2))
         return

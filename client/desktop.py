@@ -315,8 +315,13 @@ class DesktopClient:
         assert loop is not None
         started = time.monotonic()
         fut = loop.run_in_executor(self._pool, self._compute, req)
+        # Ask for the next task so its model downloads while this one computes.
+        delay = self.session.prefetch_delay() if self.session is not None else None
+        prefetch = None if delay is None else loop.call_later(delay, self._prefetch, req)
 
         def done(f: asyncio.Future[ComputeOutput | None]) -> None:
+            if prefetch is not None:
+                prefetch.cancel()
             session = self.session
             if f.cancelled() or session is None or session.phase.value == "finished":
                 return
@@ -341,6 +346,11 @@ class DesktopClient:
             )
 
         fut.add_done_callback(done)
+
+    def _prefetch(self, req: ComputeRequest) -> None:
+        session = self.session
+        if session is not None and session.phase.value == "ready":
+            self._do(session.prefetch(time.monotonic(), req.request_id))
 
     def _compute(self, req: ComputeRequest) -> ComputeOutput | None:
         """On the worker thread. Whole task at full share; slices below it."""

@@ -13,6 +13,13 @@ Rules:
 
 - A new task supersedes the one being computed (the server moved on: its lease
   expired or another copy won); a late ``compute_done`` for it is ignored.
+- Except a prefetched one: with a server that offers it (``welcome.prefetch``)
+  the driver calls ``prefetch`` ``prefetch_delay()`` seconds into a compute, so
+  that the next task's model downloads while this one computes and uploads. The
+  task that answers is queued behind the running one and starts the moment it
+  is done. The delay puts the request one measured download (plus a round
+  trip) before the compute is expected to end, as measured on the last task: a
+  request any earlier would only start the next task from an older model.
 - A finished result is kept until the server acknowledges it. If the socket
   dies first, the result waits; after the next ``welcome`` (with the resume
   token) it is sent again, and the server applies it at most once.
@@ -85,6 +92,8 @@ class Capabilities:
     seeded_init: bool = True
     #: takes chunks spanning several blocks (and sends them to a server that does)
     spans: bool = True
+    #: asks for its next task while it computes, where the server offers that
+    prefetch: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,12 +143,25 @@ class ClientSession:
         self.heartbeat_interval = 5.0
         self.model: Params | None = None
         self.model_version: int | None = None
+        #: the server answers ``prefetch`` (from welcome)
+        self.server_prefetch = False
         self.task: m.Task | None = None
+        #: a prefetched task, queued behind ``task``; its model may still download
+        self.next_task: m.Task | None = None
+        self._next_ready = False
+        #: the task ``prefetch`` asked a successor for (None: none outstanding)
+        self._prefetch_for: str | None = None
         self.request_id = 0
         self.computing: int | None = None
         self.pending: _Pending | None = None
         self.rtt: float | None = None
+        #: seconds the last model download took, task frame to last chunk
+        self.last_download_s: float | None = None
+        #: seconds the last compute took (compute_done's compute_seconds)
+        self.last_compute_s: float | None = None
         self._download: Reassembler | None = None
+        self._download_task: m.Task | None = None
+        self._download_started = 0.0
         self._delta_base: int | None = None
         self.feedback: ErrorFeedback | None = None
         self._pacer: Pacer | None = None
@@ -222,6 +244,7 @@ class ClientSession:
         if request_id != self.computing or self.task is None:
             return out
         self.computing = None
+        self.last_compute_s = max(0.0, compute_seconds)
         task = self.task
         limit = self.limits.max_message_bytes if self.limits else 1 << 20
         target = self.limits.frame_bytes if self.limits else None
@@ -264,6 +287,50 @@ class ClientSession:
         self.pending = _Pending(task.task_id, [result, *chunks])
         if self.phase is Phase.READY:
             self._send_pending()
+        self._prefetch_for = None
+        if self.next_task is not None:  # the prefetched task is next
+            self.task, ready = self.next_task, self._next_ready
+            self.next_task, self._next_ready = None, False
+            if ready:
+                self._request(out)
+        if self.phase is Phase.READY:
+            self._flush(now, out)
+        return out
+
+    def prefetch_delay(self) -> float | None:
+        """Seconds after the current compute started to call ``prefetch`` (None: do
+        not): one download plus a round trip before the compute should end, all as
+        measured last time. Before the first compute is measured its time is the
+        task's FLOPs at the FLOP/s this client advertised (hello.flops)."""
+        if not (self.caps.prefetch and self.server_prefetch) or self.task is None:
+            return None
+        compute_s = self.last_compute_s
+        if compute_s is None:
+            if not self.caps.flops > 0:
+                return None
+            t = self.task
+            compute_s = t.spec.flops_per_sample(train=True) * t.steps * t.batch / self.caps.flops
+        lead = (self.last_download_s or 0.0) + (self.rtt or 0.0)
+        return max(0.0, compute_s - lead)
+
+    def prefetch(self, now: float, request_id: int | None = None) -> list[Action]:
+        """Ask for the next task while this one computes (a no-op when the server
+        does not offer it, nothing computes, ``request_id`` is not the running
+        compute, or a prefetch is already out or answered)."""
+        self._advance(now)
+        out: list[Action] = []
+        if (
+            self.phase is Phase.READY
+            and self.server_prefetch
+            and self.caps.prefetch
+            and self.computing is not None
+            and (request_id is None or request_id == self.computing)
+            and self.task is not None
+            and self.next_task is None
+            and self._prefetch_for is None
+        ):
+            self._prefetch_for = self.task.task_id
+            self._queue(m.Prefetch(task_id=self.task.task_id))
             self._flush(now, out)
         return out
 
@@ -273,6 +340,9 @@ class ClientSession:
         if self.phase in (Phase.HELLO_SENT, Phase.READY):
             self._move(Phase.OFFLINE)
         self._download = None
+        self._download_task = None
+        # The server ends every lease of a lost connection: a prefetched task is void.
+        self.next_task, self._next_ready, self._prefetch_for = None, False, None
         self._outbox.clear()
         return []
 
@@ -313,13 +383,25 @@ class ClientSession:
         self._pacer = Pacer(msg.limits)
         self.heartbeat_interval = msg.heartbeat_interval
         self.server_spans = msg.spans and self.caps.spans
+        self.server_prefetch = msg.prefetch and self.caps.prefetch
         if self.pending is not None:
             self._send_pending()
 
     def _on_task(self, msg: m.Task, out: list[Action]) -> None:
-        self.task = msg
-        self.computing = None
+        if (
+            self.computing is not None
+            and self.task is not None
+            and self._prefetch_for == self.task.task_id
+        ):
+            # The answer to our prefetch: queued behind the running compute.
+            self._prefetch_for = None
+            self.next_task, self._next_ready = msg, False
+        else:  # supersedes whatever ran or waited
+            self.task, self.next_task, self._next_ready = msg, None, False
+            self.computing = None
+            self._prefetch_for = None
         self._download = None
+        self._download_task = None
         self._delta_base = msg.delta_base
         if msg.delta_base is not None and (
             self.model is None or self.model_version != msg.delta_base
@@ -341,22 +423,24 @@ class ClientSession:
                 out.append(Finished(reason=reason))
                 return
             self.model, self.model_version = model, 0
-            self._request(out)
+            self._model_ready(msg, out)
             return
         if msg.base_version is not None:
             if self.model is None or self.model_version != msg.base_version:
                 log.warning("task %s: base version %s not held", msg.task_id, msg.base_version)
                 return
-            self._request(out)
+            self._model_ready(msg, out)
             return
         assert msg.model_transfer is not None
         self._download = Reassembler.for_params(
             msg.spec, transfer=msg.model_transfer, total=msg.num_chunks
         )
+        self._download_task = msg
+        self._download_started = self._now
 
     def _on_chunk(self, msg: m.Chunk, out: list[Action]) -> None:
-        dl = self._download
-        if dl is None or msg.transfer != dl.transfer or self.task is None:
+        dl, task = self._download, self._download_task
+        if dl is None or msg.transfer != dl.transfer or task is None:
             return  # a chunk of a superseded transfer
         try:
             dl.add(msg)
@@ -365,7 +449,8 @@ class ClientSession:
             self._download = None
             return
         if dl.done:
-            self._download = None
+            self._download = self._download_task = None
+            self.last_download_s = self._now - self._download_started
             if self._delta_base is not None:
                 assert self.model is not None and self.model_version == self._delta_base
                 model = self.model.copy()  # a running compute may still read the old one
@@ -378,11 +463,20 @@ class ClientSession:
                 self.model = model
             else:
                 self.model = dl.params()
-            self.model_version = self.task.model_version
+            self.model_version = task.model_version
+            self._model_ready(task, out)
+
+    def _model_ready(self, task: m.Task, out: list[Action]) -> None:
+        """``task``'s model is in ``self.model``: compute it now, or, if it is the
+        prefetched one, once the running compute is done."""
+        if task is self.next_task:
+            self._next_ready = True
+        elif task is self.task and self.computing is None:
             self._request(out)
 
     def _request(self, out: list[Action]) -> None:
         assert self.task is not None and self.model is not None
+        assert self.model_version == self.task.model_version
         self.request_id += 1
         self.computing = self.request_id
         out.append(ComputeRequest(request_id=self.request_id, task=self.task, params=self.model))

@@ -16,7 +16,9 @@ leases and heartbeats, and closes sync rounds at their deadline.
 
 Rules that protect the model (docs/coordinator.md):
 
-- one live lease per client; a lease is resolved exactly once (leases.py);
+- one live lease per client, plus at most one queued behind it once the client
+  asked to prefetch (async strategies only); a lease is resolved exactly once
+  (leases.py);
 - the first valid result for an OPEN task is taken; a duplicate, or a late one
   for a task already taken or dropped, is acknowledged ``accepted=False`` with
   reason ``duplicate`` / ``stale`` and never applied;
@@ -85,6 +87,8 @@ class _Conn:
     seeded_init: bool = False
     #: the client takes chunks spanning several blocks (from hello)
     spans: bool = False
+    #: the client asked for its next task while it computes (a prefetch message)
+    prefetch_wanted: bool = False
 
 
 @dataclass(slots=True)
@@ -271,6 +275,7 @@ class Coordinator:
             limits=limits,
             heartbeat_interval=self.job.lease.heartbeat_interval_s,
             spans=True,
+            prefetch=True,
         )
         self._queue(conn, welcome)
         out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
@@ -470,6 +475,8 @@ class Coordinator:
                 if upload.reasm.done:
                     del conn.uploads[msg.transfer]
                     self._on_result(conn, rec, upload, now, out)
+            case m.Prefetch():
+                self._on_prefetch(conn, msg)
             case m.Bye():
                 out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason="bye"))
                 self._drop(conn.client_id, f"bye: {msg.reason}", now, out)
@@ -481,6 +488,25 @@ class Coordinator:
                 )
             case _:
                 raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"{msg.TYPE}: not handled")
+
+    def _on_prefetch(self, conn: _Conn, msg: m.Prefetch) -> None:
+        """Queue the client's next task behind the one it names, at the next dispatch.
+
+        Ignored (not an error: the two sides race) unless the strategy is async, the
+        named task is the client's live lease and nothing is queued behind it yet.
+        """
+        cid = conn.client_id
+        lease = self.book.live_lease_of(cid)
+        if (
+            self.strategy.pipelined
+            and lease is not None
+            and str(lease.task_id) == msg.task_id
+            and self.book.queued_lease_of(cid) is None
+        ):
+            conn.prefetch_wanted = True
+            self._idle.add(cid)
+        else:
+            log.debug("client %s: prefetch for task %s ignored", cid, msg.task_id)
 
     def _start_upload(self, conn: _Conn, msg: m.Result, now: float, out: list[ev.Output]) -> None:
         if msg.num_chunks < 1:
@@ -536,7 +562,9 @@ class Coordinator:
         self.validator.accept(norm)
         self.accepted_results += 1
         rec.accepted += 1
-        rec.version_held = task.version
+        if self.book.live_lease_of(conn.client_id) is None:
+            # It holds this task's model (a prefetched task's lease set its own).
+            rec.version_held = task.version
         samples = result.samples or task.steps * task.batch
         rec.observe_speed(self._flops_per_sample * samples, result.compute_seconds)
         self._queue(conn, m.Ack.trusted(task_id=result.task_id, accepted=True))
@@ -620,7 +648,8 @@ class Coordinator:
             return
         for client_id in sorted(self._idle, key=self._order.__getitem__):
             conn = self.conns[client_id]
-            if self.book.live_lease_of(client_id) is not None:
+            busy = self.book.live_lease_of(client_id) is not None
+            if busy and not (conn.prefetch_wanted and self.book.queued_lease_of(client_id) is None):
                 self._idle.discard(client_id)
                 continue
             rec = self.registry.get(conn.client_id)
@@ -633,7 +662,7 @@ class Coordinator:
             plan = self.strategy.task_for(view, now)
             if plan is None:
                 continue  # this client waits; another may still get work (a reissue)
-            self._lease(conn, rec, plan, now, out)
+            self._lease(conn, rec, plan, now, out, queued=busy)
             self._idle.discard(client_id)
 
     def _released(self, client_id: str) -> None:
@@ -642,8 +671,18 @@ class Coordinator:
             self._idle.add(client_id)
 
     def _lease(
-        self, conn: _Conn, rec: ClientRecord, plan: TaskPlan, now: float, out: list[ev.Output]
+        self,
+        conn: _Conn,
+        rec: ClientRecord,
+        plan: TaskPlan,
+        now: float,
+        out: list[ev.Output],
+        *,
+        queued: bool = False,
     ) -> None:
+        """Lease a task to the client and queue its frames; ``queued``: behind the
+        task it still computes (a prefetch)."""
+        conn.prefetch_wanted = False
         if plan.reissue is not None:
             task = self.book.tasks[plan.reissue]
             if task.version != self.model.version:
@@ -663,11 +702,15 @@ class Coordinator:
         send_model = rec.version_held != version and not seeded
         model_bytes = sum(len(f) for f in frames) if send_model else 0
         flops = self._flops_per_sample * task.steps * task.batch
-        predicted = flops / rec.rate() + (model_bytes + self.spec.nbytes) / min(
+        # A queued task starts when the one in front is done: about one task later.
+        compute_s = flops / rec.rate() * (2 if queued else 1)
+        predicted = compute_s + (model_bytes + self.spec.nbytes) / min(
             conn.limits.bytes_per_s, 1e12
         )
         lease_s = max(self.job.lease.min_s, self.job.lease.slack * predicted)
-        lease = self.book.lease(task, conn.client_id, now=now, deadline=now + lease_s)
+        lease = self.book.lease(
+            task, conn.client_id, now=now, deadline=now + lease_s, queued=queued
+        )
         # Every field is the core's own, derived from the checked job and its own
         # counters: built without the per-field checks (tests/coordinator/test_core.py
         # holds it equal to the checked construction).
@@ -716,6 +759,7 @@ class Coordinator:
                 now=now,
                 download=download,
                 download_bytes=model_bytes,
+                queued=queued,
             )
         )
 
@@ -874,10 +918,11 @@ class Coordinator:
         self._dirty.discard(client_id)
         self._ready.pop(client_id, None)
         self.registry.leave(client_id, now)
-        lease = self.book.live_lease_of(client_id)
-        if lease is not None:
-            self.book.end(lease, LeaseState.LOST, now)
-            self._lease_lost(self.book.tasks[lease.task_id], now)
+        # The queued lease first, so that it is not promoted to current in between.
+        for lease in (self.book.queued_lease_of(client_id), self.book.live_lease_of(client_id)):
+            if lease is not None:
+                self.book.end(lease, LeaseState.LOST, now)
+                self._lease_lost(self.book.tasks[lease.task_id], now)
         out.append(ev.ClientLeft(client_id=client_id, reason=reason, now=now))
 
     def _queue(self, conn: _Conn, msg: m.Message) -> None:

@@ -68,7 +68,8 @@ class ClientLeft:
 class TaskLeased:
     """``download`` is how the model went: ``none`` (held), ``full``, ``delta`` or
     ``seed`` (the client built version 0 from the init seed);
-    ``download_bytes`` its exact frame bytes."""
+    ``download_bytes`` its exact frame bytes. ``queued``: a prefetch, leased
+    behind the task the client still computes."""
 
     client_id: ClientId
     task_id: int
@@ -79,6 +80,7 @@ class TaskLeased:
     now: float
     download: str = "full"
     download_bytes: int = 0
+    queued: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

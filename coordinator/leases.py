@@ -21,6 +21,12 @@ Transitions (a missing entry is a programming error, raised as ``LeaseError``)::
 Every lease therefore resolves; what happens to the task after EXPIRED/LOST
 (reissue, or wait for the resume grace) is the strategy's call.
 
+A client holds at most one *current* lease and, after it asked to prefetch
+(docs/protocol.md §3.10), at most one *queued* lease behind it: the task it will
+start when the current one is done. When the current lease resolves, the queued
+one becomes current; only when a client holds no lease at all is it released
+(``on_release``) to get new work.
+
 Memory stays bounded however long a job runs: a task that resolves leaves the
 book with all its leases, and only its outcome (accepted or dropped) is kept, for
 ``retain_s`` seconds, so that a late copy of its result is still answered
@@ -151,6 +157,7 @@ class LeaseBook:
         "_deadlines",
         "_next_lease",
         "_next_task",
+        "_queued",
         "_unstamped",
         "leases",
         "on_release",
@@ -171,7 +178,8 @@ class LeaseBook:
         self.outcomes: OrderedDict[int, tuple[TaskState, float]] = OrderedDict()
         self.retain_s = retain_s
         self._unstamped: list[int] = []  # remembered without a time (restored)
-        self._by_client: dict[str, int] = {}
+        self._by_client: dict[str, int] = {}  # current lease per client
+        self._queued: dict[str, int] = {}  # prefetched lease behind it
         self._deadlines: list[tuple[float, int]] = []
         self._next_task = 1
         self._next_lease = 1
@@ -193,10 +201,17 @@ class LeaseBook:
         self.tasks[task.task_id] = task
         return task
 
-    def lease(self, task: Task, client_id: str, *, now: float, deadline: float) -> Lease:
+    def lease(
+        self, task: Task, client_id: str, *, now: float, deadline: float, queued: bool = False
+    ) -> Lease:
+        """Lease ``task`` to a client with no live lease, or, ``queued``, behind the
+        one live lease it has (a prefetch)."""
         if task.state is not TaskState.OPEN:
             raise LeaseError(f"task {task.task_id} is {task.state.value}, cannot lease it")
-        if client_id in self._by_client:
+        if queued:
+            if client_id not in self._by_client or client_id in self._queued:
+                raise LeaseError(f"client {client_id!r}: a queued lease needs exactly one live")
+        elif client_id in self._by_client:
             raise LeaseError(f"client {client_id!r} already holds a live lease")
         lease = Lease(
             lease_id=self._next_lease,
@@ -207,7 +222,7 @@ class LeaseBook:
         )
         self._next_lease += 1
         self.leases[lease.lease_id] = lease
-        self._by_client[client_id] = lease.lease_id
+        (self._queued if queued else self._by_client)[client_id] = lease.lease_id
         heapq.heappush(self._deadlines, (deadline, lease.lease_id))
         task.leases.append(lease.lease_id)
         task.clients.append(client_id)
@@ -218,17 +233,29 @@ class LeaseBook:
         return [self.leases[i] for i in task.leases if self.leases[i].live]
 
     def live_lease_of(self, client_id: str) -> Lease | None:
-        """The client's live lease; the core hands out at most one at a time."""
+        """The client's current lease (the one it computes, or will compute next)."""
         lease_id = self._by_client.get(client_id)
+        return None if lease_id is None else self.leases[lease_id]
+
+    def queued_lease_of(self, client_id: str) -> Lease | None:
+        """The prefetched lease waiting behind the client's current one."""
+        lease_id = self._queued.get(client_id)
         return None if lease_id is None else self.leases[lease_id]
 
     def end(self, lease: Lease, to: LeaseState, now: float) -> None:
         """Resolve a live lease (the only way leases leave LEASED)."""
         lease.move(to, now)
-        if self._by_client.get(lease.client_id) == lease.lease_id:
-            del self._by_client[lease.client_id]
+        client_id = lease.client_id
+        if self._by_client.get(client_id) == lease.lease_id:
+            queued = self._queued.pop(client_id, None)
+            if queued is not None:
+                self._by_client[client_id] = queued  # the prefetched task is next
+                return
+            del self._by_client[client_id]
             if self.on_release is not None:
-                self.on_release(lease.client_id)
+                self.on_release(client_id)
+        elif self._queued.get(client_id) == lease.lease_id:
+            del self._queued[client_id]
 
     def due(self, now: float) -> list[Lease]:
         """Live leases whose deadline has passed, oldest first."""
@@ -255,7 +282,8 @@ class LeaseBook:
         return [t for t in self.tasks.values() if t.state is TaskState.OPEN]
 
     def leases_live(self) -> list[Lease]:
-        return [self.leases[i] for i in self._by_client.values()]
+        leases = self.leases
+        return [leases[i] for i in (*self._by_client.values(), *self._queued.values())]
 
     @property
     def next_task_id(self) -> int:

@@ -370,7 +370,8 @@ class Hello(Message):
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Welcome(Message):
     """Server -> client answer to hello: the session and the limits it granted.
-    ``spans``: the server takes result chunks that span several blocks (§5.3)."""
+    ``spans``: the server takes result chunks that span several blocks (§5.3).
+    ``prefetch``: the server answers ``prefetch`` with the next task early (§3.10)."""
 
     TYPE: ClassVar[str] = "welcome"
     version: int = PROTOCOL_VERSION
@@ -379,6 +380,7 @@ class Welcome(Message):
     limits: LinkLimits
     heartbeat_interval: float = 5.0
     spans: bool = False
+    prefetch: bool = False
 
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
@@ -387,6 +389,7 @@ class Welcome(Message):
         "limits": _limits,
         "heartbeat_interval": _float(0.001, 3600.0),
         "spans": _bool,
+        "prefetch": _bool,
     }
 
 
@@ -611,6 +614,18 @@ class Ack(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Prefetch(Message):
+    """Client -> server, while it computes ``task_id``: send my next task now, so
+    its model downloads while this one computes and uploads. Only to a server whose
+    ``welcome.prefetch`` is true; a server that cannot give one yet ignores it."""
+
+    TYPE: ClassVar[str] = "prefetch"
+    task_id: str
+
+    SCHEMA: ClassVar[dict[str, Check]] = {"task_id": _str(128, empty=False)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Heartbeat(Message):
     """Either side: liveness. ``time`` is the sender's clock; ``echo`` returns the
     peer's last ``time`` so the peer measures round-trip time on its own clock."""
@@ -667,7 +682,7 @@ def _filler(f: Any) -> Callable[[], Any] | None:
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    m.TYPE: m for m in (Hello, Welcome, Task, Result, Chunk, Ack, Heartbeat, Error, Bye)
+    m.TYPE: m for m in (Hello, Welcome, Task, Result, Chunk, Ack, Prefetch, Heartbeat, Error, Bye)
 }
 
 for _m in MESSAGE_TYPES.values():  # every dataclass field has exactly one check

@@ -16,7 +16,9 @@ link; a ``ComputeRequest`` starts ``client.compute.run_task`` (inline, or on a
 numerics thread: ``Simulation.numerics``) and hands the update to
 ``compute_done`` ``FLOPs / rate`` virtual seconds later; ``Finished`` retires
 the player. The session is ticked at its own ``next_wakeup()`` (heartbeats,
-paced frames). The driver only models links, compute time and churn.
+paced frames), and asked to ``prefetch`` at its own ``prefetch_delay()`` into
+each compute (``clients.prefetch``). The driver only models links, compute time
+and churn.
 
 Faults: a churn drop kills the link (frames in flight are lost) and the
 coordinator hears ``disconnect`` one latency later, or never for a "silent"
@@ -96,6 +98,7 @@ class Stats:
     results_accepted: int = 0
     results_rejected: int = 0
     leases_expired: int = 0
+    tasks_prefetched: int = 0
     closes: int = 0
     version: int = 0
     loss: float | None = None
@@ -117,7 +120,12 @@ class Player:
         codecs = tuple(sorted({sim.job.codecs.model, sim.job.codecs.update}))
         self.client = ClientSession(
             f"player-{index}",
-            Capabilities(flops=self.flops, limits=sim.limits, codecs=codecs),
+            Capabilities(
+                flops=self.flops,
+                limits=sim.limits,
+                codecs=codecs,
+                prefetch=sim.scenario.clients.prefetch,
+            ),
             seed=int(self.rng.integers(2**32)),
         )
         self.session = 0
@@ -126,6 +134,7 @@ class Player:
         self.connected = False  # the coordinator knows this connection
         self.compute_event: Event | None = None
         self.compute_job: Future[ComputeOutput] | None = None
+        self.prefetch_event: Event | None = None
         self.wake_event: Event | None = None
         self.gone = False  # left for good (job over)
         # a duplicated upload being collected: its task id, chunks to come, frames
@@ -282,17 +291,30 @@ class Player:
         self.compute_event = self.sim.engine.schedule(
             seconds, self._compute_done, req, seconds, priority=Priority.COMPUTE
         )
+        # When to ask for the next task is the session's estimate, from the last
+        # compute and download, as a real client would make it (not `seconds`).
+        delay = self.client.prefetch_delay()
+        if delay is not None and delay < seconds:
+            self.prefetch_event = self.sim.engine.schedule(
+                delay, self._prefetch, req.request_id, priority=Priority.COMPUTE
+            )
+
+    def _prefetch(self, request_id: int) -> None:
+        self.prefetch_event = None
+        self._do(self.client.prefetch(self.sim.engine.now, request_id))
 
     def _cancel_compute(self) -> None:
         self.sim.engine.cancel(self.compute_event)
+        self.sim.engine.cancel(self.prefetch_event)
         if self.compute_job is not None:
             self.compute_job.cancel()  # a no-op once it runs; its result is ignored
-        self.compute_event = self.compute_job = None
+        self.compute_event = self.compute_job = self.prefetch_event = None
 
     def _compute_done(self, req: ComputeRequest, seconds: float) -> None:
         job = self.compute_job
         assert job is not None
-        self.compute_event = self.compute_job = None
+        self.sim.engine.cancel(self.prefetch_event)
+        self.compute_event = self.compute_job = self.prefetch_event = None
         out = job.result()
         self.sim.steps_of[req.task.task_id] = out.steps
         self._do(
@@ -468,6 +490,8 @@ class Simulation:
                     self.stats.results_rejected += 1
                 case ev.LeaseExpired():
                     self.stats.leases_expired += 1
+                case ev.TaskLeased():
+                    self.stats.tasks_prefetched += o.queued
                 case ev.ModelUpdated():
                     self.stats.version = o.version
                 case ev.Evaluated():
@@ -571,6 +595,7 @@ class Simulation:
             "results_accepted": s.results_accepted,
             "results_rejected": s.results_rejected,
             "leases_expired": s.leases_expired,
+            "tasks_prefetched": s.tasks_prefetched,
             "drops": s.drops,
             "frames_lost": s.frames_lost,
             "closes": s.closes,

@@ -97,6 +97,9 @@ class ClientsSection(_Section):
     duplicate_results: float = Field(
         default=0.0, ge=0, le=1, description="chance a player sends a result twice (fault)"
     )
+    prefetch: bool = Field(
+        default=True, description="players ask for their next task while they compute"
+    )
 
     @field_validator("compute", "latency", mode="before")
     @classmethod
@@ -171,6 +174,7 @@ class Scenario(_Section):
             "join_over_s": c.join_over_s,
             "silent_drops": c.silent_drops,
             "duplicate_results": c.duplicate_results,
+            "prefetch": c.prefetch,
         }
         return d
 

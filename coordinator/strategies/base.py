@@ -104,6 +104,10 @@ class Strategy(ABC):
     name: ClassVar[str]
     #: "gradient" (central) or "local" (decentral): what a task computes
     task_kind: ClassVar[str]
+    #: a client may get its next task while it still computes one (a prefetch,
+    #: docs/protocol.md §3.10): true for the async methods; a sync round has no
+    #: next task until every result of this one is in
+    pipelined: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from coordinator.strategies.base import ClientView, Outcome, Strategy
 class CentralAsync(Strategy):
     name = "central-async"
     task_kind = "gradient"
+    pipelined = True
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
         return self.new_plan()

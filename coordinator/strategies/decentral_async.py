@@ -21,6 +21,7 @@ from coordinator.strategies.base import ClientView, Outcome, Strategy
 class DecentralAsync(Strategy):
     name = "decentral-async"
     task_kind = "local"
+    pipelined = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -223,3 +223,77 @@ def test_a_spanning_model_download_is_reassembled() -> None:
                model_transfer="model-4", num_chunks=1)  # fmt: skip
     (req,) = [a for a in feed(s, [t, *chunks], 1.0) if isinstance(a, ComputeRequest)]
     assert req.params.array_equal(model)
+
+
+def prefetching_session() -> ClientSession:
+    s = ClientSession("alice", Capabilities(flops=2e9), seed=0)
+    s.start(0.0)
+    s.receive(m.Welcome(session_id="s", resume_token="t", limits=LAN, prefetch=True), 0.1)
+    return s
+
+
+def test_without_the_servers_offer_there_is_no_prefetch() -> None:
+    s = ready_session()  # welcome without prefetch
+    req = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 1.0)[-1]
+    assert s.prefetch_delay() is None
+    assert s.prefetch(1.5, req.request_id) == []
+
+
+def test_a_prefetched_task_waits_for_the_running_compute_then_starts() -> None:
+    s = prefetching_session()
+    v0 = SPEC.init_params(0)
+    first = feed(s, task_with_model("1", 0, v0), 1.0)[-1]
+    assert isinstance(first, ComputeRequest)
+    # no compute measured yet: the task's FLOPs at the advertised 2 GFLOP/s, less
+    # the download just measured (task frame and chunks came at the same instant)
+    flops = SPEC.flops_per_sample(train=True) * first.task.steps * first.task.batch
+    assert s.prefetch_delay() == pytest.approx(flops / 2e9)
+    (pf,) = sends(s.prefetch(1.2, first.request_id))
+    assert isinstance(pf, m.Prefetch) and pf.task_id == "1"
+    assert s.prefetch(1.3, first.request_id) == []  # one at a time
+    # the answer is queued: its model downloads, nothing new starts
+    v1 = SPEC.init_params(1)
+    msgs = task_with_model("2", 1, v1)
+    out = s.receive(msgs[0], 1.5)
+    out += feed(s, msgs[1:], 1.9)
+    assert [a for a in out if isinstance(a, ComputeRequest)] == []
+    assert s.computing == first.request_id and s.next_task.task_id == "2"
+    assert s.last_download_s == pytest.approx(0.4)
+    assert first.params.array_equal(v0)  # the running compute's model is untouched
+    # the running compute ends: its result goes up and the queued task starts at once
+    upd = np.full(SPEC.num_params, 0.5, np.float32)
+    out = s.compute_done(first.request_id, upd, 3.0, compute_seconds=2.0)
+    assert sends(out)[0].task_id == "1"
+    (second,) = [a for a in out if isinstance(a, ComputeRequest)]
+    assert second.task.task_id == "2" and second.params.array_equal(v1)
+    assert s.next_task is None
+    # next time the request goes one measured download before the measured compute ends
+    assert s.prefetch_delay() == pytest.approx(2.0 - 0.4)
+
+
+def test_a_prefetched_task_whose_model_is_late_starts_when_it_lands() -> None:
+    s = prefetching_session()
+    first = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 1.0)[-1]
+    s.prefetch(1.2, first.request_id)
+    msgs = task_with_model("2", 1, SPEC.init_params(1))
+    s.receive(msgs[0], 1.5)
+    out = s.compute_done(first.request_id, np.zeros(SPEC.num_params, np.float32), 2.0)
+    assert [a for a in out if isinstance(a, ComputeRequest)] == []  # model not in yet
+    out = feed(s, msgs[1:], 2.5)
+    (req,) = [a for a in out if isinstance(a, ComputeRequest)]
+    assert req.task.task_id == "2"
+
+
+def test_a_task_nobody_asked_for_still_supersedes_and_a_drop_voids_the_prefetch() -> None:
+    s = prefetching_session()
+    first = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 1.0)[-1]
+    s.prefetch(1.2, first.request_id)
+    s.connection_lost(1.3)
+    assert s.next_task is None
+    s.start(1.4)
+    s.receive(m.Welcome(session_id="s", resume_token="t", limits=LAN, prefetch=True), 1.5)
+    # after the reconnect the server's new task is not the prefetch's answer
+    out = feed(s, task_with_model("3", 2, SPEC.init_params(2)), 2.0)
+    (req,) = [a for a in out if isinstance(a, ComputeRequest)]
+    assert req.task.task_id == "3" and s.computing == req.request_id
+    assert s.compute_done(first.request_id, np.zeros(SPEC.num_params, np.float32), 2.5) == []

@@ -31,6 +31,7 @@ from protocol.messages import (
     Heartbeat,
     Hello,
     Message,
+    Prefetch,
     Result,
     Task,
     Welcome,
@@ -109,6 +110,7 @@ def valid_messages() -> dict[str, Message]:
             limits=profile("roblox"),
             heartbeat_interval=5.0,
             spans=True,
+            prefetch=True,
         ),
         "welcome_unlimited": Welcome(session_id="s-43", limits=profile("unlimited")),
         "task_train": Task(
@@ -188,6 +190,7 @@ def valid_messages() -> dict[str, Message]:
         "chunk_tiny_w0": first,
         "ack_accepted": Ack(task_id="t-1", accepted=True),
         "ack_stale": Ack(task_id="t-1", accepted=False, reason="stale"),
+        "prefetch": Prefetch(task_id="t-1"),
         "heartbeat": Heartbeat(seq=7, time=100.25, echo=99.5),
         "error": Error(code=3, message="task.steps: expected int in [1, 1000000000], got 0"),
         "bye": Bye(reason="client closing"),
