@@ -18,7 +18,7 @@ in the same codec; then ``lan`` for 800 steps (whole waves of tasks), and
 ``--topk F,...`` adds the 800-step roblox row with sparser top-k both ways. Each
 row reports the last evaluation's loss beside the speedup. The linear anchor
 is the same run's modelled single machine (steps x FLOP/step / rate). Players
-prefetch their next task while they compute (docs/protocol.md §3.10) unless
+prefetch their next task while they compute (docs/protocol.md §3.12) unless
 ``--no-prefetch``.
 
     python benchmarks/simulations.py [--virtual-s 60] [--skip-scale] [--json]

@@ -22,7 +22,7 @@ Every lease therefore resolves; what happens to the task after EXPIRED/LOST
 (reissue, or wait for the resume grace) is the strategy's call.
 
 A client holds at most one *current* lease and, after it asked to prefetch
-(docs/protocol.md §3.10), at most one *queued* lease behind it: the task it will
+(docs/protocol.md §3.12), at most one *queued* lease behind it: the task it will
 start when the current one is done. When the current lease resolves, the queued
 one becomes current; only when a client holds no lease at all is it released
 (``on_release``) to get new work.

@@ -371,7 +371,7 @@ class Hello(Message):
 class Welcome(Message):
     """Server -> client answer to hello: the session and the limits it granted.
     ``spans``: the server takes result chunks that span several blocks (§5.3).
-    ``prefetch``: the server answers ``prefetch`` with the next task early (§3.10)."""
+    ``prefetch``: the server answers ``prefetch`` with the next task early (§3.12)."""
 
     TYPE: ClassVar[str] = "welcome"
     version: int = PROTOCOL_VERSION

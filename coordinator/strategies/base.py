@@ -105,7 +105,7 @@ class Strategy(ABC):
     #: "gradient" (central) or "local" (decentral): what a task computes
     task_kind: ClassVar[str]
     #: a client may get its next task while it still computes one (a prefetch,
-    #: docs/protocol.md §3.10): true for the async methods; a sync round has no
+    #: docs/protocol.md §3.12): true for the async methods; a sync round has no
     #: next task until every result of this one is in
     pipelined: ClassVar[bool] = False
 

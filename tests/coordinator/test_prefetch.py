@@ -1,4 +1,4 @@
-"""Prefetch (docs/protocol.md §3.10): a second, queued lease behind the one a client
+"""Prefetch (docs/protocol.md §3.12): a second, queued lease behind the one a client
 computes, only when it asks, only under an async strategy."""
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ def test_four_clients_reach_95_percent(strategy: str) -> None:
     joined = {o.client_id: o.name for o in rec.of(ev.ClientJoined)}
     contributors = {joined[o.client_id] for o in rec.of(ev.ResultAccepted)}
     assert contributors == set(names)
+    # the desktop clients ask for their next task while they compute (prefetch);
+    # only the async strategies lease one behind the running task
+    queued = [o for o in rec.of(ev.TaskLeased) if o.queued]
+    assert bool(queued) == strategy.endswith("-async"), len(queued)
 
 
 def test_churn_kill_two_start_one() -> None:
