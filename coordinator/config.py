@@ -144,13 +144,18 @@ class LinkSection(_Section):
 
 
 class LeaseSection(_Section):
-    """Deadline = max(min_s, slack × predicted compute+transfer time)."""
+    """Deadline = max(min_s, slack × predicted compute+transfer time). ``prefetch``:
+    offer clients their next task while they compute (async strategies only)."""
 
     min_s: float = Field(default=10.0, gt=0)
     slack: float = Field(default=3.0, ge=1)
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_timeout_s: float = Field(default=20.0, gt=0)
     resume_grace_s: float = Field(default=60.0, ge=0)
+    prefetch: bool = Field(
+        default=True,
+        description="lease a task behind the running one when a client asks (protocol §3.12)",
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> LeaseSection:

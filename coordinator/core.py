@@ -213,6 +213,9 @@ class Coordinator:
         # (frame target, spans) -> (version, transfer, chunks, frames) of the current model
         self._model_cache: dict[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] = {}
         self._update_codec = int(get_codec(job.codecs.update).id)
+        #: offer prefetch (welcome.prefetch) and serve it: the job allows it and the
+        #: strategy has a next task while one computes (an async one)
+        self._prefetch = job.lease.prefetch and self.strategy.pipelined
         self.deltas = (
             DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
             if job.codecs.delta is not None
@@ -275,7 +278,7 @@ class Coordinator:
             limits=limits,
             heartbeat_interval=self.job.lease.heartbeat_interval_s,
             spans=True,
-            prefetch=True,
+            prefetch=self._prefetch,
         )
         self._queue(conn, welcome)
         out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
@@ -492,13 +495,14 @@ class Coordinator:
     def _on_prefetch(self, conn: _Conn, msg: m.Prefetch) -> None:
         """Queue the client's next task behind the one it names, at the next dispatch.
 
-        Ignored (not an error: the two sides race) unless the strategy is async, the
-        named task is the client's live lease and nothing is queued behind it yet.
+        Ignored (not an error: the two sides race) unless the job and the strategy
+        allow it (``lease.prefetch``, an async strategy), the named task is the
+        client's live lease and nothing is queued behind it yet.
         """
         cid = conn.client_id
         lease = self.book.live_lease_of(cid)
         if (
-            self.strategy.pipelined
+            self._prefetch
             and lease is not None
             and str(lease.task_id) == msg.task_id
             and self.book.queued_lease_of(cid) is None

@@ -21,9 +21,25 @@ from tests.coordinator.coord_helpers import (
 )
 
 
-def test_welcome_offers_prefetch() -> None:
-    core = make_core()
-    assert sent(core.connect("a", hello("a"), 0.0), "a", m.Welcome)[0].prefetch is True
+@pytest.mark.parametrize(
+    ("strategy", "allowed", "offered"),
+    [
+        ("decentral-async", True, True),
+        ("central-async", True, True),
+        ("decentral-async", False, False),
+        ("decentral-sync", True, False),
+        ("central-sync", True, False),
+    ],
+)
+def test_welcome_offers_prefetch_where_the_job_and_strategy_allow_it(
+    strategy: str, allowed: bool, offered: bool
+) -> None:
+    core = make_core(strategy, lease={"prefetch": allowed})
+    out = core.connect("a", hello("a"), 0.0)
+    assert sent(out, "a", m.Welcome)[0].prefetch is offered
+    first = task_of(out, "a")
+    out = core.receive("a", m.Prefetch(task_id=first.task_id), 0.5)
+    assert len(sent(out, "a", m.Task)) == int(offered)
 
 
 def test_a_prefetch_queues_the_next_task_behind_the_running_one() -> None:
@@ -57,10 +73,13 @@ def test_a_prefetch_queues_the_next_task_behind_the_running_one() -> None:
 
 
 @pytest.mark.parametrize(
-    "why", ["unknown task", "sync strategy", "no lease", "not its current task"]
+    "why", ["unknown task", "sync strategy", "job says no", "no lease", "not its current task"]
 )
 def test_a_prefetch_that_cannot_be_served_is_ignored(why: str) -> None:
-    core = make_core("decentral-sync" if why == "sync strategy" else "decentral-async")
+    core = make_core(
+        "decentral-sync" if why == "sync strategy" else "decentral-async",
+        lease={"prefetch": why != "job says no"},
+    )
     first = task_of(core.connect("a", hello("a"), 0.0), "a")
     tid = first.task_id
     if why == "unknown task":
