@@ -103,6 +103,7 @@ class DesktopClient:
         stop_grace: float = 3.0,
         slice_s: float = 0.01,
         seeded_init: bool = True,
+        prefetch: bool = True,
     ) -> None:
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
@@ -123,6 +124,7 @@ class DesktopClient:
         self.stop_grace = stop_grace
         self.slice_s = slice_s
         self.seeded_init = seeded_init
+        self.prefetch = prefetch
         self.stats = ClientStats()
         self.session: ClientSession | None = None
         self._jitter = random.Random(self.seed)
@@ -157,6 +159,7 @@ class DesktopClient:
                 platform=platform.platform()[:64],
                 codecs=tuple(n for n in codecs.names() if len(n) <= 32)[:32],
                 seeded_init=self.seeded_init,
+                prefetch=self.prefetch,
             )
             self.session = ClientSession(self.name[:64], caps, seed=self.seed)
             return await self._connect_loop()
@@ -263,6 +266,7 @@ class DesktopClient:
         """Ctrl-C: wait up to stop_grace for the task and its ack, then bye + close."""
         session = self.session
         assert session is not None
+        session.wind_down()  # a prefetched task is not started
         deadline = time.monotonic() + self.stop_grace
         while (session.computing is not None or session.pending is not None) and (
             time.monotonic() < deadline
@@ -417,6 +421,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="download version 0 instead of building it from the job's init seed",
     )
+    p.add_argument(
+        "--no-prefetch",
+        dest="prefetch",
+        action="store_false",
+        help="wait for each task instead of fetching the next one while computing",
+    )
 
 
 def client_from_args(args: argparse.Namespace) -> DesktopClient:
@@ -430,6 +440,7 @@ def client_from_args(args: argparse.Namespace) -> DesktopClient:
         max_attempts=args.max_attempts,
         stop_grace=args.stop_grace,
         seeded_init=args.seeded_init,
+        prefetch=args.prefetch,
     )
 
 

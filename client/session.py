@@ -151,6 +151,8 @@ class ClientSession:
         self._next_ready = False
         #: the task ``prefetch`` asked a successor for (None: none outstanding)
         self._prefetch_for: str | None = None
+        #: winding down (``wind_down``): no prefetch, a queued task is not started
+        self._winding_down = False
         self.request_id = 0
         self.computing: int | None = None
         self.pending: _Pending | None = None
@@ -288,6 +290,8 @@ class ClientSession:
         if self.phase is Phase.READY:
             self._send_pending()
         self._prefetch_for = None
+        if self._winding_down:
+            self.next_task, self._next_ready = None, False
         if self.next_task is not None:  # the prefetched task is next
             self.task, ready = self.next_task, self._next_ready
             self.next_task, self._next_ready = None, False
@@ -297,12 +301,20 @@ class ClientSession:
             self._flush(now, out)
         return out
 
+    def wind_down(self) -> None:
+        """The client is stopping: finish the running task, start no queued one and
+        ask for none (the server reissues a queued task when the client leaves)."""
+        self._winding_down = True
+        self.next_task, self._next_ready = None, False
+
     def prefetch_delay(self) -> float | None:
         """Seconds after the current compute started to call ``prefetch`` (None: do
         not): one download plus a round trip before the compute should end, all as
         measured last time. Before the first compute is measured its time is the
         task's FLOPs at the FLOP/s this client advertised (hello.flops)."""
         if not (self.caps.prefetch and self.server_prefetch) or self.task is None:
+            return None
+        if self._winding_down:
             return None
         compute_s = self.last_compute_s
         if compute_s is None:
@@ -323,6 +335,7 @@ class ClientSession:
             self.phase is Phase.READY
             and self.server_prefetch
             and self.caps.prefetch
+            and not self._winding_down
             and self.computing is not None
             and (request_id is None or request_id == self.computing)
             and self.task is not None

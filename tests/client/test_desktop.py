@@ -86,3 +86,14 @@ def test_seeded_init_flag_reaches_hello() -> None:
     add_arguments(p)
     assert client_from_args(p.parse_args(["ws://x/ws"])).seeded_init is True
     assert client_from_args(p.parse_args(["ws://x/ws", "--no-seeded-init"])).seeded_init is False
+
+
+def test_prefetch_flag_reaches_the_session() -> None:
+    import argparse
+
+    from client.desktop import add_arguments, client_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert client_from_args(p.parse_args(["ws://x/ws"])).prefetch is True
+    assert client_from_args(p.parse_args(["ws://x/ws", "--no-prefetch"])).prefetch is False

@@ -297,3 +297,15 @@ def test_a_task_nobody_asked_for_still_supersedes_and_a_drop_voids_the_prefetch(
     (req,) = [a for a in out if isinstance(a, ComputeRequest)]
     assert req.task.task_id == "3" and s.computing == req.request_id
     assert s.compute_done(first.request_id, np.zeros(SPEC.num_params, np.float32), 2.5) == []
+
+
+def test_winding_down_starts_no_queued_task_and_asks_for_none() -> None:
+    s = prefetching_session()
+    first = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 1.0)[-1]
+    s.prefetch(1.2, first.request_id)
+    feed(s, task_with_model("2", 1, SPEC.init_params(1)), 1.5)
+    s.wind_down()
+    assert s.next_task is None and s.prefetch_delay() is None
+    out = s.compute_done(first.request_id, np.zeros(SPEC.num_params, np.float32), 2.0)
+    assert sends(out)[0].task_id == "1"  # the running task's result still goes up
+    assert [a for a in out if isinstance(a, ComputeRequest)] == [] and s.computing is None
