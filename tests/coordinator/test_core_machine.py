@@ -1,4 +1,5 @@
-"""A hypothesis state machine over random joins, results, duplicates, drops and ticks.
+"""A hypothesis state machine over random joins, results, duplicates, prefetches, drops
+and ticks.
 
 Invariants: no task is applied twice; every accepted result is in the model's
 contribution count (or pending in a buffer/round); params stay finite; every
@@ -55,7 +56,8 @@ class CoreMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.online: set[str] = set()
         self.tokens: dict[str, str] = {}
-        self.current: dict[str, m.Task] = {}
+        #: tasks each client holds, oldest first (a prefetch queues a second one)
+        self.current: dict[str, list[m.Task]] = {}
         self.history: dict[str, list[m.Task]] = {n: [] for n in NAMES}
 
     # -- driving -------------------------------------------------------------------
@@ -93,7 +95,7 @@ class CoreMachine(RuleBasedStateMachine):
                 case ev.Send(message=m.Welcome() as w):
                     self.tokens[o.client_id] = w.resume_token
                 case ev.Send(message=m.Task() as t):
-                    self.current[o.client_id] = t
+                    self.current.setdefault(o.client_id, []).append(t)
                     self.history[o.client_id].append(t)
                 case ev.Close():
                     self.online.discard(o.client_id)
@@ -137,7 +139,10 @@ class CoreMachine(RuleBasedStateMachine):
         name = self._holder(start, history=False)
         if name is None:
             return
-        task = self.current.pop(name)
+        tasks = self.current[name]
+        task = tasks.pop(0)  # a client computes its tasks in the order they came
+        if not tasks:
+            del self.current[name]
         self._advance(dt)
         for msg in _result(task, value):
             if name in self.online:
@@ -154,6 +159,16 @@ class CoreMachine(RuleBasedStateMachine):
         for msg in _result(task, 1e-3):
             if name in self.online:
                 self._call("receive", name, msg, self.now)
+
+    @rule(start=st.integers(0, 3), dt=st.floats(0, 5), stale=st.booleans())
+    def prefetch(self, start: int, dt: float, stale: bool) -> None:
+        """Ask for the next task while computing the oldest (or, stale, name an old one)."""
+        name = self._holder(start, history=stale)
+        if name is None:
+            return
+        self._advance(dt)
+        task = self.history[name][0] if stale else self.current[name][0]
+        self._call("receive", name, m.Prefetch(task_id=task.task_id), self.now)
 
     @rule(dt=st.floats(0, 30))
     def tick(self, dt: float) -> None:
@@ -187,11 +202,15 @@ class CoreMachine(RuleBasedStateMachine):
             assert self.core.params.is_finite()
 
     @invariant()
-    def one_live_lease_per_client(self) -> None:
+    def one_live_lease_per_client_and_at_most_one_queued(self) -> None:
         if self.core is None:
             return
-        live = [x.client_id for x in self.core.book.leases.values() if x.live]
-        assert len(live) == len(set(live))
+        book = self.core.book
+        live = Counter(x.client_id for x in book.leases.values() if x.live)
+        for client_id, n in live.items():
+            queued = book.queued_lease_of(client_id)
+            assert n == 1 + (queued is not None), (client_id, n)
+            assert queued is None or self.core.strategy.pipelined
         assert set(live) <= set(self.core.conns)
 
     def teardown(self) -> None:
