@@ -496,6 +496,7 @@ class CrowdServer:
             "accepted_results": st.accepted,
             "rejected_results": st.rejected,
             "leases_expired": st.leases_expired,
+            "tasks_prefetched": st.tasks_prefetched,
             "throughput": {"results_per_s": round(st.throughput(), 3)},
             "last_evaluation": st.last_eval,
             "finished": st.finished,

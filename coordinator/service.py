@@ -73,6 +73,8 @@ class Stats:
     accepted: int = 0
     rejected: int = 0
     leases_expired: int = 0
+    #: tasks leased behind a running one at a client's prefetch
+    tasks_prefetched: int = 0
     joined: int = 0
     left: int = 0
     last_eval: dict[str, float] | None = None
@@ -323,6 +325,8 @@ class CoreService:
                     st.rejected += 1
                 case ev.LeaseExpired():
                     st.leases_expired += 1
+                case ev.TaskLeased(queued=True):
+                    st.tasks_prefetched += 1
                 case ev.ClientJoined():
                     st.joined += 1
                 case ev.ClientLeft():

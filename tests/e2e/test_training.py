@@ -33,6 +33,7 @@ def test_four_clients_reach_95_percent(strategy: str) -> None:
     # only the async strategies lease one behind the running task
     queued = [o for o in rec.of(ev.TaskLeased) if o.queued]
     assert bool(queued) == strategy.endswith("-async"), len(queued)
+    assert service.stats.tasks_prefetched == len(queued)  # shown in /api/status
 
 
 def test_churn_kill_two_start_one() -> None:
