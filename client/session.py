@@ -18,8 +18,9 @@ Rules:
   that the next task's model downloads while this one computes and uploads. The
   task that answers is queued behind the running one and starts the moment it
   is done. The delay puts the request one measured download (plus a round
-  trip) before the compute is expected to end, as measured on the last task: a
-  request any earlier would only start the next task from an older model.
+  trip, the first measured from hello to welcome) before the compute is
+  expected to end, as measured on the last task: a request any earlier would
+  only start the next task from an older model.
 - A finished result is kept until the server acknowledges it. If the socket
   dies first, the result waits; after the next ``welcome`` (with the resume
   token) it is sent again, and the server applies it at most once.
@@ -169,6 +170,7 @@ class ClientSession:
         self._pacer: Pacer | None = None
         self._outbox: deque[Send] = deque()
         self._hb_seq = 0
+        self._hello_sent = -math.inf
         self._last_sent = -math.inf
         self._now = -math.inf
 
@@ -193,7 +195,7 @@ class ClientSession:
             seeded_init=self.caps.seeded_init,
             spans=self.caps.spans,
         )
-        self._last_sent = now
+        self._last_sent = self._hello_sent = now
         return [Send(message=hello, frame=m.encode(hello))]
 
     def receive(self, message: m.Message, now: float) -> list[Action]:
@@ -397,6 +399,8 @@ class ClientSession:
         self.heartbeat_interval = msg.heartbeat_interval
         self.server_spans = msg.spans and self.caps.spans
         self.server_prefetch = msg.prefetch and self.caps.prefetch
+        if self.rtt is None:  # hello to welcome is a round trip: the first estimate
+            self.rtt = max(0.0, self._now - self._hello_sent)
         if self.pending is not None:
             self._send_pending()
 

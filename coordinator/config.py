@@ -145,7 +145,7 @@ class LinkSection(_Section):
 
 class LeaseSection(_Section):
     """Deadline = max(min_s, slack × predicted compute+transfer time). ``prefetch``:
-    offer clients their next task while they compute (async strategies only)."""
+    offer clients their next task while they compute (decentral-async only)."""
 
     min_s: float = Field(default=10.0, gt=0)
     slack: float = Field(default=3.0, ge=1)

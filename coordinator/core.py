@@ -17,7 +17,7 @@ leases and heartbeats, and closes sync rounds at their deadline.
 Rules that protect the model (docs/coordinator.md):
 
 - one live lease per client, plus at most one queued behind it once the client
-  asked to prefetch (async strategies only); a lease is resolved exactly once
+  asked to prefetch (decentral-async only); a lease is resolved exactly once
   (leases.py);
 - the first valid result for an OPEN task is taken; a duplicate, or a late one
   for a task already taken or dropped, is acknowledged ``accepted=False`` with
@@ -214,7 +214,7 @@ class Coordinator:
         self._model_cache: dict[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] = {}
         self._update_codec = int(get_codec(job.codecs.update).id)
         #: offer prefetch (welcome.prefetch) and serve it: the job allows it and the
-        #: strategy has a next task while one computes (an async one)
+        #: strategy has a next task while one computes (``Strategy.pipelined``)
         self._prefetch = job.lease.prefetch and self.strategy.pipelined
         self.deltas = (
             DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
@@ -496,8 +496,8 @@ class Coordinator:
         """Queue the client's next task behind the one it names, at the next dispatch.
 
         Ignored (not an error: the two sides race) unless the job and the strategy
-        allow it (``lease.prefetch``, an async strategy), the named task is the
-        client's live lease and nothing is queued behind it yet.
+        allow it (``lease.prefetch``, ``Strategy.pipelined``), the named task is
+        the client's live lease and nothing is queued behind it yet.
         """
         cid = conn.client_id
         lease = self.book.live_lease_of(cid)

@@ -105,8 +105,9 @@ class Strategy(ABC):
     #: "gradient" (central) or "local" (decentral): what a task computes
     task_kind: ClassVar[str]
     #: a client may get its next task while it still computes one (a prefetch,
-    #: docs/protocol.md §3.12): true for the async methods; a sync round has no
-    #: next task until every result of this one is in
+    #: docs/protocol.md §3.12): decentral-async only. A sync round has no next
+    #: task until every result of this one is in; central-async's task is one
+    #: gradient, which a prefetch would compute from a model a task older
     pipelined: ClassVar[bool] = False
 
     def __init__(

@@ -16,7 +16,10 @@ from coordinator.strategies.base import ClientView, Outcome, Strategy
 class CentralAsync(Strategy):
     name = "central-async"
     task_kind = "gradient"
-    pipelined = True
+    # Not pipelined: a task is one gradient, and a prefetched one is computed from
+    # a model a whole task older. With the seed table's 8 equal players on the
+    # large preset that diverged (every second task from version 0; loss 403,
+    # every player closed for rejected updates): docs/simulations.md.
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
         return self.new_plan()

@@ -225,8 +225,8 @@ def test_a_spanning_model_download_is_reassembled() -> None:
     assert req.params.array_equal(model)
 
 
-def prefetching_session() -> ClientSession:
-    s = ClientSession("alice", Capabilities(flops=2e9), seed=0)
+def prefetching_session(flops: float = 2e9) -> ClientSession:
+    s = ClientSession("alice", Capabilities(flops=flops), seed=0)
     s.start(0.0)
     s.receive(m.Welcome(session_id="s", resume_token="t", limits=LAN, prefetch=True), 0.1)
     return s
@@ -240,14 +240,16 @@ def test_without_the_servers_offer_there_is_no_prefetch() -> None:
 
 
 def test_a_prefetched_task_waits_for_the_running_compute_then_starts() -> None:
-    s = prefetching_session()
+    s = prefetching_session(flops=1e3)
+    assert s.rtt == pytest.approx(0.1)  # hello at 0.0, welcome at 0.1
     v0 = SPEC.init_params(0)
     first = feed(s, task_with_model("1", 0, v0), 1.0)[-1]
     assert isinstance(first, ComputeRequest)
-    # no compute measured yet: the task's FLOPs at the advertised 2 GFLOP/s, less
+    # no compute measured yet: the task's FLOPs at the advertised 1 kFLOP/s, less
     # the download just measured (task frame and chunks came at the same instant)
+    # and the round trip
     flops = SPEC.flops_per_sample(train=True) * first.task.steps * first.task.batch
-    assert s.prefetch_delay() == pytest.approx(flops / 2e9)
+    assert s.prefetch_delay() == pytest.approx(flops / 1e3 - 0.1)
     (pf,) = sends(s.prefetch(1.2, first.request_id))
     assert isinstance(pf, m.Prefetch) and pf.task_id == "1"
     assert s.prefetch(1.3, first.request_id) == []  # one at a time
@@ -267,8 +269,9 @@ def test_a_prefetched_task_waits_for_the_running_compute_then_starts() -> None:
     (second,) = [a for a in out if isinstance(a, ComputeRequest)]
     assert second.task.task_id == "2" and second.params.array_equal(v1)
     assert s.next_task is None
-    # next time the request goes one measured download before the measured compute ends
-    assert s.prefetch_delay() == pytest.approx(2.0 - 0.4)
+    # next time the request goes one measured download and a round trip before the
+    # measured compute ends
+    assert s.prefetch_delay() == pytest.approx(2.0 - 0.4 - 0.1)
 
 
 def test_a_prefetched_task_whose_model_is_late_starts_when_it_lands() -> None:

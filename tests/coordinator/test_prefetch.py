@@ -1,5 +1,5 @@
 """Prefetch (docs/protocol.md §3.12): a second, queued lease behind the one a client
-computes, only when it asks, only under an async strategy."""
+computes, only when it asks, only under decentral-async."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tests.coordinator.coord_helpers import (
     ("strategy", "allowed", "offered"),
     [
         ("decentral-async", True, True),
-        ("central-async", True, True),
+        ("central-async", True, False),
         ("decentral-async", False, False),
         ("decentral-sync", True, False),
         ("central-sync", True, False),
