@@ -566,8 +566,8 @@ class Coordinator:
         self.validator.accept(norm)
         self.accepted_results += 1
         rec.accepted += 1
-        if self.book.live_lease_of(conn.client_id) is None:
-            # It holds this task's model (a prefetched task's lease set its own).
+        if self.book.live_lease_of(conn.client_id) is None and rec.version_sent == task.version:
+            # It holds this task's model, unless a later task (a prefetch) replaced it.
             rec.version_held = task.version
         samples = result.samples or task.steps * task.batch
         rec.observe_speed(self._flops_per_sample * samples, result.compute_seconds)
@@ -745,7 +745,7 @@ class Coordinator:
         if send_model:
             for chunk, frame in zip(chunks, frames, strict=True):
                 conn.outbox.append(ev.Send(client_id=conn.client_id, message=chunk, frame=frame))
-        rec.version_held = version
+        rec.version_held = rec.version_sent = version
         if seeded:
             download = "seed"
         elif not send_model:

@@ -31,6 +31,8 @@ class ClientRecord:
     accepted: int = 0
     #: model version the client holds (it has all chunks of it), if any
     version_held: int | None = None
+    #: model version of the last task sent to it (a client keeps one model)
+    version_sent: int | None = None
     #: exponential moving average of measured FLOP/s
     measured_flops: float | None = None
 
