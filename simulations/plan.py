@@ -24,6 +24,14 @@ exchange (seed 004, section 2.4.2): ``t_grad → tau·t_grad`` and ``D → D/tau
 exchanges. Like the seed we assume D divisible by N (and by tau) and take the
 quotients as real numbers. The baseline "linear" is one machine doing all ``D``
 steps itself, at its own ``t_grad_server``.
+
+``prefetch`` (ours, docs/protocol.md §3.12; decentral-async, independent links):
+a worker asks for its next task while it computes, so the next model comes down
+during the compute and the update goes up during the next one. Up and down are
+separate directions of a client's link, so an exchange costs
+``max(tau·t_grad, t_comm)`` instead of ``tau·t_grad + 2·t_comm``, plus one
+download before the first and one upload after the last:
+``t = 2·t_comm + D/(N·tau)·max(tau·t_grad, t_comm)``.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ class PlanInputs:
     tau: int = 10  # local steps per exchange (decentral)
     t_grad_server: float | None = None  # the linear baseline's step; default t_grad
     contention: Contention = "shared"
+    prefetch: bool = False  # decentral-async overlaps transfers with compute
 
     def __post_init__(self) -> None:
         for name in ("t_grad", "t_comm"):
@@ -63,6 +72,8 @@ class PlanInputs:
                 raise ValueError(f"plan: {name} must be >= 1, got {getattr(self, name)!r}")
         if self.contention not in ("shared", "independent"):
             raise ValueError("plan: contention must be 'shared' or 'independent'")
+        if self.prefetch and self.contention != "independent":
+            raise ValueError("plan: prefetch is modelled for independent links only")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +106,11 @@ def async_time(t_grad: float, t_comm: float, n: int, d: float, contention: Conte
     return (best + worst) / 2
 
 
+def pipelined_time(t_grad: float, t_comm: float, n: int, d: float) -> float:
+    """A worker that prefetches: its transfers hide behind its compute (see above)."""
+    return 2 * t_comm + d / n * max(t_grad, t_comm)
+
+
 def estimate(p: PlanInputs) -> list[Estimate]:
     """Predicted time and speedup against linear for each strategy, in STRATEGIES order."""
     n, d, tau, c = p.workers, p.steps, p.tau, p.contention
@@ -104,7 +120,11 @@ def estimate(p: PlanInputs) -> list[Estimate]:
         "central-sync": sync_time(p.t_grad, p.t_comm, n, d / n, c),
         "central-async": async_time(p.t_grad, p.t_comm, n, d, c),
         "decentral-sync": sync_time(tau * p.t_grad, p.t_comm, n, d / (n * tau), c),
-        "decentral-async": async_time(tau * p.t_grad, p.t_comm, n, d / tau, c),
+        "decentral-async": (
+            pipelined_time(tau * p.t_grad, p.t_comm, n, d / tau)
+            if p.prefetch
+            else async_time(tau * p.t_grad, p.t_comm, n, d / tau, c)
+        ),
     }
     return [
         Estimate(strategy=s, seconds=t, speedup=linear / t if t > 0 else math.inf)
@@ -131,6 +151,7 @@ def inputs_from_model(
     tau: int = 10,
     bytes_per_param: float = 4.0,
     contention: Contention = "independent",
+    prefetch: bool = False,
 ) -> PlanInputs:
     """t_grad from the model's FLOPs and a compute rate; t_comm from a link profile.
 
@@ -149,4 +170,5 @@ def inputs_from_model(
         steps=steps,
         tau=tau,
         contention=contention,
+        prefetch=prefetch,
     )

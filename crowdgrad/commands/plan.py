@@ -58,6 +58,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "default shared with --t-grad, independent with a model",
     )
     p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="decentral-async clients fetch their next task while they compute "
+        "(independent links; a scenario says so itself)",
+    )
+    p.add_argument(
         "--scenario",
         help="a scenario (file or shipped name): estimate from it and run the simulator too",
     )
@@ -73,13 +79,16 @@ def _inputs(args: argparse.Namespace, workers: int) -> PlanInputs:
     if measured:
         if args.t_grad is None or args.t_comm is None:
             raise UsageError("--t-grad and --t-comm go together")
-        return PlanInputs(
+        contention = args.contention or ("independent" if args.prefetch else "shared")
+        return _checked(
+            PlanInputs,
             t_grad=args.t_grad,
             t_comm=args.t_comm,
             workers=workers,
             steps=args.steps,
             tau=args.tau,
-            contention=args.contention or "shared",
+            contention=contention,
+            prefetch=args.prefetch,
         )
     if args.preset is not None and args.widths is not None:
         raise UsageError("give --preset or --widths, not both")
@@ -88,7 +97,8 @@ def _inputs(args: argparse.Namespace, workers: int) -> PlanInputs:
         if args.preset is not None
         else ModelSpec(widths=parse_widths(args.widths))
     )
-    return inputs_from_model(
+    return _checked(
+        inputs_from_model,
         spec,
         limits=profile(args.profile),
         workers=workers,
@@ -100,7 +110,16 @@ def _inputs(args: argparse.Namespace, workers: int) -> PlanInputs:
         tau=args.tau,
         bytes_per_param=args.bytes_per_param,
         contention=args.contention or "independent",
+        prefetch=args.prefetch,
     )
+
+
+def _checked(make: Any, *args: Any, **kwargs: Any) -> PlanInputs:
+    """The estimator's inputs; what it refuses is a usage error naming why."""
+    try:
+        return make(*args, **kwargs)  # type: ignore[no-any-return]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -109,7 +128,10 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     data.pop("sweep", None)
     sc = parse_scenario(data, source=args.scenario)
     steps = sc.run.max_steps or args.steps
-    p = inputs_from_model(
+    job = sc.job
+    prefetch = sc.clients.prefetch and job.lease.prefetch and job.strategy.name == "decentral-async"
+    p = _checked(
+        inputs_from_model,
         sc.job.spec,
         limits=sc.limits,
         workers=sc.clients.count,
@@ -120,10 +142,11 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         steps=steps,
         tau=sc.job.strategy.tau,
         contention=args.contention or "independent",
+        prefetch=prefetch,
     )
     rows = [
         {"workers": p.workers, "t_grad": p.t_grad, "t_comm": p.t_comm,
-         "contention": p.contention, **e.to_dict()}
+         "contention": p.contention, "prefetch": p.prefetch, **e.to_dict()}
         for e in estimate(p)
         if e.strategy in ("linear", sc.job.strategy.name)
     ]  # fmt: skip
@@ -131,7 +154,8 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     s = result.summary
     rows.append(
         {"workers": p.workers, "t_grad": p.t_grad, "t_comm": p.t_comm,
-         "contention": "simulated", "strategy": f"{sc.job.strategy.name} (simulated)",
+         "contention": "simulated", "prefetch": p.prefetch,
+         "strategy": f"{sc.job.strategy.name} (simulated)",
          "seconds": s.get("seconds"), "speedup": s.get("speedup")}
     )  # fmt: skip
     return rows
@@ -154,6 +178,7 @@ def plan_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "t_grad": p.t_grad,
                     "t_comm": p.t_comm,
                     "contention": p.contention,
+                    "prefetch": p.prefetch,
                     **e.to_dict(),
                 }
             )
@@ -169,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(
         title="Estimated time "
         f"(t_grad {first['t_grad']:.4g} s, t_comm {first['t_comm']:.4g} s, "
-        f"{first['contention']} links)"
+        f"{first['contention']} links{', prefetch' if first['prefetch'] else ''})"
     )
     for col in ("clients", "strategy", "seconds", "speedup"):
         table.add_column(col, justify="left" if col == "strategy" else "right")

@@ -42,6 +42,19 @@ def test_plan_json_gives_linear_and_speedups(capsys):
     assert da8["speedup"] > 1.0
 
 
+def test_plan_prefetch_hides_the_transfers(capsys):
+    argv = ["plan", "--t-grad", "0.85", "--t-comm", "4", "--workers", "8", "--steps", "800"]
+    assert main([*argv, "--json"]) == 0
+    off = json.loads(capsys.readouterr().out)["estimates"]
+    assert main([*argv, "--json", "--prefetch"]) == 0
+    on = json.loads(capsys.readouterr().out)["estimates"]
+    da = {r["prefetch"]: r for r in on + off if r["strategy"] == "decentral-async"}
+    assert da[True]["contention"] == "independent"  # prefetch models a link per client
+    # tau*t_grad = 8.5 s > t_comm: 2 transfers + 10 exchanges of 8.5 s
+    assert da[True]["seconds"] == pytest.approx(2 * 4 + 10 * 8.5)
+    assert da[True]["speedup"] > da[False]["speedup"]
+
+
 def test_plan_table_prints(capsys):
     assert main(["plan", "--preset", "large", "--profile", "roblox", "--workers", "8"]) == 0
     assert "decentral-async" in capsys.readouterr().out
@@ -53,6 +66,10 @@ def test_plan_table_prints(capsys):
         (["plan", "--workers", "x,2", "--t-grad", "1", "--t-comm", "1"], "--workers"),
         (["plan", "--t-grad", "1"], "--t-comm"),
         (["plan", "--preset", "large", "--widths", "4,2"], "--preset"),
+        (
+            ["plan", "--t-grad", "1", "--t-comm", "1", "--prefetch", "--contention", "shared"],
+            "independent",
+        ),
     ],
 )
 def test_plan_bad_arguments_exit_2_naming_them(argv, named, capsys):
