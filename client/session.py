@@ -144,7 +144,7 @@ class ClientSession:
         self.heartbeat_interval = 5.0
         self.model: Params | None = None
         self.model_version: int | None = None
-        #: the server answers ``prefetch`` (from welcome)
+        #: the server answers ``prefetch`` (from welcome) and this client asks
         self.server_prefetch = False
         self.task: m.Task | None = None
         #: a prefetched task, queued behind ``task``; its model may still download
@@ -314,9 +314,7 @@ class ClientSession:
         not): one download plus a round trip before the compute should end, all as
         measured last time. Before the first compute is measured its time is the
         task's FLOPs at the FLOP/s this client advertised (hello.flops)."""
-        if not (self.caps.prefetch and self.server_prefetch) or self.task is None:
-            return None
-        if self._winding_down:
+        if not self.server_prefetch or self._winding_down or self.task is None:
             return None
         compute_s = self.last_compute_s
         if compute_s is None:
@@ -336,7 +334,6 @@ class ClientSession:
         if (
             self.phase is Phase.READY
             and self.server_prefetch
-            and self.caps.prefetch
             and not self._winding_down
             and self.computing is not None
             and (request_id is None or request_id == self.computing)

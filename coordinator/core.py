@@ -51,7 +51,13 @@ from coordinator.downloads import DeltaServer
 from coordinator.evaluation import Evaluator
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskPlan, TaskState
 from coordinator.registry import ClientRecord, Registry
-from coordinator.strategies import ClientView, ModelState, StepReport, make_strategy
+from coordinator.strategies import (
+    ClientView,
+    ModelState,
+    StepReport,
+    make_strategy,
+    serves_prefetch,
+)
 from coordinator.validation import Reject, UpdateValidator
 from nn.data import Dataset, load_dataset, shard
 from nn.modelfile import load_model
@@ -213,9 +219,8 @@ class Coordinator:
         # (frame target, spans) -> (version, transfer, chunks, frames) of the current model
         self._model_cache: dict[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] = {}
         self._update_codec = int(get_codec(job.codecs.update).id)
-        #: offer prefetch (welcome.prefetch) and serve it: the job allows it and the
-        #: strategy has a next task while one computes (``Strategy.pipelined``)
-        self._prefetch = job.lease.prefetch and self.strategy.pipelined
+        #: offer prefetch (welcome.prefetch) and serve it
+        self._prefetch = serves_prefetch(job)
         self.deltas = (
             DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
             if job.codecs.delta is not None

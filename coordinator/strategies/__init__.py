@@ -8,7 +8,7 @@ from coordinator.strategies.base import (
     StepReport,
     Strategy,
 )
-from coordinator.strategies.factory import STRATEGIES, make_strategy
+from coordinator.strategies.factory import STRATEGIES, make_strategy, serves_prefetch
 
 __all__ = [
     "STRATEGIES",
@@ -19,4 +19,5 @@ __all__ = [
     "StepReport",
     "Strategy",
     "make_strategy",
+    "serves_prefetch",
 ]

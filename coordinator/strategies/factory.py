@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator.config import DataSection, StrategySection
+from coordinator.config import DataSection, JobConfig, StrategySection
 from coordinator.strategies.base import ModelState, Strategy
 from coordinator.strategies.central_async import CentralAsync
 from coordinator.strategies.central_sync import CentralSync
@@ -14,6 +14,13 @@ from coordinator.strategies.decentral_sync import DecentralSync
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (CentralSync, CentralAsync, DecentralSync, DecentralAsync)
 }
+
+
+def serves_prefetch(job: JobConfig) -> bool:
+    """The job's coordinator answers ``prefetch`` (docs/protocol.md §3.12): the job
+    allows it (``lease.prefetch``) and its strategy has a next task while one
+    computes (``Strategy.pipelined``)."""
+    return job.lease.prefetch and STRATEGIES[job.strategy.name].pipelined
 
 
 def make_strategy(

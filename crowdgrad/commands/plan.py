@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.strategies.factory import STRATEGIES
+from coordinator.strategies import serves_prefetch
 from crowdgrad.cli import UsageError
 from nn.spec import ModelSpec, parse_widths
 from protocol.limits import PROFILES, profile
@@ -130,8 +130,7 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     sc = parse_scenario(data, source=args.scenario)
     steps = sc.run.max_steps or args.steps
     job = sc.job
-    pipelined = STRATEGIES[job.strategy.name].pipelined
-    prefetch = sc.clients.prefetch and job.lease.prefetch and pipelined
+    prefetch = sc.clients.prefetch and serves_prefetch(job)
     p = _checked(
         inputs_from_model,
         sc.job.spec,
