@@ -2,9 +2,12 @@
 
 Shared by the desktop client (on a worker thread), the simulator and the tests,
 so every driver computes exactly the same update for the same task. A task
-names its data as ``task.dataset`` (``"<name>#<split seed>"``, see
-:func:`dataset_ref`) plus the shard's sample ``indices``, and its batch sampling
-as ``seed``; the result is deterministic given those and the base params.
+names its rows either by hash (``task.data``: the rows of that shard file,
+docs/protocol.md §13, optionally narrowed by ``indices``) or, for a peer that
+does not fetch shards, as ``task.dataset`` (``"<name>#<split seed>"``, see
+:func:`dataset_ref`) plus ``indices`` into that dataset's training split; its
+batch sampling as ``seed``. The result is deterministic given those and the
+base params.
 
 - ``gradient``: the mean-loss gradient on ``steps × batch`` samples drawn
   without replacement from the shard;
@@ -27,6 +30,7 @@ from nn.optim import Optimizer, OptState
 from nn.params import Params
 from nn.train import batch_indices, compute_gradient, train_steps
 from protocol import messages as m
+from protocol.shardfile import ShardData
 
 
 def dataset_ref(name: str, seed: int) -> str:
@@ -54,10 +58,22 @@ class ComputeOutput:
     steps: int
 
 
-def run_task(task: m.Task, base: Params, data: Dataset | None = None) -> ComputeOutput:
-    """Compute the task's update from ``base`` (left untouched)."""
-    data = data if data is not None else load_ref(task.dataset)
-    X, y = data.X_train, data.y_train
+def task_rows(task: m.Task, data: Dataset | ShardData | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``indices`` pick from: the shard a task names, or the training split."""
+    if task.data is not None:
+        if not isinstance(data, ShardData):
+            raise ValueError(f"task {task.task_id}: names shard {task.data}, which is not here")
+        return data.X, data.y
+    if isinstance(data, ShardData):
+        raise ValueError(f"task {task.task_id}: names no shard, a shard was given")
+    ds = data if data is not None else load_ref(task.dataset)
+    return ds.X_train, ds.y_train
+
+
+def run_task(task: m.Task, base: Params, data: Dataset | ShardData | None = None) -> ComputeOutput:
+    """Compute the task's update from ``base`` (left untouched). ``data``: the
+    task's shard (``task.data``), or the named dataset (loaded when None)."""
+    X, y = task_rows(task, data)
     if task.indices is not None:
         idx = task.indices.astype(np.int64)
         if idx.size == 0 or int(idx.max()) >= X.shape[0]:

@@ -42,7 +42,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from client.compute import ComputeOutput, load_ref, run_task
+from client.compute import ComputeOutput, run_task, task_rows
+from client.datacache import DiskCache, MemoryCache, ShardCache, default_cache_dir
 from client.flops import measure_flops
 from client.session import Capabilities, ClientSession, ComputeRequest, Finished, Send
 from compression import codecs
@@ -104,6 +105,8 @@ class DesktopClient:
         slice_s: float = 0.01,
         seeded_init: bool = True,
         prefetch: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache: bool = True,
     ) -> None:
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
@@ -125,6 +128,12 @@ class DesktopClient:
         self.slice_s = slice_s
         self.seeded_init = seeded_init
         self.prefetch = prefetch
+        #: fetched shards, kept across runs (``cache=False``: this run only)
+        self.cache: ShardCache = (
+            DiskCache(cache_dir if cache_dir is not None else default_cache_dir())
+            if cache
+            else MemoryCache()
+        )
         self.stats = ClientStats()
         self.session: ClientSession | None = None
         self._jitter = random.Random(self.seed)
@@ -161,7 +170,7 @@ class DesktopClient:
                 seeded_init=self.seeded_init,
                 prefetch=self.prefetch,
             )
-            self.session = ClientSession(self.name[:64], caps, seed=self.seed)
+            self.session = ClientSession(self.name[:64], caps, seed=self.seed, cache=self.cache)
             return await self._connect_loop()
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -359,10 +368,10 @@ class DesktopClient:
     def _compute(self, req: ComputeRequest) -> ComputeOutput | None:
         """On the worker thread. Whole task at full share; slices below it."""
         task = req.task
+        data = req.data if task.data is not None else self.data
         if self.cpu_share >= 1.0 or task.kind != "train":
-            return run_task(task, req.params, self.data)
-        data = self.data if self.data is not None else load_ref(task.dataset)
-        X, y = data.X_train, data.y_train
+            return run_task(task, req.params, data)
+        X, y = task_rows(task, data)
         if task.indices is not None:
             idx = task.indices.astype(np.int64)
             if idx.size == 0 or int(idx.max()) >= X.shape[0]:
@@ -427,6 +436,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="wait for each task instead of fetching the next one while computing",
     )
+    p.add_argument(
+        "--cache-dir",
+        help="where fetched data shards are kept, one file per sha256 (default: "
+        "$CROWDGRAD_CACHE_DIR, else $XDG_CACHE_HOME/crowdgrad/data, else "
+        "~/.cache/crowdgrad/data)",
+    )
+    p.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="keep fetched shards in memory only (fetch them again next run)",
+    )
 
 
 def client_from_args(args: argparse.Namespace) -> DesktopClient:
@@ -441,6 +462,8 @@ def client_from_args(args: argparse.Namespace) -> DesktopClient:
         stop_grace=args.stop_grace,
         seeded_init=args.seeded_init,
         prefetch=args.prefetch,
+        cache_dir=args.cache_dir,
+        cache=args.cache,
     )
 
 

@@ -27,6 +27,12 @@ Rules:
 - The model of the last task is cached with its version, so a task that names
   ``base_version`` needs no download, and one that names ``delta_base`` downloads
   only the difference and adds it to the cached copy.
+- A task that names its rows by hash (``task.data``, §13) computes once that
+  shard is here: from the injected cache, or fetched (``fetch``, answered by
+  ``data`` frames; the fetch starts when the task arrives, so a prefetched task's
+  shard downloads during the running compute). A fetch cut by a reconnect goes
+  on from the bytes already received; a shard is checked against its hash
+  before it is cached or used.
 - With ``task.error_feedback`` the session keeps, per chunk of rows, what the
   upload codec dropped and adds it to the same rows of its next result
   (compression.feedback); the residual outlives tasks and reconnects.
@@ -47,6 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from client.datacache import MemoryCache, ShardCache
 from compression import ErrorFeedback, codecs
 from nn.params import Params
 from protocol import messages as m
@@ -55,6 +62,7 @@ from protocol.chunking import Reassembler, chunk_params
 from protocol.errors import ProtocolError
 from protocol.feedback import feedback_chunks
 from protocol.limits import LinkLimits, Pacer
+from protocol.shardfile import ShardData, ShardError, decode_shard, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +103,8 @@ class Capabilities:
     spans: bool = True
     #: asks for its next task while it computes, where the server offers that
     prefetch: bool = True
+    #: takes its rows as shards named by hash and fetches them (hello.data, §13)
+    data: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +123,8 @@ class ComputeRequest:
     request_id: int
     task: m.Task
     params: Params
+    #: the task's shard when it names one (``task.data``), else None
+    data: ShardData | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,6 +136,16 @@ Action = Send | ComputeRequest | Finished
 
 
 @dataclass(slots=True)
+class _Fetching:
+    """A shard on its way: the bytes so far, and whether a ``fetch`` is out for it."""
+
+    buf: bytearray
+    received: int = 0
+    requested: bool = False
+    size: int | None = None
+
+
+@dataclass(slots=True)
 class _Pending:
     """A finished result awaiting its ack: the result message and its chunks."""
 
@@ -132,9 +154,27 @@ class _Pending:
 
 
 class ClientSession:
-    def __init__(self, name: str, capabilities: Capabilities | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        capabilities: Capabilities | None = None,
+        seed: int = 0,
+        *,
+        cache: ShardCache | None = None,
+    ) -> None:
         self.name = name
         self.caps = capabilities or Capabilities()
+        #: shards fetched before (the driver's disk, or memory)
+        self.cache: ShardCache = cache if cache is not None else MemoryCache()
+        #: decoded shards by hash, and those still arriving
+        self.shards: dict[str, ShardData] = {}
+        self._fetching: dict[str, _Fetching] = {}
+        #: tasks whose model is here and whose shard is not (task ids)
+        self._wait_data: set[str] = set()
+        #: the server answers ``fetch`` (from welcome)
+        self.server_data = False
+        #: shard bytes this session received in ``data`` frames
+        self.data_bytes = 0
         self.rng = np.random.default_rng(seed)
         self.phase = Phase.NEW
         self.resume_token: str | None = None
@@ -194,6 +234,7 @@ class ClientSession:
             deltas=self.caps.deltas,
             seeded_init=self.caps.seeded_init,
             spans=self.caps.spans,
+            data=self.caps.data,
         )
         self._last_sent = self._hello_sent = now
         return [Send(message=hello, frame=m.encode(hello))]
@@ -211,6 +252,8 @@ class ClientSession:
                 self._on_task(message, out)
             case m.Chunk():
                 self._on_chunk(message, out)
+            case m.Data():
+                self._on_data(message, out)
             case m.Ack():
                 if self.pending is not None and self.pending.task_id == message.task_id:
                     self.pending = None
@@ -353,6 +396,8 @@ class ClientSession:
             self._move(Phase.OFFLINE)
         self._download = None
         self._download_task = None
+        for f in self._fetching.values():  # asked again, from where it stopped
+            f.requested = False
         # The server ends every lease of a lost connection: a prefetched task is void.
         self.next_task, self._next_ready, self._prefetch_for = None, False, None
         self._outbox.clear()
@@ -396,6 +441,7 @@ class ClientSession:
         self.heartbeat_interval = msg.heartbeat_interval
         self.server_spans = msg.spans and self.caps.spans
         self.server_prefetch = msg.prefetch and self.caps.prefetch
+        self.server_data = msg.data and self.caps.data
         if self.rtt is None:  # hello to welcome is a round trip: the first estimate
             self.rtt = max(0.0, self._now - self._hello_sent)
         if self.pending is not None:
@@ -417,6 +463,7 @@ class ClientSession:
         self._download = None
         self._download_task = None
         self._delta_base = msg.delta_base
+        self._have_data(msg)  # start its shard's transfer now, beside the model's
         if msg.delta_base is not None and (
             self.model is None or self.model_version != msg.delta_base
         ):
@@ -482,7 +529,12 @@ class ClientSession:
 
     def _model_ready(self, task: m.Task, out: list[Action]) -> None:
         """``task``'s model is in ``self.model``: compute it now, or, if it is the
-        prefetched one, once the running compute is done."""
+        prefetched one, once the running compute is done; either only once its
+        shard is here too."""
+        if not self._have_data(task):
+            self._wait_data.add(task.task_id)
+            return
+        self._wait_data.discard(task.task_id)
         if task is self.next_task:
             self._next_ready = True
         elif task is self.task and self.computing is None:
@@ -493,7 +545,65 @@ class ClientSession:
         assert self.model_version == self.task.model_version
         self.request_id += 1
         self.computing = self.request_id
-        out.append(ComputeRequest(request_id=self.request_id, task=self.task, params=self.model))
+        data = None if self.task.data is None else self.shards[self.task.data]
+        out.append(
+            ComputeRequest(request_id=self.request_id, task=self.task, params=self.model, data=data)
+        )
+
+    def _have_data(self, task: m.Task) -> bool:
+        """Whether the task's shard is here; if not, take it from the cache or ask
+        the server for it (once; after a reconnect, from the bytes already in)."""
+        sha = task.data
+        if sha is None or sha in self.shards:
+            return True
+        blob = self.cache.get(sha)
+        if blob is not None:
+            try:
+                self.shards[sha] = decode_shard(blob)
+                return True
+            except ShardError as exc:
+                log.warning("cached shard %s unusable (%s): fetching it again", sha[:12], exc)
+        if not self.server_data:
+            log.warning("task %s names shard %s, the server serves none", task.task_id, sha[:12])
+            return False
+        f = self._fetching.setdefault(sha, _Fetching(bytearray()))
+        if not f.requested:
+            f.requested = True
+            self._queue(m.Fetch(data=sha, offset=f.received))
+        return False
+
+    def _on_data(self, msg: m.Data, out: list[Action]) -> None:
+        f = self._fetching.get(msg.data)
+        if f is None or not f.requested:
+            return  # a shard no task waits for any more, or a fetch of an old connection
+        if msg.offset != f.received or (f.size is not None and msg.size != f.size):
+            log.warning("shard %s: data at %d, expected %d: asking again", msg.data[:12],
+                        msg.offset, f.received)  # fmt: skip
+            del self._fetching[msg.data]
+            self._queue(m.Fetch(data=msg.data))
+            self._fetching[msg.data] = _Fetching(bytearray(), requested=True)
+            return
+        if f.size is None:
+            f.size = msg.size
+        f.buf += msg.payload
+        f.received += len(msg.payload)
+        self.data_bytes += len(msg.payload)
+        if f.received < msg.size:
+            return
+        del self._fetching[msg.data]
+        blob = bytes(f.buf)
+        try:
+            if sha256_hex(blob) != msg.data:
+                raise ShardError("its bytes do not match its hash")
+            shard = decode_shard(blob)
+        except ShardError as exc:
+            log.warning("shard %s refused: %s", msg.data[:12], exc)
+            return  # the waiting task's lease runs out; nothing wrong is computed
+        self.cache.put(msg.data, blob)
+        self.shards[msg.data] = shard
+        for task in (self.task, self.next_task):
+            if task is not None and task.data == msg.data and task.task_id in self._wait_data:
+                self._model_ready(task, out)
 
     def _send_pending(self) -> None:
         assert self.pending is not None

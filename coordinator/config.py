@@ -86,13 +86,33 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    """The dataset (``nn.data.load_dataset`` name) and how it is cut into shards."""
+    """The dataset and how it is cut into shards: a built-in ``dataset`` name
+    (``digits``, ``teacher:<preset>``) or a user's file ``path`` (``.npz`` with
+    arrays X and y, or ``.csv`` with a ``label`` column; nn/datafile.py). A
+    relative path is relative to the job file."""
 
-    dataset: str = "digits"
+    dataset: str | None = None
+    path: str | None = None
+    label: str | None = None
     shards: int = Field(default=8, ge=1)
     sharding: Literal["iid", "label_skew"] = "iid"
     seed: int = 0
     batch: int = Field(default=16, ge=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSection:
+        if self.path is not None and self.dataset is not None:
+            raise ValueError("give either 'dataset' (a built-in name) or 'path' (a file)")
+        if self.path is None and self.dataset is None:
+            object.__setattr__(self, "dataset", "digits")  # the default job's data
+        if self.label is not None and (self.path is None or not self.path.endswith(".csv")):
+            raise ValueError("'label' names the label column of a .csv 'path'")
+        return self
+
+    @property
+    def source(self) -> str:
+        """What the data is called in logs and status: the file's path or the name."""
+        return self.path if self.path is not None else str(self.dataset)
 
 
 class StalenessSection(_Section):
@@ -296,4 +316,8 @@ def load_job(path: str | Path) -> JobConfig:
         raise JobConfigError(str(p), [("<file>", f"cannot read: {exc.strerror}")]) from None
     except tomllib.TOMLDecodeError as exc:
         raise JobConfigError(str(p), [("<toml>", str(exc))]) from None
-    return parse_job(data, source=str(p))
+    job = parse_job(data, source=str(p))
+    if job.data.path is not None and not Path(job.data.path).is_absolute():
+        data_path = str(p.parent / job.data.path)
+        job = job.model_copy(update={"data": job.data.model_copy(update={"path": data_path})})
+    return job

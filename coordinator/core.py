@@ -47,6 +47,7 @@ from compression import get as get_codec
 from compression.distill import teacher_targets
 from coordinator import events as ev
 from coordinator.config import JobConfig
+from coordinator.data import DataCatalog, load_job_data
 from coordinator.downloads import DeltaServer
 from coordinator.evaluation import Evaluator
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskPlan, TaskState
@@ -59,7 +60,7 @@ from coordinator.strategies import (
     serves_prefetch,
 )
 from coordinator.validation import Reject, UpdateValidator
-from nn.data import Dataset, load_dataset, shard
+from nn.data import Dataset
 from nn.modelfile import load_model
 from nn.params import Params
 from protocol import messages as m
@@ -95,6 +96,10 @@ class _Conn:
     spans: bool = False
     #: the client asked for its next task while it computes (a prefetch message)
     prefetch_wanted: bool = False
+    #: the client takes its rows as shards named by hash (hello.data, §13)
+    data: bool = False
+    #: shards named in a task to this connection so far (the first pays its transfer)
+    shards_named: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -180,13 +185,13 @@ class Coordinator:
         )
         self.registry = Registry(seed)
         self.validator = UpdateValidator(job.validation, size=spec.num_params)
-        self.dataset = dataset or load_dataset(job.data.dataset, seed=job.data.seed)
-        self.shards = shard(
-            self.dataset.y_train, job.data.shards, kind=job.data.sharding, seed=job.data.seed
-        )
-        self._shard_idx = [s.astype(np.int32) for s in self.shards]
+        self.dataset = dataset or load_job_data(job)
+        self.data = DataCatalog.for_job(job, self.dataset)
+        self._shard_idx = self.data.indices
+        #: job data from a file: only clients that fetch shards (hello.data) can train
+        self._data_only = job.data.path is not None
         # Task fields that are the same for every task (Task.trusted takes them as is).
-        self._dataset_name = f"{job.data.dataset}#{job.data.seed}"
+        self._dataset_name = f"{self.dataset.name[:100]}#{job.data.seed}"
         st = job.strategy
         self._optimizer = {
             "kind": st.client_optimizer,
@@ -257,6 +262,13 @@ class Coordinator:
             return self._refuse(
                 client_id, ErrorCode.BAD_FIELD, f"hello.codecs: job needs {sorted(missing)}"
             )
+        if self._data_only and not hello.data:
+            return self._refuse(
+                client_id,
+                ErrorCode.BAD_FIELD,
+                "hello.data: this job's data comes from the coordinator; the client must "
+                "fetch shards by hash (docs/protocol.md §13)",
+            )
         limits = negotiate(hello.limits, self.limits)
         rec, resumed = self.registry.join(
             client_id,
@@ -273,6 +285,7 @@ class Coordinator:
         )
         conn.seeded_init = hello.seeded_init and self._v0_crc is not None
         conn.spans = hello.spans
+        conn.data = hello.data
         self.conns[client_id] = conn
         self._order[client_id] = self._joined
         self._joined += 1
@@ -284,6 +297,7 @@ class Coordinator:
             heartbeat_interval=self.job.lease.heartbeat_interval_s,
             spans=True,
             prefetch=self._prefetch,
+            data=True,
         )
         self._queue(conn, welcome)
         out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
@@ -485,6 +499,8 @@ class Coordinator:
                     self._on_result(conn, rec, upload, now, out)
             case m.Prefetch():
                 self._on_prefetch(conn, msg)
+            case m.Fetch():
+                self._on_fetch(conn, msg, now, out)
             case m.Bye():
                 out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason="bye"))
                 self._drop(conn.client_id, f"bye: {msg.reason}", now, out)
@@ -516,6 +532,30 @@ class Coordinator:
             self._idle.add(cid)
         else:
             log.debug("client %s: prefetch for task %s ignored", cid, msg.task_id)
+
+    def _on_fetch(self, conn: _Conn, msg: m.Fetch, now: float, out: list[ev.Output]) -> None:
+        """Queue the shard's ``data`` frames behind whatever is queued (§13)."""
+        blob = self.data.by_hash.get(msg.data)
+        if blob is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_TASK, f"fetch.data {msg.data}: no such shard")
+        if msg.offset >= len(blob.blob):
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"fetch.offset: expected < {len(blob.blob)} (the shard's size), got {msg.offset}",
+            )
+        frames = self.data.frames(msg.data, msg.offset, conn.limits.frame_bytes)
+        for data, frame in frames:
+            conn.outbox.append(ev.Send(client_id=conn.client_id, message=data, frame=frame))
+        self._dirty.add(conn.client_id)
+        out.append(
+            ev.DataServed(
+                client_id=conn.client_id,
+                sha256=msg.data,
+                nbytes=len(blob.blob) - msg.offset,
+                frame_bytes=sum(len(f) for _, f in frames),
+                now=now,
+            )
+        )
 
     def _start_upload(self, conn: _Conn, msg: m.Result, now: float, out: list[ev.Output]) -> None:
         if msg.num_chunks < 1:
@@ -710,10 +750,16 @@ class Coordinator:
             version, transfer, chunks, frames, delta_base = self._download(conn, rec)
         send_model = rec.version_held != version and not seeded
         model_bytes = sum(len(f) for f in frames) if send_model else 0
+        shard = self.data.shards[task.shard]
+        # The first task naming a shard may wait for its transfer (a cold cache).
+        data_bytes = 0
+        if conn.data and shard.sha256 not in conn.shards_named:
+            conn.shards_named.add(shard.sha256)
+            data_bytes = len(shard.blob)
         flops = self._flops_per_sample * task.steps * task.batch
         # A queued task starts when the one in front is done: about one task later.
         compute_s = flops / rec.rate() * (2 if queued else 1)
-        predicted = compute_s + (model_bytes + self.spec.nbytes) / min(
+        predicted = compute_s + (model_bytes + data_bytes + self.spec.nbytes) / min(
             conn.limits.bytes_per_s, 1e12
         )
         lease_s = max(self.job.lease.min_s, self.job.lease.slack * predicted)
@@ -730,7 +776,7 @@ class Coordinator:
             spec=self.spec,
             dataset=self._dataset_name,
             shard=task.shard,
-            indices=self._shard_idx[task.shard],
+            indices=self._task_indices(conn, task),
             steps=task.steps,
             batch=task.batch,
             optimizer=self._optimizer,
@@ -744,6 +790,7 @@ class Coordinator:
             delta_base=delta_base if send_model else None,
             init_seed=self.job.model.init_seed if seeded else None,
             init_crc=self._v0_crc if seeded else None,
+            data=shard.sha256 if conn.data else None,
             **self._distill_fields(task),
         )
         self._queue(conn, msg)
@@ -771,6 +818,16 @@ class Coordinator:
                 queued=queued,
             )
         )
+
+    def _task_indices(self, conn: _Conn, task: Task) -> np.ndarray | None:
+        """Rows of the task's data: all of its shard for a client that fetches shards
+        (explicit only for distill, whose teacher rows align with them), else the
+        shard's rows of the named dataset's training split."""
+        if not conn.data:
+            return self._shard_idx[task.shard]
+        if self.teacher_logits is not None:
+            return np.arange(self.data.shards[task.shard].rows, dtype=np.int32)
+        return None
 
     def _task_kind(self, task: Task) -> str:
         if task.kind == "gradient":

@@ -133,6 +133,17 @@ class Evaluated:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DataServed:
+    """A client fetched a shard: ``nbytes`` of it from ``frame_bytes`` of frames."""
+
+    client_id: ClientId
+    sha256: str
+    nbytes: int
+    frame_bytes: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobFinished:
     version: int
     reason: str
@@ -150,6 +161,7 @@ Event = (
     | ResultRejected
     | ModelUpdated
     | Evaluated
+    | DataServed
     | JobFinished
 )
 Output = Action | Event

@@ -177,7 +177,7 @@ class Loopback:
                     c.online = False
 
     def _compute(self, c: LoopClient, req: ComputeRequest) -> None:
-        out = run_task(req.task, req.params)
+        out = run_task(req.task, req.params, req.data)
         c.computes += 1
         flops = req.task.spec.flops_per_sample() * req.task.steps * req.task.batch
         done = self.now + flops / c.flops

@@ -50,7 +50,7 @@ from typing import Any
 
 import msgpack
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException
+from fastapi import FastAPI, Header, HTTPException, Request, Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
@@ -482,12 +482,13 @@ class CrowdServer:
     def status(self) -> dict[str, Any]:
         st = self.service.stats
         job = self.service.job
+        core = self.service.core
         return {
             "job": {
                 "name": job.name,
                 "strategy": job.strategy.name,
                 "widths": list(job.spec.widths),
-                "dataset": job.data.dataset,
+                "dataset": job.data.source,
                 "target_accuracy": job.stop.target_accuracy,
             },
             "version": st.version,
@@ -497,6 +498,14 @@ class CrowdServer:
             "rejected_results": st.rejected,
             "leases_expired": st.leases_expired,
             "tasks_prefetched": st.tasks_prefetched,
+            "data": {
+                "shards": len(core.data.shards) if core is not None else None,
+                "shard_bytes": core.data.total_bytes if core is not None else None,
+                "ws_fetches": st.data_fetches,
+                "ws_bytes": st.data_bytes,
+                "http_fetches": st.data_http_fetches,
+                "http_bytes": st.data_http_bytes,
+            },
             "throughput": {"results_per_s": round(st.throughput(), 3)},
             "last_evaluation": st.last_eval,
             "finished": st.finished,
@@ -516,6 +525,36 @@ class CrowdServer:
                 "max_send_queue_bytes": self.net.max_queued,
             },
         }
+
+    def _serve_blob(
+        self, blob: bytes, sha256: str, method: str, range_: str | None, if_none_match: str | None
+    ) -> Response:
+        etag = f'"{sha256}"'
+        headers = {
+            "ETag": etag,
+            "Cache-Control": "public, max-age=31536000, immutable",
+            "Accept-Ranges": "bytes",
+        }
+        if if_none_match is not None and etag in (t.strip() for t in if_none_match.split(",")):
+            return Response(status_code=304, headers=headers)
+        size = len(blob)
+        start, end, status = 0, size, 200
+        if range_ is not None:
+            span = parse_range(range_, size)
+            if span is None:
+                headers["Content-Range"] = f"bytes */{size}"
+                return Response(status_code=416, headers=headers)
+            start, end, status = span[0], span[1], 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        body = b"" if method == "HEAD" else blob[start:end]
+        if method != "HEAD":
+            st = self.service.stats
+            st.data_http_fetches += 1
+            st.data_http_bytes += len(body)
+        headers["Content-Length"] = str(end - start)
+        return Response(
+            content=body, status_code=status, headers=headers, media_type="application/octet-stream"
+        )
 
     def _admin(self, authorization: str | None) -> None:
         if self.admin_token is None:
@@ -544,6 +583,22 @@ class CrowdServer:
             """Job, model version, clients, throughput and the last evaluation."""
             self.ensure_started()
             return self.status()
+
+        @app.api_route("/data/{sha256}", methods=["GET", "HEAD"])
+        async def data(
+            sha256: str,
+            request: Request,
+            range_: str | None = Header(None, alias="range"),
+            if_none_match: str | None = Header(None),
+        ) -> Response:
+            """A shard of the job's data by its sha256 (docs/protocol.md §13): immutable,
+            so cacheable forever; ``Range: bytes=a-b`` gives part of it (206)."""
+            self.ensure_started()
+            core = self.service.core
+            shard = core.data.by_hash.get(sha256) if core is not None else None
+            if shard is None:
+                raise HTTPException(404, f"no shard {sha256[:80]!r} in this job")
+            return self._serve_blob(shard.blob, sha256, request.method, range_, if_none_match)
 
         @app.post("/api/admin/checkpoint")
         async def checkpoint(authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -599,6 +654,28 @@ class _Uvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.crowd.drain()
         await super().shutdown(sockets)
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """``[start, end)`` of one ``bytes=`` range (RFC 9110 §14.1.2), None when it is
+    malformed, names several ranges or lies past the end."""
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash:
+        return None
+    try:
+        if first == "":  # a suffix: the last N bytes
+            n = int(last)
+            return (max(0, size - n), size) if n > 0 and size > 0 else None
+        start = int(first)
+        end = size if last == "" else min(size, int(last) + 1)
+    except ValueError:
+        return None
+    if start < 0 or start >= size or end <= start:
+        return None
+    return start, end
 
 
 def make_uvicorn(crowd: CrowdServer, *, log_level: str = "warning") -> uvicorn.Server:

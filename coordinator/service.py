@@ -75,6 +75,12 @@ class Stats:
     leases_expired: int = 0
     #: tasks leased behind a running one at a client's prefetch
     tasks_prefetched: int = 0
+    #: shard fetches over the websocket, and the shard bytes they carried
+    data_fetches: int = 0
+    data_bytes: int = 0
+    #: shard downloads by HTTP (GET /data/{sha256}) and their bytes
+    data_http_fetches: int = 0
+    data_http_bytes: int = 0
     joined: int = 0
     left: int = 0
     last_eval: dict[str, float] | None = None
@@ -217,6 +223,13 @@ class CoreService:
     # -- the thread ----------------------------------------------------------------
 
     def _build_core(self) -> Coordinator:
+        core = self._make_core()
+        if self.store is not None:  # the shards, content-addressed beside the checkpoints
+            for s in core.data.shards:
+                self.store.put_blob(s.blob)
+        return core
+
+    def _make_core(self) -> Coordinator:
         if self._store_path is None:
             return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
         self.store = CheckpointStore.open(self._store_path)
@@ -327,6 +340,9 @@ class CoreService:
                     st.leases_expired += 1
                 case ev.TaskLeased(queued=True):
                     st.tasks_prefetched += 1
+                case ev.DataServed():
+                    st.data_fetches += 1
+                    st.data_bytes += o.nbytes
                 case ev.ClientJoined():
                     st.joined += 1
                 case ev.ClientLeft():

@@ -23,6 +23,7 @@ from protocol.errors import ErrorCode, ProtocolError
 from protocol.flatmap import read_flat_map
 from protocol.limits import LinkLimits
 from protocol.ndarray import ext_hook, pack_ndarray
+from protocol.shardfile import is_sha256_hex
 
 PROTOCOL_VERSION = 1
 #: Versions this implementation can speak (hello.version must be one of them).
@@ -181,6 +182,12 @@ def _logits(v: Any, where: str) -> np.ndarray:
     return v
 
 
+def _sha256(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not is_sha256_hex(v):
+        raise _bad(where, "sha256 as 64 lowercase hex digits", v)
+    return v
+
+
 def _spec(v: Any, where: str) -> ModelSpec:
     if isinstance(v, ModelSpec):
         return v
@@ -251,6 +258,9 @@ class Message:
     #: per field ``(name, where, default)``: ``default`` makes the value when the
     #: field is left out, or is None for a required field
     _FILL: ClassVar[tuple[tuple[str, str, Callable[[], Any] | None], ...]] = ()
+    #: keys added within version 1 that the encoder leaves off the wire at their
+    #: default, so a peer that never uses them sends and gets the frames it always did
+    SPARSE: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
         try:
@@ -291,6 +301,9 @@ class Message:
         for name, _, _, dump in self._PLAN:
             v = getattr(self, name)
             out[name] = dump(v) if dump is not None and v is not None else v
+        for name in self.SPARSE:
+            if out[name] == _SPARSE_DEFAULTS[self.TYPE][name]:
+                del out[name]
         return out
 
     @classmethod
@@ -349,7 +362,9 @@ class Hello(Message):
     deltas: bool = False
     seeded_init: bool = False
     spans: bool = False
+    data: bool = False
 
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
         "client": _str(64, empty=False),
@@ -364,6 +379,7 @@ class Hello(Message):
         "deltas": _bool,
         "seeded_init": _bool,
         "spans": _bool,
+        "data": _bool,
     }
 
 
@@ -381,7 +397,9 @@ class Welcome(Message):
     heartbeat_interval: float = 5.0
     spans: bool = False
     prefetch: bool = False
+    data: bool = False
 
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
         "session_id": _str(128, empty=False),
@@ -390,6 +408,7 @@ class Welcome(Message):
         "heartbeat_interval": _float(0.001, 3600.0),
         "spans": _bool,
         "prefetch": _bool,
+        "data": _bool,
     }
 
 
@@ -431,7 +450,9 @@ class Task(Message):
     distill_alpha: float = 0.7
     init_seed: int | None = None
     init_crc: int | None = None
+    data: str | None = None
 
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "task_id": _str(128, empty=False),
         "kind": _str(32, TASK_KINDS),
@@ -456,6 +477,7 @@ class Task(Message):
         "distill_alpha": _float(0.0, 1.0),
         "init_seed": _opt(_int(0, U64)),
         "init_crc": _opt(_int(0, U32)),
+        "data": _opt(_sha256),
     }
 
     def _cross(self) -> None:
@@ -569,6 +591,7 @@ class Chunk(Message):
     blocks: int = 1
     payload: bytes | memoryview
 
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"blocks"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "transfer": _str(128, empty=False),
         "seq": _int(0, (1 << 24) - 1),
@@ -588,12 +611,6 @@ class Chunk(Message):
             raise _bad("chunk.seq", f"< total ({self.total})", self.seq)
         if self.blocks == 1 and self.row_end <= self.row_start:
             raise _bad("chunk.row_end", f"> row_start ({self.row_start})", self.row_end)
-
-    def to_wire(self) -> dict[str, Any]:
-        out = Message.to_wire(self)
-        if self.blocks == 1:
-            del out["blocks"]
-        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -671,6 +688,44 @@ class Bye(Message):
     SCHEMA: ClassVar[dict[str, Check]] = {"reason": _str(256)}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Fetch(Message):
+    """Client -> server: send me shard ``data`` (a sha256 named by a task) from byte
+    ``offset`` on. Only to a server whose ``welcome.data`` is true (§13)."""
+
+    TYPE: ClassVar[str] = "fetch"
+    data: str
+    offset: int = 0
+
+    SCHEMA: ClassVar[dict[str, Check]] = {
+        "data": _sha256,
+        "offset": _int(0, U32),
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Data(Message):
+    """Server -> client: bytes ``[offset, offset + len(payload))`` of shard ``data``,
+    whose whole blob is ``size`` bytes (§13). Sent in offset order, paced like chunks."""
+
+    TYPE: ClassVar[str] = "data"
+    data: str
+    offset: int
+    size: int
+    payload: bytes | memoryview
+
+    SCHEMA: ClassVar[dict[str, Check]] = {
+        "data": _sha256,
+        "offset": _int(0, U32),
+        "size": _int(1, U32),
+        "payload": _bytes,
+    }
+
+    def _cross(self) -> None:
+        if self.offset + len(self.payload) > self.size:
+            raise _bad("data.payload", f"to end by size ({self.size})", self.offset)
+
+
 def _filler(f: Any) -> Callable[[], Any] | None:
     """What makes a left-out field's value (None: the field is required)."""
     if f.default is not MISSING:
@@ -682,8 +737,11 @@ def _filler(f: Any) -> Callable[[], Any] | None:
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    m.TYPE: m for m in (Hello, Welcome, Task, Result, Chunk, Ack, Prefetch, Heartbeat, Error, Bye)
-}
+    m.TYPE: m
+    for m in (
+        Hello, Welcome, Task, Result, Chunk, Ack, Prefetch, Heartbeat, Error, Bye, Fetch, Data
+    )
+}  # fmt: skip
 
 for _m in MESSAGE_TYPES.values():  # every dataclass field has exactly one check
     if set(_m.SCHEMA) != {f.name for f in fields(_m)}:
@@ -692,6 +750,12 @@ for _m in MESSAGE_TYPES.values():  # every dataclass field has exactly one check
         (f.name, _m.SCHEMA[f.name], f"{_m.TYPE}.{f.name}", _DUMP.get(f.name)) for f in fields(_m)
     )
     _m._FILL = tuple((f.name, f"{_m.TYPE}.{f.name}", _filler(f)) for f in fields(_m))
+
+#: the wire value of each SPARSE key at its default (what the encoder leaves off)
+_SPARSE_DEFAULTS: dict[str, dict[str, Any]] = {
+    _m.TYPE: {f.name: f.default for f in fields(_m) if f.name in _m.SPARSE}
+    for _m in MESSAGE_TYPES.values()
+}
 
 
 # -- framing ----------------------------------------------------------------------------

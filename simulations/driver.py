@@ -58,7 +58,8 @@ from client.session import (
 )
 from coordinator import events as ev
 from coordinator.core import Coordinator
-from nn.data import Dataset, load_dataset
+from coordinator.data import load_job_data
+from nn.data import Dataset
 from nn.optim import Optimizer, OptState
 from nn.train import evaluate, train_steps
 from protocol import messages as m
@@ -287,7 +288,8 @@ class Player:
         seconds = flops / self.flops
         # The numbers are computed now (or start on the numerics thread); the
         # virtual compute time only decides when the session hears of them.
-        self.compute_job = self.sim.numerics.submit(run_task, task, req.params, self.sim.dataset)
+        data = req.data if task.data is not None else self.sim.dataset
+        self.compute_job = self.sim.numerics.submit(run_task, task, req.params, data)
         self.compute_event = self.sim.engine.schedule(
             seconds, self._compute_done, req, seconds, priority=Priority.COMPUTE
         )
@@ -356,7 +358,7 @@ class Simulation:
         self.engine = Engine(seed=scenario.seed)
         self.limits = scenario.limits
         self.link_spec = scenario.link
-        self.dataset = dataset or load_dataset(self.job.data.dataset, seed=self.job.data.seed)
+        self.dataset = dataset or load_job_data(self.job)
         self.core = Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
         self.stats = Stats()
         self.series: list[Sample] = []

@@ -79,3 +79,11 @@ class ChunkStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    @abstractmethod
+    def put_blob(self, sha256: str, data: bytes) -> bool:
+        """Keep ``data`` under its content hash (checked by the caller); True if new."""
+
+    @abstractmethod
+    def get_blob(self, sha256: str) -> bytes | None:
+        """The bytes kept under ``sha256``, or None."""

@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS deltas (
     crc32 INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS deltas_version ON deltas(version);
+CREATE TABLE IF NOT EXISTS blobs (sha256 TEXT PRIMARY KEY, data BLOB NOT NULL);
 """
 
 
@@ -319,6 +320,18 @@ class SqliteChunkStore(ChunkStore):
                 with self._conn.blobopen("chunks", "data", rowid, readonly=True) as blob:
                     data = blob.read()
                 yield idx, data
+
+    def put_blob(self, sha256: str, data: bytes) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "INSERT OR IGNORE INTO blobs (sha256, data) VALUES (?, ?)", (sha256, data)
+            )
+            return cur.rowcount == 1
+
+    def get_blob(self, sha256: str) -> bytes | None:
+        with self._lock:
+            row = self._conn.execute("SELECT data FROM blobs WHERE sha256=?", (sha256,)).fetchone()
+        return None if row is None else bytes(row[0])
 
     def wal_checkpoint(self) -> None:
         """Fold the WAL into the main file and truncate it (for backups and tests)."""

@@ -85,6 +85,21 @@ class CheckpointStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- content-addressed blobs (the job's data shards) ---------------------------
+
+    def put_blob(self, data: bytes) -> str:
+        """Keep ``data`` by its sha256 (once: a second put of the same bytes is free)."""
+        sha = sha256_hex(data)
+        self.backend.put_blob(sha, data)
+        return sha
+
+    def get_blob(self, sha256: str) -> bytes | None:
+        """The bytes kept under ``sha256``, checked against it (None if absent)."""
+        data = self.backend.get_blob(sha256)
+        if data is not None and sha256_hex(data) != sha256:
+            raise CorruptCheckpoint(f"blob {sha256}: stored bytes do not match their hash")
+        return data
+
     # -- writing ------------------------------------------------------------------
 
     def write_cost(self, ckpt: Checkpoint) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from coordinator.config import STRATEGY_NAMES, JobConfig, load_job
+from coordinator.data import load_job_data
 from coordinator.server import CrowdServer, bind, join_url, make_uvicorn
 from coordinator.service import CoreService
 from crowdgrad.cli import UsageError
@@ -121,9 +122,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--host/--port: cannot bind {args.host}:{args.port}: {exc}") from None
     if args.durable_interval <= 0:
         raise UsageError(f"--durable-interval must be > 0, got {args.durable_interval}")
+    try:  # before anything is printed: a bad data file is an error, not a traceback later
+        dataset = load_job_data(job)
+    except ValueError as exc:
+        sock.close()
+        raise UsageError(str(exc)) from None
     service = CoreService(
         job,
         seed=args.seed,
+        dataset=dataset,
         store=args.store,
         tick_hz=args.tick_hz,
         ack_durable=False if args.no_ack_durable else None,
@@ -134,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     console.print(
         f"[bold]crowdgrad coordinator[/]: job {job.name!r}, {job.strategy.name}, model "
-        f"{list(job.spec.widths)} on {job.data.dataset}"
+        f"{list(job.spec.widths)} on {job.data.source} ({dataset.X_train.shape[0]} training "
+        f"rows in {job.data.shards} shards)"
     )
     for url in public_urls(args.host, port):
         console.print(f"  join with:  [bold cyan]crowdgrad client {url}[/]")

@@ -32,7 +32,7 @@ from coordinator.service import CoreService
 from protocol import messages as m
 from protocol.errors import ErrorCode, close_code
 
-JOB = {"model": {"widths": [4, 3, 2]}, "data": {"shards": 2, "batch": 2}}
+JOB = {"model": {"widths": [64, 3, 10]}, "data": {"shards": 2, "batch": 2}}
 
 finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e15, max_value=1e15)
 

@@ -9,7 +9,7 @@ from coordinator.config import parse_job
 from coordinator.service import MAX_BATCH, CoreService
 from protocol import messages as m
 
-JOB = {"model": {"widths": [4, 3, 2]}, "data": {"shards": 2, "batch": 2}}
+JOB = {"model": {"widths": [64, 3, 10]}, "data": {"shards": 2, "batch": 2}}
 
 
 class Sink:

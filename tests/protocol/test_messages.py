@@ -17,7 +17,9 @@ from protocol.messages import (
     Ack,
     Bye,
     Chunk,
+    Data,
     Error,
+    Fetch,
     Heartbeat,
     Hello,
     Prefetch,
@@ -98,6 +100,19 @@ def examples():
         ),
         Ack(task_id="t-1", accepted=False, reason="stale"),
         Prefetch(task_id="t-1"),
+        Fetch(data="ab" * 32),
+        Fetch(data="0f" * 32, offset=4096),
+        Data(data="ab" * 32, offset=8, size=24, payload=b"\x01" * 16),
+        Hello(client="web/1", data=True),
+        Welcome(session_id="s-2", limits=profile("roblox"), data=True),
+        Task(
+            task_id="t-3",
+            model_version=1,
+            spec=spec,
+            dataset="user",
+            base_version=1,
+            data="0123456789abcdef" * 4,
+        ),
         Heartbeat(seq=5, time=12.5, echo=12.25),
         Error(code=int(ErrorCode.BAD_FIELD), message="task.steps: bad"),
         Bye(reason="shutdown"),
@@ -322,3 +337,36 @@ def test_corrupted_valid_frames_raise_only_protocol_error(frame, flips):
     except ProtocolError:
         return
     assert encode(msg)  # whatever decoded is a valid message that re-encodes
+
+
+def test_sparse_keys_stay_off_the_wire_at_their_default():
+    """Keys added within version 1 (task.data, hello.data, welcome.data, chunk.blocks)
+    leave a frame that does not use them byte-identical to the one before them."""
+    spec = ModelSpec.preset("tiny")
+    task = Task(task_id="1", model_version=0, spec=spec, dataset="d", base_version=0)
+    assert "data" not in task.to_wire()
+    with_data = Task(
+        task_id="1", model_version=0, spec=spec, dataset="d", base_version=0, data="a" * 64
+    )
+    assert with_data.to_wire()["data"] == "a" * 64
+    assert decode(encode(with_data)) == with_data
+    assert "data" not in Hello(client="c").to_wire()
+    assert Hello(client="c", data=True).to_wire()["data"] is True
+
+
+@pytest.mark.parametrize(
+    "wire, field",
+    [
+        ({"type": "fetch", "data": "A" * 64}, "fetch.data"),
+        ({"type": "fetch", "data": "ab"}, "fetch.data"),
+        ({"type": "data", "data": "a" * 64, "offset": 10, "size": 12, "payload": b"123"},
+         "data.payload"),
+        ({"type": "task", "task_id": "1", "model_version": 0, "dataset": "d",
+          "spec": {"widths": [2, 2]}, "base_version": 0, "data": "xyz"}, "task.data"),
+    ],
+)  # fmt: skip
+def test_bad_data_fields_name_the_field(wire, field):
+    with pytest.raises(ProtocolError) as err:
+        decode(msgpack.packb(wire, use_bin_type=True))
+    assert err.value.code is ErrorCode.BAD_FIELD
+    assert field in err.value.message

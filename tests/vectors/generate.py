@@ -27,7 +27,9 @@ from protocol.limits import profile
 from protocol.messages import (
     Ack,
     Bye,
+    Data,
     Error,
+    Fetch,
     Heartbeat,
     Hello,
     Message,
@@ -38,6 +40,7 @@ from protocol.messages import (
     encode,
 )
 from protocol.ndarray import NDARRAY_EXT, unpack_ndarray
+from protocol.shardfile import encode_shard, sha256_hex
 
 HERE = Path(__file__).parent
 
@@ -194,7 +197,33 @@ def valid_messages() -> dict[str, Message]:
         "heartbeat": Heartbeat(seq=7, time=100.25, echo=99.5),
         "error": Error(code=3, message="task.steps: expected int in [1, 1000000000], got 0"),
         "bye": Bye(reason="client closing"),
+        "task_data": Task(
+            task_id="t-6",
+            kind="train",
+            model_version=3,
+            spec=spec,
+            dataset="blobs",
+            shard=1,
+            steps=10,
+            base_version=3,
+            data=sha256_hex(_shard_blob()),
+        ),
+        "hello_data": Hello(client="web/1", spans=True, data=True),
+        "welcome_data": Welcome(session_id="s-44", limits=profile("roblox"), data=True),
+        "fetch": Fetch(data=sha256_hex(_shard_blob())),
+        "data": Data(
+            data=sha256_hex(_shard_blob()),
+            offset=0,
+            size=len(_shard_blob()),
+            payload=_shard_blob(),
+        ),
     }
+
+
+def _shard_blob() -> bytes:
+    """A 3-row shard of the tiny preset's inputs (5 features, 3 classes): §13."""
+    X = np.array([[0.0, 0.5, 1.0, -1.0, 2.0], [1, 2, 3, 4, 5], [-0.25, 0, 0, 0, 0.125]])
+    return encode_shard(X, np.array([2, 0, 1], dtype=np.int32), classes=3)
 
 
 def invalid_frames() -> dict[str, tuple[bytes, str, str]]:
