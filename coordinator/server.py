@@ -50,7 +50,7 @@ from typing import Any
 
 import msgpack
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
@@ -584,21 +584,34 @@ class CrowdServer:
             self.ensure_started()
             return self.status()
 
-        @app.api_route("/data/{sha256}", methods=["GET", "HEAD"])
-        async def data(
-            sha256: str,
-            request: Request,
-            range_: str | None = Header(None, alias="range"),
-            if_none_match: str | None = Header(None),
+        def shard_response(
+            sha256: str, method: str, range_: str | None, if_none_match: str | None
         ) -> Response:
-            """A shard of the job's data by its sha256 (docs/protocol.md §13): immutable,
-            so cacheable forever; ``Range: bytes=a-b`` gives part of it (206)."""
             self.ensure_started()
             core = self.service.core
             shard = core.data.by_hash.get(sha256) if core is not None else None
             if shard is None:
                 raise HTTPException(404, f"no shard {sha256[:80]!r} in this job")
-            return self._serve_blob(shard.blob, sha256, request.method, range_, if_none_match)
+            return self._serve_blob(shard.blob, sha256, method, range_, if_none_match)
+
+        @app.get("/data/{sha256}")
+        async def data(
+            sha256: str,
+            range_: str | None = Header(None, alias="range"),
+            if_none_match: str | None = Header(None),
+        ) -> Response:
+            """A shard of the job's data by its sha256 (docs/protocol.md §13): immutable,
+            so cacheable forever; ``Range: bytes=a-b`` gives part of it (206)."""
+            return shard_response(sha256, "GET", range_, if_none_match)
+
+        @app.head("/data/{sha256}")
+        async def data_head(
+            sha256: str,
+            range_: str | None = Header(None, alias="range"),
+            if_none_match: str | None = Header(None),
+        ) -> Response:
+            """The headers of ``GET /data/{sha256}`` alone."""
+            return shard_response(sha256, "HEAD", range_, if_none_match)
 
         @app.post("/api/admin/checkpoint")
         async def checkpoint(authorization: str | None = Header(None)) -> dict[str, Any]:

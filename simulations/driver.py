@@ -47,6 +47,7 @@ import numba
 import numpy as np
 
 from client.compute import ComputeOutput, run_task
+from client.datacache import MemoryCache
 from client.session import (
     Action,
     Capabilities,
@@ -119,6 +120,10 @@ class Player:
         self.rng = sim.engine.rng(f"player/{index}")
         self.flops = max(1.0, sim.scenario.clients.compute.sample(self.rng))
         codecs = tuple(sorted({sim.job.codecs.model, sim.job.codecs.update}))
+        cache = MemoryCache()  # a player's shards outlive its reconnects
+        if sim.scenario.clients.warm_data:
+            for shard in sim.core.data.shards:
+                cache.put(shard.sha256, shard.blob)
         self.client = ClientSession(
             f"player-{index}",
             Capabilities(
@@ -128,6 +133,7 @@ class Player:
                 prefetch=sim.scenario.clients.prefetch,
             ),
             seed=int(self.rng.integers(2**32)),
+            cache=cache,
         )
         self.session = 0
         self.conn_id: str | None = None

@@ -100,6 +100,11 @@ class ClientsSection(_Section):
     prefetch: bool = Field(
         default=True, description="players ask for their next task while they compute"
     )
+    warm_data: bool = Field(
+        default=False,
+        description="players start with every data shard cached (returning players); "
+        "otherwise each fetches a shard over its link the first time a task names it",
+    )
 
     @field_validator("compute", "latency", mode="before")
     @classmethod
@@ -175,6 +180,7 @@ class Scenario(_Section):
             "silent_drops": c.silent_drops,
             "duplicate_results": c.duplicate_results,
             "prefetch": c.prefetch,
+            "warm_data": c.warm_data,
         }
         return d
 

@@ -284,3 +284,22 @@ def test_a_crowd_of_700_players_gets_there_faster_than_8(digits):
     poly = {"kind": "polynomial", "a": 0.5}
     old = Simulation(parse_scenario(_crowd(700, poly)), dataset=digits).run().summary
     assert old["reason"] == "max_time" and old["accuracy"] < 0.6
+
+
+def test_players_pay_for_shards_on_their_links_unless_their_cache_is_warm(digits):
+    """A cold player fetches each shard it is named once, over its simulated link; a
+    returning player (clients.warm_data) fetches none."""
+    sims = {}
+    for warm in (False, True):
+        sim = Simulation(small(seed=4, warm_data=warm), dataset=digits)
+        sims[warm] = (sim, sim.run())
+    cold_sim, cold = sims[False]
+    warm_sim, warm = sims[True]
+    shard_bytes = {s.sha256: len(s.blob) for s in cold_sim.core.data.shards}
+    for p in cold_sim.players:
+        fetched = p.client.data_bytes
+        assert 0 < fetched <= sum(shard_bytes.values())  # each shard at most once
+        assert set(p.client.shards) <= set(shard_bytes)
+    assert all(p.client.data_bytes == 0 for p in warm_sim.players)
+    assert warm.summary["bytes_down"] < cold.summary["bytes_down"]
+    assert warm.summary["reason"] == cold.summary["reason"] == "target_accuracy"
