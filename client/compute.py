@@ -7,20 +7,24 @@ docs/protocol.md §13, optionally narrowed by ``indices``) or, for a peer that
 does not fetch shards, as ``task.dataset`` (``"<name>#<split seed>"``, see
 :func:`dataset_ref`) plus ``indices`` into that dataset's training split; its
 batch sampling as ``seed``. The result is deterministic given those and the
-base params.
+base params, and the same in any conforming client: batches come from the
+portable generator ``Xoshiro128ss(task.seed, 0)`` (docs/protocol.md §12, which
+states every formula used here).
 
 - ``gradient``: the mean-loss gradient on ``steps × batch`` samples drawn
   without replacement from the shard;
-- ``train``: ``steps`` local optimizer steps from the base params; the update
-  is the delta ``local − base``.
+- ``train``: ``steps`` local optimizer steps from the base params, with fresh
+  optimizer state; the update is the delta ``local − base``.
 - ``distill``: the same, but each step follows ``compression.distill``'s loss
   toward the task's ``teacher_logits`` (rows aligned with ``indices``).
+- ``evaluate``: loss and accuracy of the base params on all of the task's rows;
+  no update.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,7 +32,8 @@ from compression.distill import distill_steps
 from nn.data import Dataset, load_dataset
 from nn.optim import Optimizer, OptState
 from nn.params import Params
-from nn.train import batch_indices, compute_gradient, train_steps
+from nn.rng import Xoshiro128ss
+from nn.train import batch_indices, compute_gradient, evaluate, train_steps
 from protocol import messages as m
 from protocol.shardfile import ShardData
 
@@ -56,6 +61,18 @@ class ComputeOutput:
     loss: float
     samples: int
     steps: int
+    #: ``result.metrics``: ``{"accuracy": ...}`` for ``evaluate``
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+#: The task seed's generator stream for batch sampling (docs/protocol.md §12.1;
+#: stream 1 is stochastic rounding, ``client.session.ROUNDING_STREAM``).
+SAMPLING_STREAM = 0
+
+
+def sampling_rng(task: m.Task) -> Xoshiro128ss:
+    """The generator a task's batches come from: stream 0 of ``task.seed``."""
+    return Xoshiro128ss(task.seed, SAMPLING_STREAM)
 
 
 def task_rows(task: m.Task, data: Dataset | ShardData | None) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +96,16 @@ def run_task(task: m.Task, base: Params, data: Dataset | ShardData | None = None
         if idx.size == 0 or int(idx.max()) >= X.shape[0]:
             raise ValueError(f"task {task.task_id}: shard indices out of range 0..{X.shape[0]}")
         X, y = X[idx], y[idx]
-    rng = np.random.default_rng(task.seed)
+    if task.kind == "evaluate":
+        r = evaluate(base, X, y)
+        return ComputeOutput(
+            update=np.zeros(0, np.float32),
+            loss=r.loss,
+            samples=r.n,
+            steps=0,
+            metrics={"accuracy": r.accuracy},
+        )
+    rng = sampling_rng(task)
     if task.kind == "gradient":
         rows = batch_indices(X.shape[0], 1, min(task.steps * task.batch, X.shape[0]), rng)
         loss, grad = compute_gradient(base, X[rows], y[rows])

@@ -13,7 +13,11 @@ architecture blog, "Exponential Backoff And Jitter"); the session keeps its
 resume token, its cached model and any unacknowledged result across
 reconnects, and the coordinator applies that result at most once. Close codes
 that retrying cannot fix (join token refused, version or codecs not served)
-end the client with exit code 2.
+end the client with exit code 2; a ``bye`` saying the job is ``finished`` ends it
+with exit code 0, without reconnecting. A task whose compute raises is declined
+(the coordinator gives it to another client at once). A frame from the
+coordinator that does not decode is answered with ``error`` and a close with
+4000 + its error code (docs/protocol.md §7).
 
 Stopping (Ctrl-C, SIGTERM): the task in hand is finished if that takes at most
 ``stop_grace`` seconds, else abandoned; then ``bye`` and close 1000; exit 0.
@@ -31,6 +35,7 @@ import platform
 import random
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -42,13 +47,14 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from client.compute import ComputeOutput, run_task, task_rows
+from client.compute import ComputeOutput, run_task, sampling_rng, task_rows
 from client.datacache import DiskCache, MemoryCache, ShardCache, default_cache_dir
 from client.flops import measure_flops
-from client.session import Capabilities, ClientSession, ComputeRequest, Finished, Send
+from client.session import Capabilities, ClientSession, Close, ComputeRequest, Finished, Send
 from compression import codecs
 from nn.data import Dataset
 from nn.optim import Optimizer, OptState
+from nn.spec import INIT_SCHEME
 from nn.train import batch_indices, train_steps
 from protocol import messages as m
 from protocol.errors import CLOSE_CODES, ErrorCode, ProtocolError
@@ -107,6 +113,8 @@ class DesktopClient:
         prefetch: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache: bool = True,
+        fetch_data: bool = True,
+        ca: str | os.PathLike[str] | None = None,
     ) -> None:
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
@@ -134,6 +142,17 @@ class DesktopClient:
             if cache
             else MemoryCache()
         )
+        self.fetch_data = fetch_data
+        #: wss:// trusts these certificates (a self-signed coordinator's) instead of
+        #: the system's store
+        self.ssl: ssl.SSLContext | None = None
+        if ca is not None:
+            if not url.startswith("wss://"):
+                raise ValueError(f"--ca: {url} is not a wss:// URL")
+            try:
+                self.ssl = ssl.create_default_context(cafile=os.fspath(ca))
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"--ca {ca}: {exc}") from None
         self.stats = ClientStats()
         self.session: ClientSession | None = None
         self._jitter = random.Random(self.seed)
@@ -168,7 +187,9 @@ class DesktopClient:
                 platform=platform.platform()[:64],
                 codecs=tuple(n for n in codecs.names() if len(n) <= 32)[:32],
                 seeded_init=self.seeded_init,
+                init_schemes=(INIT_SCHEME,) if self.seeded_init else (),
                 prefetch=self.prefetch,
+                data=self.fetch_data,
             )
             self.session = ClientSession(self.name[:64], caps, seed=self.seed, cache=self.cache)
             return await self._connect_loop()
@@ -183,14 +204,22 @@ class DesktopClient:
         while not self._stop.is_set():
             welcomed_before = self.stats.welcomed
             try:
+                tls = {} if self.ssl is None else {"ssl": self.ssl}  # wss: system store
                 async with connect(
-                    self.url, max_size=MAX_FRAME_BYTES, compression=None, open_timeout=10
+                    self.url, max_size=MAX_FRAME_BYTES, compression=None, open_timeout=10, **tls
                 ) as ws:
                     self.stats.connects += 1
                     await self._serve(ws)
             except FatalClose as exc:
                 log.error("coordinator refused this client: %s", exc)
                 return 2
+            except ssl.SSLCertVerificationError as exc:  # before OSError: it is one
+                log.warning(
+                    "connection to %s: certificate not trusted (%s); for a coordinator "
+                    "with its own certificate pass --ca PEM",
+                    self.url,
+                    exc,
+                )
             except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as exc:
                 log.info("connection to %s failed: %s", self.url, exc)
             except InvalidURI as exc:
@@ -241,17 +270,21 @@ class DesktopClient:
 
     async def _read(self, ws: ClientConnection) -> None:
         async for frame in ws:
-            if isinstance(frame, str):
-                log.warning("text frame from the coordinator ignored")
-                continue
+            session = self.session
+            assert session is not None
             try:
+                if isinstance(frame, str):
+                    raise ProtocolError(ErrorCode.MALFORMED, "a text frame (binary only)")
                 msg = m.decode(frame)
             except ProtocolError as exc:
                 log.warning("bad frame from the coordinator: %s", exc)
-                await ws.close(1002, "bad frame")
+                for a in session.refuse(exc, time.monotonic()):
+                    with contextlib.suppress(ConnectionClosed):
+                        if isinstance(a, Send):
+                            await ws.send(a.frame)
+                        elif isinstance(a, Close):
+                            await ws.close(a.code, a.reason)
                 return
-            session = self.session
-            assert session is not None
             if session.phase.value not in ("hello_sent", "ready"):
                 return
             if isinstance(msg, m.Welcome):
@@ -304,6 +337,10 @@ class DesktopClient:
                 case Finished():
                     log.info("job finished: %s", a.reason)
                     self._finished = True
+                case Close():
+                    ws = self._ws
+                    if ws is not None:
+                        self._spawn(ws.close(a.code, a.reason))
         if self._kick is not None:
             self._kick.set()
 
@@ -341,6 +378,9 @@ class DesktopClient:
             exc = f.exception()
             if exc is not None:
                 log.error("task %s failed: %s", req.task.task_id, exc)
+                word = "memory" if isinstance(exc, MemoryError) else "compute"
+                reason = f"{word}: {type(exc).__name__}: {exc}"
+                self._do(session.compute_failed(req.request_id, reason, time.monotonic()))
                 return
             out = f.result()
             if out is None:  # superseded while sliced
@@ -355,6 +395,7 @@ class DesktopClient:
                     samples=out.samples,
                     steps=out.steps,
                     compute_seconds=time.monotonic() - started,
+                    metrics=out.metrics,
                 )
             )
 
@@ -379,7 +420,7 @@ class DesktopClient:
             X, y = X[idx], y[idx]
         # Draw the whole task's batches up front exactly as run_task does, then feed
         # each slice its rows in order: the update is the same as at full speed.
-        rows = batch_indices(X.shape[0], task.steps, task.batch, np.random.default_rng(task.seed))
+        rows = batch_indices(X.shape[0], task.steps, task.batch, sampling_rng(task))
         local = req.params.copy()
         opt = Optimizer.from_dict(task.optimizer) if task.optimizer else Optimizer()
         state = OptState.init(opt, local.spec)
@@ -428,7 +469,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-seeded-init",
         dest="seeded_init",
         action="store_false",
-        help="download version 0 instead of building it from the job's init seed",
+        help="download version 0 instead of building it from the job's init seed "
+        "(announces no init scheme, docs/protocol.md §12.3)",
     )
     p.add_argument(
         "--no-prefetch",
@@ -448,6 +490,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="keep fetched shards in memory only (fetch them again next run)",
     )
+    p.add_argument(
+        "--ca",
+        metavar="PEM",
+        help="for wss:// URLs: trust these CA certificates (e.g. a self-signed "
+        "coordinator's) instead of the system's",
+    )
+    p.add_argument(
+        "--no-data-fetch",
+        dest="fetch_data",
+        action="store_false",
+        help="load the job's built-in dataset on this machine instead of fetching shards "
+        "(refused by jobs whose data is a file)",
+    )
 
 
 def client_from_args(args: argparse.Namespace) -> DesktopClient:
@@ -464,6 +519,8 @@ def client_from_args(args: argparse.Namespace) -> DesktopClient:
         prefetch=args.prefetch,
         cache_dir=args.cache_dir,
         cache=args.cache,
+        fetch_data=args.fetch_data,
+        ca=args.ca,
     )
 
 

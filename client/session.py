@@ -5,9 +5,11 @@ each own a socket, a clock and a way to compute; this object owns everything
 else. The driver calls ``start`` when a connection opens, ``receive`` with each
 decoded message, ``tick`` at ``next_wakeup()``, ``connection_lost`` when the
 socket dies and ``compute_done`` when a :class:`ComputeRequest` it was handed
-has finished (``client.compute.run_task`` does the maths). Outputs are actions:
-``Send`` a frame (already paced to the granted limits), ``ComputeRequest``,
-``Finished`` (the job is over, close and do not reconnect).
+has finished (``client.compute.run_task`` does the maths), or ``compute_failed``
+when it raised. Outputs are actions: ``Send`` a frame (already paced to the
+granted limits), ``ComputeRequest``, ``Finished`` (the job is over: a ``bye``
+with reason ``finished``; close and do not reconnect), ``Close`` (close the
+socket with this code: ``refuse`` for a server frame that was invalid).
 
 Rules:
 
@@ -23,7 +25,10 @@ Rules:
   only start the next task from an older model.
 - A finished result is kept until the server acknowledges it. If the socket
   dies first, the result waits; after the next ``welcome`` (with the resume
-  token) it is sent again, and the server applies it at most once.
+  token) it is sent again, and the server applies it at most once. The next
+  task never waits for an ack (a server may hold acks until the result is
+  durable, §6), so several results may await theirs: each is kept, matched by
+  task id (at most ``MAX_UNACKED``, the oldest dropped first).
 - The model of the last task is cached with its version, so a task that names
   ``base_version`` needs no download, and one that names ``delta_base`` downloads
   only the difference and adds it to the cached copy.
@@ -33,6 +38,15 @@ Rules:
   shard downloads during the running compute). A fetch cut by a reconnect goes
   on from the bytes already received; a shard is checked against its hash
   before it is cached or used.
+- A task this client cannot do (its compute raised, its upload codec is unknown
+  here, the model it builds on is not held, its model chunks are refused) is
+  declined: with a server that takes it (``welcome.decline``) a ``decline``
+  frees the lease at once, else the lease runs out. The next queued task, if
+  any, goes on.
+- Only a ``bye`` whose reason is ``finished`` ends the session (``Finished``);
+  any other ``bye`` is followed by a close and the driver may reconnect.
+- Every close this client sends for an error uses ``4000 + code``
+  (``protocol.errors.client_close_code``): a browser can send no other.
 - With ``task.error_feedback`` the session keeps, per chunk of rows, what the
   upload codec dropped and adds it to the same rows of its next result
   (compression.feedback); the residual outlives tasks and reconnects.
@@ -50,19 +64,36 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from client.datacache import MemoryCache, ShardCache
 from compression import ErrorFeedback, codecs
 from nn.params import Params
+from nn.spec import INIT_SCHEME, LEGACY_INIT_SCHEME
 from protocol import messages as m
 from protocol.checksum import crc32
 from protocol.chunking import Reassembler, chunk_params
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, client_close_code
 from protocol.feedback import feedback_chunks
 from protocol.limits import LinkLimits, Pacer
 from protocol.shardfile import ShardData, ShardError, decode_shard, sha256_hex
+
+#: the task seed's generator stream for stochastic rounding (docs/protocol.md §12.1)
+ROUNDING_STREAM = 1
+
+
+def rounding_rng(task: m.Task) -> Any:
+    """The draws of a stochastic-rounding (``-sr``) upload codec: stream 1 of the
+    task's seed, so the bytes are a function of the task like the update itself.
+    None for other codecs (they draw nothing), which keeps numba out of the import."""
+    if not task.upload_codec.endswith("-sr"):
+        return None
+    from nn.rng import Xoshiro128ss
+
+    return Xoshiro128ss(task.seed, ROUNDING_STREAM)
+
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +128,11 @@ class Capabilities:
     codecs: tuple[str, ...] = field(default_factory=lambda: tuple(codecs.names()))
     #: applies model deltas (task.delta_base)
     deltas: bool = True
-    #: builds version 0 from task.init_seed (this build's NumPy draws the init)
+    #: builds version 0 from task.init_seed without task.init_scheme: NumPy's PCG64
+    #: init of older coordinators (this build's NumPy draws it)
     seeded_init: bool = True
+    #: seeded-init schemes it reproduces (hello.init_schemes, docs/protocol.md §12.3)
+    init_schemes: tuple[str, ...] = (INIT_SCHEME,)
     #: takes chunks spanning several blocks (and sends them to a server that does)
     spans: bool = True
     #: asks for its next task while it computes, where the server offers that
@@ -129,10 +163,22 @@ class ComputeRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finished:
+    """The job is over (or this client cannot take part): close, do not reconnect.
+    ``reason``: why (a finished bye's ``detail``, e.g. ``max_versions``)."""
+
     reason: str
 
 
-Action = Send | ComputeRequest | Finished
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Close:
+    """Close the websocket with ``code`` (4000 + error code, §7) after the sends
+    before it; then call ``connection_lost``."""
+
+    code: int
+    reason: str
+
+
+Action = Send | ComputeRequest | Finished | Close
 
 
 @dataclass(slots=True)
@@ -151,6 +197,11 @@ class _Pending:
 
     task_id: str
     messages: list[m.Message]
+
+
+#: Results kept for resending while their acks are outstanding (a server answers
+#: each one; more than this means acks were lost, and the oldest go first).
+MAX_UNACKED = 16
 
 
 class ClientSession:
@@ -186,6 +237,12 @@ class ClientSession:
         self.model_version: int | None = None
         #: the server answers ``prefetch`` (from welcome) and this client asks
         self.server_prefetch = False
+        #: the server takes ``decline`` (from welcome)
+        self.server_decline = False
+        #: tasks this session declined (or dropped, to a server without decline)
+        self.declined = 0
+        #: the ``bye`` that finished the job (reason ``finished``), once it came
+        self.bye: m.Bye | None = None
         self.task: m.Task | None = None
         #: a prefetched task, queued behind ``task``; its model may still download
         self.next_task: m.Task | None = None
@@ -196,7 +253,8 @@ class ClientSession:
         self._winding_down = False
         self.request_id = 0
         self.computing: int | None = None
-        self.pending: _Pending | None = None
+        #: finished results awaiting their ack, oldest first, by task id
+        self.unacked: dict[str, _Pending] = {}
         self.rtt: float | None = None
         #: seconds the last model download took, task frame to last chunk
         self.last_download_s: float | None = None
@@ -233,6 +291,7 @@ class ClientSession:
             resume=self.resume_token,
             deltas=self.caps.deltas,
             seeded_init=self.caps.seeded_init,
+            init_schemes=self.caps.init_schemes,
             spans=self.caps.spans,
             data=self.caps.data,
         )
@@ -255,18 +314,20 @@ class ClientSession:
             case m.Data():
                 self._on_data(message, out)
             case m.Ack():
-                if self.pending is not None and self.pending.task_id == message.task_id:
-                    self.pending = None
+                self.unacked.pop(message.task_id, None)
                 if not message.accepted:
                     log.info("result %s refused: %s", message.task_id, message.reason)
             case m.Heartbeat():
                 if message.echo is not None:
                     self.rtt = max(0.0, now - message.echo)
-            case m.Bye():
+            case m.Bye() if message.finished:
                 self._move(Phase.FINISHED)
+                self.bye = message
                 self.computing = None
-                out.append(Finished(reason=message.reason))
+                out.append(Finished(reason=message.detail or message.reason))
                 return out
+            case m.Bye():  # the server ends this session only; the close follows
+                log.info("server said bye (%s): reconnecting is allowed", message.reason)
             case m.Error():
                 log.warning("server error %d: %s", message.code, message.message)
             case _:
@@ -284,8 +345,10 @@ class ClientSession:
         samples: int = 0,
         steps: int = 0,
         compute_seconds: float = 0.0,
+        metrics: dict[str, float] | None = None,
     ) -> list[Action]:
-        """The driver finished a ComputeRequest; a superseded one is ignored."""
+        """The driver finished a ComputeRequest; a superseded one is ignored.
+        An ``evaluate`` task uploads no chunks (``update`` is ignored)."""
         self._advance(now)
         out: list[Action] = []
         if request_id != self.computing or self.task is None:
@@ -295,10 +358,13 @@ class ClientSession:
         task = self.task
         limit = self.limits.max_message_bytes if self.limits else 1 << 20
         target = self.limits.frame_bytes if self.limits else None
-        delta = Params.from_flat(
-            task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
-        )
-        if task.error_feedback:
+        rounding = rounding_rng(task)
+        if task.kind == "evaluate":
+            chunks = []
+        elif task.error_feedback:
+            delta = Params.from_flat(
+                task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
+            )
             codec = codecs.get(task.upload_codec)
             if self.feedback is None or self.feedback.codec is not codec:
                 self.feedback = ErrorFeedback(codec)
@@ -307,17 +373,19 @@ class ClientSession:
                 self.feedback,
                 max_message_bytes=limit,
                 transfer=task.task_id,
-                rng=self.rng,
+                rng=rounding,
                 target_bytes=target,
                 spans=self.server_spans,
             )
         else:
             chunks = chunk_params(
-                delta,
+                Params.from_flat(
+                    task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
+                ),
                 max_message_bytes=limit,
                 codec=task.upload_codec,
                 transfer=task.task_id,
-                rng=self.rng,
+                rng=rounding,
                 target_bytes=target,
                 spans=self.server_spans,
             )
@@ -330,10 +398,15 @@ class ClientSession:
             samples=samples,
             steps=steps,
             compute_seconds=max(0.0, compute_seconds),
+            metrics=dict(metrics or {}),
         )
-        self.pending = _Pending(task.task_id, [result, *chunks])
+        pending = self.unacked[task.task_id] = _Pending(task.task_id, [result, *chunks])
+        while len(self.unacked) > MAX_UNACKED:
+            dropped = next(iter(self.unacked))
+            log.warning("result %s: no ack among the last %d; not kept", dropped, MAX_UNACKED)
+            del self.unacked[dropped]
         if self.phase is Phase.READY:
-            self._send_pending()
+            self._send_pending(pending)
         self._prefetch_for = None
         if self._winding_down:
             self.next_task, self._next_ready = None, False
@@ -345,6 +418,30 @@ class ClientSession:
         if self.phase is Phase.READY:
             self._flush(now, out)
         return out
+
+    def compute_failed(self, request_id: int, reason: str, now: float) -> list[Action]:
+        """The driver's compute of ``request_id`` raised (``reason``: ``compute``,
+        ``memory``... optionally ``": "`` and detail): decline the task, go on with a
+        queued one. A superseded request is ignored."""
+        self._advance(now)
+        out: list[Action] = []
+        if request_id != self.computing or self.task is None:
+            return out
+        self.computing = None
+        self._decline(self.task, reason, out)
+        if self.phase is Phase.READY:
+            self._flush(now, out)
+        return out
+
+    def refuse(self, exc: ProtocolError, now: float) -> list[Action]:
+        """A server frame was invalid: ``error`` naming it, then ``Close`` with
+        4000 + its code (a browser can close with no 1xxx code but 1000, §7)."""
+        self._advance(now)
+        err = m.Error.from_exception(exc)
+        return [
+            Send(message=err, frame=m.encode(err)),
+            Close(code=client_close_code(exc.code), reason=exc.code.name),
+        ]
 
     def wind_down(self) -> None:
         """The client is stopping: finish the running task, start no queued one and
@@ -442,10 +539,11 @@ class ClientSession:
         self.server_spans = msg.spans and self.caps.spans
         self.server_prefetch = msg.prefetch and self.caps.prefetch
         self.server_data = msg.data and self.caps.data
+        self.server_decline = msg.decline
         if self.rtt is None:  # hello to welcome is a round trip: the first estimate
             self.rtt = max(0.0, self._now - self._hello_sent)
-        if self.pending is not None:
-            self._send_pending()
+        for pending in self.unacked.values():
+            self._send_pending(pending)
 
     def _on_task(self, msg: m.Task, out: list[Action]) -> None:
         if (
@@ -463,14 +561,21 @@ class ClientSession:
         self._download = None
         self._download_task = None
         self._delta_base = msg.delta_base
-        self._have_data(msg)  # start its shard's transfer now, beside the model's
+        try:
+            codecs.get(msg.upload_codec)
+        except codecs.CodecError:
+            self._decline(msg, f"codec: {msg.upload_codec} unknown", out)
+            return
         if msg.delta_base is not None and (
             self.model is None or self.model_version != msg.delta_base
         ):
-            log.warning("task %s: delta base %s not held", msg.task_id, msg.delta_base)
+            self._decline(msg, f"model: delta base {msg.delta_base} not held", out)
             return
+        self._have_data(msg)  # start its shard's transfer now, beside the model's
         if msg.init_seed is not None:
-            model = msg.spec.init_params(msg.init_seed)
+            model = msg.spec.init_params(
+                msg.init_seed, scheme=msg.init_scheme or LEGACY_INIT_SCHEME
+            )
             crc = crc32(model.data)
             if crc != msg.init_crc:
                 # Another NumPy draws another init: training on it would send
@@ -488,7 +593,7 @@ class ClientSession:
             return
         if msg.base_version is not None:
             if self.model is None or self.model_version != msg.base_version:
-                log.warning("task %s: base version %s not held", msg.task_id, msg.base_version)
+                self._decline(msg, f"model: base version {msg.base_version} not held", out)
                 return
             self._model_ready(msg, out)
             return
@@ -506,8 +611,7 @@ class ClientSession:
         try:
             dl.add(msg)
         except ProtocolError as exc:
-            log.warning("model chunk refused: %s", exc)
-            self._download = None
+            self._decline(task, f"model: chunk refused ({exc.code.name})", out)
             return
         if dl.done:
             self._download = self._download_task = None
@@ -605,9 +709,34 @@ class ClientSession:
             if task is not None and task.data == msg.data and task.task_id in self._wait_data:
                 self._model_ready(task, out)
 
-    def _send_pending(self) -> None:
-        assert self.pending is not None
-        for msg in self.pending.messages:
+    def _decline(self, task: m.Task, reason: str, out: list[Action]) -> None:
+        """Give ``task`` up: forget it (a queued task behind it goes on) and, to a
+        server that takes it, say ``decline`` so its lease ends now, not at its
+        deadline."""
+        log.warning("task %s declined: %s", task.task_id, reason)
+        self.declined += 1
+        self._wait_data.discard(task.task_id)
+        if self._download_task is task:
+            self._download = self._download_task = None
+        if task is self.next_task:
+            self.next_task, self._next_ready = None, False
+        elif task is self.task:
+            self.task, self.computing, self._prefetch_for = None, None, None
+            if self.next_task is not None:  # the prefetched task is next
+                self.task, ready = self.next_task, self._next_ready
+                self.next_task, self._next_ready = None, False
+                if ready:
+                    self._request(out)
+        if self.server_decline and self.phase is Phase.READY:
+            self._queue(m.Decline(task_id=task.task_id, reason=reason[:256]))
+
+    @property
+    def pending(self) -> _Pending | None:
+        """The newest result still awaiting its ack (None: every one is acked)."""
+        return next(reversed(self.unacked.values()), None)
+
+    def _send_pending(self, pending: _Pending) -> None:
+        for msg in pending.messages:
             self._queue(msg)
 
     def _queue(self, msg: m.Message) -> None:

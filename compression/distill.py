@@ -24,7 +24,14 @@ from nn.kernels import MODE_GRAD, MODE_SGD, OPT_CODES, backward, code_of, forwar
 from nn.optim import Optimizer, OptState
 from nn.params import Params
 from nn.spec import ModelSpec
-from nn.train import TrainMetrics, batch_indices, check_inputs, forward_outputs, layout_of
+from nn.train import (
+    Permuter,
+    TrainMetrics,
+    batch_indices,
+    check_inputs,
+    forward_outputs,
+    layout_of,
+)
 
 _SGD = OPT_CODES.index("sgd")
 
@@ -106,7 +113,7 @@ def distill_steps(
     batch: int,
     temperature: float = 4.0,
     alpha: float = 0.7,
-    rng: np.random.Generator,
+    rng: Permuter,
 ) -> TrainMetrics:
     """Run ``steps`` distillation steps on mini-batches of X; updates ``student`` in place.
 

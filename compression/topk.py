@@ -1,7 +1,10 @@
 """Top-k sparsification: send only the largest-magnitude fraction of a block.
 
-``k = ceil(fraction · n)`` (at least 1 for a non-empty block) values survive, at
-their flat row-major indices; the rest decode as zero. Alone it is biased (it
+``k = ceil(fraction · n)`` (at least 1 for a non-empty block; see :func:`kept`)
+values survive, the largest magnitudes with ties going to the lower index (see
+:func:`top_indices`), at their flat row-major indices; the rest decode as zero.
+Both rules are exact so that every client's encoding of a block is the same bytes
+(docs/protocol.md §11). Alone it is biased (it
 drops the small values every time), which is why it is meant to run under
 :class:`compression.feedback.ErrorFeedback`. ``+int8`` quantises the surviving
 values with one symmetric scale.
@@ -41,19 +44,37 @@ _COUNT = struct.Struct("<I")
 _SCALE = struct.Struct("<f")
 
 
+#: ``kept`` forgives a float64 product this far above an integer (2⁻²⁰): the
+#: representation error of a decimal fraction (0.07·100 = 7.000000000000001).
+_SLACK = 2.0**-20
+
+
 def kept(n: int, fraction: float) -> int:
-    """How many values top-k keeps of ``n``; rounded so that 1 % of 100 is 1, not 2."""
+    """How many values top-k keeps of ``n``: ``ceil(fraction·n − 2⁻²⁰)`` in float64,
+    clamped to ``[1, n]``, so that 7 % of 100 is 7, not 8. For ``n <= 2**32`` the
+    subtraction is exact, so any language gets the same count."""
     if n == 0:
         return 0
-    return min(n, max(1, math.ceil(round(fraction * n, 6))))
+    return min(n, max(1, math.ceil(float(fraction) * n - _SLACK)))
 
 
 def top_indices(flat: np.ndarray, k: int) -> np.ndarray:
-    """Sorted flat indices of the ``k`` largest magnitudes (ties: any of them)."""
+    """Increasing flat indices of the ``k`` largest magnitudes; among equal
+    magnitudes the lower indices win (a deterministic rule, unlike argpartition's).
+
+    O(n): the k-th largest magnitude ``t`` by a partition, every index above ``t``,
+    then the lowest indices equal to ``t`` until there are k.
+    """
     n = flat.size
     if k >= n:
         return np.arange(n, dtype=np.uint32)
-    idx = np.argpartition(np.abs(flat), n - k)[n - k :]
+    if k <= 0:
+        return np.zeros(0, np.uint32)
+    mag = np.abs(flat)
+    t = np.partition(mag, n - k)[n - k]
+    above = np.flatnonzero(mag > t)
+    ties = np.flatnonzero(mag == t)[: k - above.size]
+    idx = np.concatenate([above, ties])
     idx.sort()
     return idx.astype(np.uint32)
 

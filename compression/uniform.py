@@ -1,12 +1,18 @@
 """Uniform integer codecs: int8 and int4 with a per-row or per-chunk scale.
 
 A symmetric quantiser: ``scale = max|x| / L`` (L = 127 for int8, 7 for int4) and
-``q = round(x / scale)`` in ``[-L, L]``; decoding is ``q * scale``. Round to
-nearest bounds the error by ``scale / 2``; stochastic rounding (``-sr``) rounds up
-with probability equal to the fraction, so the decoded block is unbiased (its
-expectation is ``x``) at an error below ``scale`` — what averaging many updates
-needs. Per-row scales (``int8``, ``int4``) follow the neuron rows of a W block,
-whose magnitudes differ a lot; per-chunk (``-chunk``) spends only one float.
+``q = round(x / scale)`` in ``[-L, L]``; decoding is ``q * scale``. Exactly, so that
+every client writes the same bytes (docs/protocol.md §11): both divisions are
+IEEE float32 divisions (correctly rounded), the rounding is to nearest with ties
+to even (``np.rint``), then clamped to ``[-L, L]``; a scale of 0 (an all-zero row)
+gives q = 0. Round to nearest bounds the error by ``scale / 2``; stochastic
+rounding (``-sr``) rounds up with probability equal to the fraction, so the
+decoded block is unbiased (its expectation is ``x``) at an error below
+``scale`` — what averaging many updates needs: ``q = floor(float32(x / scale +
+u))`` with one uniform float32 ``u`` per value in row-major order, drawn from the
+caller's generator (a client passes the portable one of its task, §12.1).
+Per-row scales (``int8``, ``int4``) follow the neuron rows of a W block, whose
+magnitudes differ a lot; per-chunk (``-chunk``) spends only one float.
 
 Byte layouts (little-endian; ``rows`` = first dimension of a 2-D block, 1 for 1-D;
 ``n`` = number of values):

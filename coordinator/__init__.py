@@ -17,6 +17,7 @@ from coordinator.events import (
     ResultAccepted,
     ResultRejected,
     Send,
+    TaskDeclined,
     TaskLeased,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "ResultAccepted",
     "ResultRejected",
     "Send",
+    "TaskDeclined",
     "TaskLeased",
     "load_job",
     "parse_job",

@@ -63,7 +63,8 @@ class ModelSection(_Section):
     activations: list[str] = Field(default_factory=list)
     loss: Literal["mse", "softmax_ce"] = "softmax_ce"
     init: Literal["he", "xavier"] = "he"
-    init_seed: int = 0
+    #: sent as ``task.init_seed``: at most 2^53 - 1, exact in a JavaScript number
+    init_seed: int = Field(default=0, ge=0, le=2**53 - 1)
 
     @model_validator(mode="after")
     def _check_spec(self) -> ModelSection:
@@ -152,6 +153,11 @@ class StrategySection(_Section):
     aggregation: Literal["fedasync", "fedbuff"] = "fedasync"
     alpha: float = Field(default=0.6, gt=0, le=1, description="FedAsync mixing weight")
     buffer_k: int = Field(default=4, ge=1, description="FedBuff deltas per outer step")
+    # how a round's results or a FedBuff buffer combine (coordinator/strategies/robust.py)
+    aggregator: Literal["mean", "median", "trimmed_mean", "krum", "centered_clip"] = "mean"
+    byzantine_fraction: float = Field(
+        default=0.2, ge=0, lt=0.5, description="share of updates a robust aggregator survives"
+    )
 
 
 class LinkSection(_Section):
@@ -207,6 +213,12 @@ class ValidationSection(_Section):
     norm_multiple: float = Field(default=10.0, gt=1)
     norm_window: int = Field(default=64, ge=1)
     norm_warmup: int = Field(default=4, ge=1)
+    clip_multiple: float | None = Field(
+        default=3.0, gt=0, description="scale accepted updates down to this × the median norm"
+    )
+    reference_tasks: int = Field(
+        default=3, ge=0, description="updates the coordinator computes itself to seed the median"
+    )
     max_rejections: int = Field(default=5, ge=1)
 
 

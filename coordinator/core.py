@@ -25,6 +25,9 @@ Rules that protect the model (docs/coordinator.md):
 - a client whose lease expired, or was cancelled because another copy of its
   task won, is simply given its next task; the client session lets a new task
   supersede the old one (there is no cancel message);
+- a client that cannot do a task declines it (``decline``, protocol §3.13): the
+  lease ends at once, the strategy reissues or drops the task, and the client
+  gets no task for a back-off that doubles with each decline in a row;
 - every update passes validation (validation.py) before the strategy sees it;
   a client over ``max_rejections`` refused updates is closed;
 - peer misbehaviour becomes an ``error`` frame plus a Close; only the caller's
@@ -51,6 +54,7 @@ from coordinator.data import DataCatalog, load_job_data
 from coordinator.downloads import DeltaServer
 from coordinator.evaluation import Evaluator
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskPlan, TaskState
+from coordinator.reference import reference_norms
 from coordinator.registry import ClientRecord, Registry
 from coordinator.strategies import (
     ClientView,
@@ -63,6 +67,7 @@ from coordinator.validation import Reject, UpdateValidator
 from nn.data import Dataset
 from nn.modelfile import load_model
 from nn.params import Params
+from nn.spec import INIT_SCHEME
 from protocol import messages as m
 from protocol.checksum import crc32
 from protocol.chunking import Reassembler, chunk_params
@@ -74,6 +79,11 @@ log = logging.getLogger(__name__)
 
 #: Assumed client speed (FLOP/s) before hello or measurement says otherwise.
 DEFAULT_FLOPS = 1e9
+#: After a ``decline`` the client gets no task for this long, doubled with every
+#: decline in a row up to the cap (an accepted result resets it): a client that
+#: can do nothing costs a task a minute, not a spin (docs/protocol.md §3.13).
+DECLINE_BACKOFF_S = 1.0
+DECLINE_BACKOFF_MAX_S = 60.0
 
 
 @dataclass(slots=True)
@@ -90,7 +100,9 @@ class _Conn:
     deltas: bool = False
     #: deltas sent in a row since the last full model (drift bound)
     delta_chain: int = 0
-    #: the client builds version 0 from the job's init seed (from hello)
+    #: the client builds version 0 from the job's init seed: its hello lists the
+    #: portable init scheme (docs/protocol.md §12.3; hello.seeded_init alone means
+    #: NumPy's PCG64, which this coordinator's version 0 is not)
     seeded_init: bool = False
     #: the client takes chunks spanning several blocks (from hello)
     spans: bool = False
@@ -205,6 +217,19 @@ class Coordinator:
             None if teacher is None else teacher_targets(teacher, spec, self.dataset.X_train)
         )
         self.evaluator = Evaluator(self.dataset, job.eval)
+        if job.validation.reference_tasks:
+            local = self.strategy.task_kind == "local"
+            self.validator.reference = reference_norms(
+                self.model.params,
+                self.dataset,
+                self._shard_idx,
+                kind="train" if local else "gradient",
+                steps=st.tau if local else 1,
+                batch=job.data.batch,
+                optimizer=self._optimizer,
+                seed=seed,
+                count=job.validation.reference_tasks,
+            )
         self.limits = server_limits(job)
         self.conns: dict[str, _Conn] = {}
         # Bookkeeping that keeps an event O(what changed), not O(clients): join
@@ -216,6 +241,8 @@ class Coordinator:
         self._dirty: set[str] = set()
         self._ready: dict[str, float] = {}
         self._ready_heap: list[tuple[float, int, str]] = []
+        #: idle clients that declined a task lately -> when they may get one again
+        self._cooling: dict[str, float] = {}
         self.accepted_results = 0
         self.finished: ev.JobFinished | None = None
         self.started_at: float | None = None
@@ -244,14 +271,12 @@ class Coordinator:
         self._advance(now)
         if client_id in self.conns:
             raise ValueError(f"connect: client {client_id!r} is already connected")
-        if self.finished is not None:
-            return self._refuse(client_id, ErrorCode.SHUTTING_DOWN, "job finished")
-        if hello.version not in m.SUPPORTED_VERSIONS:
-            return self._refuse(
-                client_id,
-                ErrorCode.UNSUPPORTED_VERSION,
-                f"hello.version {hello.version} not served; supported {m.SUPPORTED_VERSIONS}",
-            )
+        if self.finished is not None:  # a client that missed the bye learns it now
+            return self._finished_bye(client_id)
+        try:
+            version = m.choose_version(hello.version)
+        except ProtocolError as exc:
+            return self._refuse(client_id, exc.code, exc.message)
         offered = _codec_ids(hello.codecs)
         missing = [
             c
@@ -283,7 +308,7 @@ class Coordinator:
             and self.job.codecs.delta is not None
             and _codec_id(self.job.codecs.delta) in offered
         )
-        conn.seeded_init = hello.seeded_init and self._v0_crc is not None
+        conn.seeded_init = INIT_SCHEME in hello.init_schemes and self._v0_crc is not None
         conn.spans = hello.spans
         conn.data = hello.data
         self.conns[client_id] = conn
@@ -291,6 +316,7 @@ class Coordinator:
         self._joined += 1
         self._idle.add(client_id)
         welcome = m.Welcome(
+            version=version,
             session_id=client_id,
             resume_token=rec.resume_id,
             limits=limits,
@@ -298,6 +324,7 @@ class Coordinator:
             spans=True,
             prefetch=self._prefetch,
             data=True,
+            decline=True,
         )
         self._queue(conn, welcome)
         out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
@@ -413,6 +440,8 @@ class Coordinator:
             deadline = getattr(self.strategy, "deadline", None)
             if deadline is not None:
                 times.append(deadline)
+            if self._cooling:
+                times.append(min(self._cooling.values()))
             for t in self._orphans.values():  # the first is the oldest (_lease_lost)
                 if t.orphaned_at is not None:
                     times.append(t.orphaned_at + self.job.lease.resume_grace_s)
@@ -501,6 +530,8 @@ class Coordinator:
                 self._on_prefetch(conn, msg)
             case m.Fetch():
                 self._on_fetch(conn, msg, now, out)
+            case m.Decline():
+                self._on_decline(conn, rec, msg, now, out)
             case m.Bye():
                 out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason="bye"))
                 self._drop(conn.client_id, f"bye: {msg.reason}", now, out)
@@ -532,6 +563,52 @@ class Coordinator:
             self._idle.add(cid)
         else:
             log.debug("client %s: prefetch for task %s ignored", cid, msg.task_id)
+
+    def _on_decline(
+        self, conn: _Conn, rec: ClientRecord, msg: m.Decline, now: float, out: list[ev.Output]
+    ) -> None:
+        """End the lease the client will not work on, now rather than at its deadline.
+
+        Ignored (not an error: it races with expiry and with another copy winning)
+        unless ``task_id`` is the client's current or queued lease. The strategy may
+        lease the task again (a sync round's slot; never back to this client, who is
+        in ``task.clients``); otherwise it is dropped and an async strategy revisits
+        its shard with a new task. The server then assumes the client holds no model,
+        and gives it no task for a back-off that doubles with each decline in a row.
+        """
+        cid = conn.client_id
+        lease = None
+        for held in (self.book.live_lease_of(cid), self.book.queued_lease_of(cid)):
+            if held is not None and str(held.task_id) == msg.task_id:
+                lease = held
+        if lease is None:
+            log.debug("client %s: decline of task %s ignored", cid, msg.task_id)
+            return
+        task = self.book.tasks[lease.task_id]
+        self.book.end(lease, LeaseState.DECLINED, now)
+        rec.version_held = None  # it may have dropped the download
+        rec.declined += 1
+        rec.declined_in_row += 1
+        backoff = DECLINE_BACKOFF_S * 2.0 ** min(rec.declined_in_row - 1, 32)
+        self._cooling[cid] = now + min(DECLINE_BACKOFF_MAX_S, backoff)
+        reissued = False
+        if task.state is TaskState.OPEN and not self.book.live_leases(task):
+            # No resume grace: its client said it will not deliver.
+            reissued = self.strategy.on_lease_lost(task, now)
+            if not reissued:
+                self._orphans.pop(task.task_id, None)
+                self.book.resolve_task(task, TaskState.DROPPED, now)
+        log.info("client %s declined task %s: %s", cid, msg.task_id, msg.reason)
+        out.append(
+            ev.TaskDeclined(
+                client_id=cid,
+                task_id=task.task_id,
+                lease_id=lease.lease_id,
+                reason=msg.reason,
+                reissued=reissued,
+                now=now,
+            )
+        )
 
     def _on_fetch(self, conn: _Conn, msg: m.Fetch, now: float, out: list[ev.Output]) -> None:
         """Queue the shard's ``data`` frames behind whatever is queued (§13)."""
@@ -577,7 +654,13 @@ class Coordinator:
         update = upload.reasm.params().data
         tid = int(result.task_id) if result.task_id.isdigit() else -1
         task = self.book.tasks.get(tid)
-        lease = self._lease_for(task, conn.client_id) if task is not None else None
+        lease = self._lease_for(task, rec) if task is not None else None
+        if task is not None and lease is None:
+            # A result counts only from a client that holds (or held, before it resumed)
+            # a lease on the task: task ids are sequential, so easy to guess.
+            log.info("client %s: result for task %s it was never leased", rec.client_id, tid)
+            self._reject(conn, rec, result.task_id, Reject.NOT_LEASED, now, out, count=False)
+            return
         if lease is not None and lease.live:
             self.book.end(lease, LeaseState.DONE, now)
         if task is None:  # resolved (its outcome kept a while), forgotten or never issued
@@ -599,6 +682,9 @@ class Coordinator:
             self._reject(conn, rec, result.task_id, reject, now, out, count=True)
             self._maybe_reissue(task, now)
             return
+        scale = self.validator.clip_scale(norm)
+        if scale < 1.0:
+            update = update * np.float32(scale)
         outcome = self.strategy.on_result(task, update, now)
         if not outcome.accepted:
             self._orphans.pop(task.task_id, None)
@@ -608,9 +694,13 @@ class Coordinator:
             return
         self._orphans.pop(task.task_id, None)
         self.book.resolve_task(task, TaskState.ACCEPTED, now)
-        self.validator.accept(norm)
+        self.validator.accept(norm * scale)
         self.accepted_results += 1
         rec.accepted += 1
+        # Refusals fade as results are accepted: a client is closed for a run of
+        # bad updates, not for a few spread over a long session.
+        rec.rejections = max(0, rec.rejections - 1)
+        rec.declined_in_row = 0
         if self.book.live_lease_of(conn.client_id) is None and rec.version_sent == task.version:
             # It holds this task's model, unless a later task (a prefetch) replaced it.
             rec.version_held = task.version
@@ -631,10 +721,12 @@ class Coordinator:
         if outcome.step is not None:
             self._stepped(outcome.step, now, out)
 
-    def _lease_for(self, task: Task, client_id: str) -> Lease | None:
+    def _lease_for(self, task: Task, rec: ClientRecord) -> Lease | None:
+        """The client's latest lease on ``task``, under this connection or one it
+        resumed (leases name the record's resume id, which outlives connections)."""
         for lid in reversed(task.leases):
             lease = self.book.leases[lid]
-            if lease.client_id == client_id:
+            if lease.holder == rec.resume_id:
                 return lease
         return None
 
@@ -701,6 +793,11 @@ class Coordinator:
             if busy and not (conn.prefetch_wanted and self.book.queued_lease_of(client_id) is None):
                 self._idle.discard(client_id)
                 continue
+            cooling = self._cooling.get(client_id)
+            if cooling is not None:
+                if now < cooling:
+                    continue  # it declined a task lately; next_wakeup brings it back
+                del self._cooling[client_id]
             rec = self.registry.get(conn.client_id)
             assert rec is not None
             view = ClientView(
@@ -764,7 +861,12 @@ class Coordinator:
         )
         lease_s = max(self.job.lease.min_s, self.job.lease.slack * predicted)
         lease = self.book.lease(
-            task, conn.client_id, now=now, deadline=now + lease_s, queued=queued
+            task,
+            conn.client_id,
+            now=now,
+            deadline=now + lease_s,
+            queued=queued,
+            holder=rec.resume_id,
         )
         # Every field is the core's own, derived from the checked job and its own
         # counters: built without the per-field checks (tests/coordinator/test_core.py
@@ -791,6 +893,7 @@ class Coordinator:
             init_seed=self.job.model.init_seed if seeded else None,
             init_crc=self._v0_crc if seeded else None,
             data=shard.sha256 if conn.data else None,
+            init_scheme=INIT_SCHEME if seeded else None,
             **self._distill_fields(task),
         )
         self._queue(conn, msg)
@@ -946,9 +1049,12 @@ class Coordinator:
             out.append(ev.Checkpoint(version=v))
         for conn in list(self.conns.values()):
             self._flush(conn, now, out)
-            bye = m.Bye(reason=reason)
-            out.append(ev.Send(client_id=conn.client_id, message=bye, frame=m.encode(bye)))
-            out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason=reason))
+            # Every result taken so far is acknowledged before the bye: acks still
+            # held by pacing go now (a few dozen bytes each). Tasks, model chunks
+            # and shard data behind them are for tasks just dropped: never sent.
+            out.extend(s for s in conn.outbox if isinstance(s.message, m.Ack))
+            conn.outbox.clear()
+            out.extend(self._finished_bye(conn.client_id))
             self._drop(conn.client_id, reason, now, out)
 
     # -- connections and pacing ----------------------------------------------------
@@ -959,6 +1065,15 @@ class Coordinator:
         if now < self._now:
             raise ValueError(f"time went backwards: {now} < {self._now}")
         self._now = float(now)
+
+    def _finished_bye(self, client_id: str) -> list[ev.Output]:
+        """``bye`` with reason ``finished`` (do not reconnect) and why, then close 1000."""
+        assert self.finished is not None
+        bye = m.Bye(reason=m.BYE_FINISHED, detail=self.finished.reason)
+        return [
+            ev.Send(client_id=client_id, message=bye, frame=m.encode(bye)),
+            ev.Close(client_id=client_id, code=CLOSE_NORMAL, reason=m.BYE_FINISHED),
+        ]
 
     def _refuse(self, client_id: str, code: ErrorCode, message: str) -> list[ev.Output]:
         err = m.Error(code=int(code), message=message)
@@ -983,6 +1098,7 @@ class Coordinator:
         self._idle.discard(client_id)
         self._dirty.discard(client_id)
         self._ready.pop(client_id, None)
+        self._cooling.pop(client_id, None)
         self.registry.leave(client_id, now)
         # The queued lease first, so that it is not promoted to current in between.
         for lease in (self.book.queued_lease_of(client_id), self.book.live_lease_of(client_id)):

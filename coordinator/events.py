@@ -93,6 +93,20 @@ class LeaseExpired:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskDeclined:
+    """A client declined a task (``decline``): its lease ended at once. ``reason`` is
+    the client's word; ``reissued``: the strategy leased the task again, else it
+    was dropped (an async shard goes back to the front of the queue)."""
+
+    client_id: ClientId
+    task_id: int
+    lease_id: int
+    reason: str
+    reissued: bool
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ResultAccepted:
     """``frame_bytes``: the result and its chunk frames as received (exact when the
     driver passes ``nbytes``); ``payload_bytes``: the chunks' encoded payloads."""
@@ -157,6 +171,7 @@ Event = (
     | ClientLeft
     | TaskLeased
     | LeaseExpired
+    | TaskDeclined
     | ResultAccepted
     | ResultRejected
     | ModelUpdated

@@ -17,6 +17,7 @@ Transitions (a missing entry is a programming error, raised as ``LeaseError``)::
                    | EXPIRED    deadline passed before a result
                    | LOST       client disconnected or timed out
                    | CANCELLED  task accepted from another lease, or dropped
+                   | DECLINED   the client said it will not do it (``decline``)
 
 Every lease therefore resolves; what happens to the task after EXPIRED/LOST
 (reissue, or wait for the resume grace) is the strategy's call.
@@ -57,6 +58,7 @@ class LeaseState(enum.Enum):
     EXPIRED = "expired"
     LOST = "lost"
     CANCELLED = "cancelled"
+    DECLINED = "declined"
 
 
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
@@ -67,12 +69,19 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 LEASE_TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
     LeaseState.LEASED: frozenset(
-        {LeaseState.DONE, LeaseState.EXPIRED, LeaseState.LOST, LeaseState.CANCELLED}
+        {
+            LeaseState.DONE,
+            LeaseState.EXPIRED,
+            LeaseState.LOST,
+            LeaseState.CANCELLED,
+            LeaseState.DECLINED,
+        }
     ),
     LeaseState.DONE: frozenset(),
     LeaseState.EXPIRED: frozenset(),
     LeaseState.LOST: frozenset(),
     LeaseState.CANCELLED: frozenset(),
+    LeaseState.DECLINED: frozenset(),
 }
 
 
@@ -131,6 +140,8 @@ class Lease:
     deadline: float
     state: LeaseState = LeaseState.LEASED
     resolved_at: float | None = None
+    #: who may answer it: the client's resume id, which outlives its connection id
+    holder: str = ""
 
     @property
     def live(self) -> bool:
@@ -202,7 +213,14 @@ class LeaseBook:
         return task
 
     def lease(
-        self, task: Task, client_id: str, *, now: float, deadline: float, queued: bool = False
+        self,
+        task: Task,
+        client_id: str,
+        *,
+        now: float,
+        deadline: float,
+        queued: bool = False,
+        holder: str = "",
     ) -> Lease:
         """Lease ``task`` to a client with no live lease, or, ``queued``, behind the
         one live lease it has (a prefetch)."""
@@ -219,6 +237,7 @@ class LeaseBook:
             client_id=client_id,
             issued_at=now,
             deadline=deadline,
+            holder=holder,
         )
         self._next_lease += 1
         self.leases[lease.lease_id] = lease

@@ -29,6 +29,9 @@ class ClientRecord:
     last_seen: float = 0.0
     rejections: int = 0
     accepted: int = 0
+    #: tasks it declined, in all and since its last accepted result
+    declined: int = 0
+    declined_in_row: int = 0
     #: model version the client holds (it has all chunks of it), if any
     version_held: int | None = None
     #: model version of the last task sent to it (a client keeps one model)

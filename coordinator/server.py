@@ -55,6 +55,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from coordinator import events as ev
+from coordinator.admission import Admission, AdmissionLimits, http_protocol
 from coordinator.core import server_limits
 from coordinator.service import CoreService
 from protocol import messages as m
@@ -70,12 +71,16 @@ CLOSE_GOING_AWAY = 1001
 ENVELOPE_MARGIN = 64 * 1024
 #: Default bound of a connection's send queue: several frames of a large model.
 DEFAULT_SEND_QUEUE_BYTES = 32 * 1024 * 1024
-#: Seconds a new connection has to send hello before it is closed (TIMEOUT).
-HELLO_TIMEOUT_S = 30.0
+#: Seconds a new connection has to send hello before it is closed (TIMEOUT); the
+#: protocol's number (docs/protocol.md §6), a module global so tests can shorten it.
+HELLO_TIMEOUT_S = m.HELLO_TIMEOUT_S
 #: Frames uvicorn may queue for the app before it pauses reading the socket.
 READ_AHEAD_FRAMES = 8
 #: Seconds a refused connection is read (and discarded) before the socket closes.
 CLOSE_LINGER_S = 2.0
+#: Seconds a peer that does not read gets to answer our close frame before its
+#: connection is reset: its send buffer is full, so a graceful close never ends.
+CLOSE_ABORT_S = 5.0
 
 
 class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -129,6 +134,33 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.resume_reading()
         self.close_timer = self.loop.call_later(CLOSE_LINGER_S, self.transport.close)
 
+    async def send(self, message: Any) -> None:
+        """Upstream, plus: a close while the peer does not read (the transport paused
+        writing, its buffer full) does not wait for the buffer to drain, which it
+        never will. The close frame is queued behind the buffer and the connection
+        is reset if the close handshake has not finished within ``CLOSE_ABORT_S``.
+        Upstream waits in ``writable.wait()`` and the peer stays connected, its
+        heartbeats still read, until it reads again."""
+        if (
+            message["type"] == "websocket.close"
+            and not self.writable.is_set()
+            and self.handshake_complete
+            and not self.close_sent
+            and self.initial_response is None
+            and not self.transport.is_closing()
+        ):
+            code, reason = message.get("code", 1000), message.get("reason", "") or ""
+            self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+            self.conn.send_close(code, reason)
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            self.close_sent = True
+            if self.read_paused:
+                self.read_paused = False
+                self.transport.resume_reading()
+            self.close_timer = self.loop.call_later(CLOSE_ABORT_S, self.transport.abort)
+            return
+        await super().send(message)
+
 
 def heartbeat_echo(seq: int, now: float, echo: float) -> bytes:
     """The frame ``m.encode(m.Heartbeat(seq=seq, time=now, echo=echo))`` gives, packed
@@ -150,11 +182,13 @@ class RawWebSocket:
     collector walks. ``CrowdApp`` hands ``/ws`` here instead.
     """
 
-    __slots__ = ("_receive", "_send")
+    __slots__ = ("_receive", "_send", "client_ip")
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, client_ip: str | None = None) -> None:
         self._receive = receive
         self._send = send
+        #: the peer's address as the server saw it (scope["client"]), for admission
+        self.client_ip = client_ip
 
     async def accept(self) -> None:
         first = await self._receive()
@@ -183,7 +217,8 @@ class CrowdApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and _route_path(scope) == "/ws":
-            await self._ws(RawWebSocket(receive, send))
+            client = scope.get("client")
+            await self._ws(RawWebSocket(receive, send, client[0] if client else None))
         else:
             await self.api(scope, receive, send)
 
@@ -211,6 +246,7 @@ class _Peer:
     close: tuple[int, str] | None = None
     joined: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    writer: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -237,14 +273,18 @@ class CrowdServer:
         admin_token: str | None = None,
         send_queue_bytes: int = DEFAULT_SEND_QUEUE_BYTES,
         on_stop: Callable[[], None] | None = None,
+        admission: AdmissionLimits | None = None,
     ) -> None:
         if send_queue_bytes < 1024:
             raise ValueError(f"send_queue_bytes: must be >= 1024, got {send_queue_bytes}")
         self.service = service
-        self.join_token = join_token
-        self.admin_token = admin_token
+        # An empty token is no token: "CROWDGRAD_ADMIN_TOKEN=" must not open the API
+        # to anyone who sends an empty one (nor make joining need an empty one).
+        self.join_token = join_token or None
+        self.admin_token = admin_token or None
         self.send_queue_bytes = send_queue_bytes
         self.on_stop = on_stop
+        self.admission = Admission(admission)
         self.max_message_bytes = server_limits(service.job).max_message_bytes
         self.net = NetStats()
         self.peers: dict[str, _Peer] = {}
@@ -348,6 +388,10 @@ class CrowdServer:
             peer.queue.clear()
             peer.queued = 0
             self._request_close(peer, CLOSE_SLOW_CONSUMER, "send queue full: not reading")
+            # The writer is stuck behind the full socket: close from here instead.
+            if peer.writer is not None:
+                peer.writer.cancel()
+            peer.writer = asyncio.ensure_future(self._close_now(peer))
             return
         peer.queue.append(frame)
         peer.queued += len(frame)
@@ -359,6 +403,11 @@ class CrowdServer:
         if peer.close is None:
             peer.close = (code, reason[:120])
         peer.wake.set()
+
+    async def _close_now(self, peer: _Peer) -> None:
+        assert peer.close is not None
+        with contextlib.suppress(Exception):
+            await peer.ws.close(*peer.close)
 
     # -- the websocket endpoint ------------------------------------------------------
 
@@ -391,10 +440,17 @@ class CrowdServer:
         if not self.accepting:
             await ws.close(CLOSE_GOING_AWAY, "going away")
             return
+        if ws.client_ip is not None and not self.admission.session_allowed(ws.client_ip):
+            await ws.close(
+                close_code(ErrorCode.RATE_LIMITED),
+                f"too many new sessions from {ws.client_ip}: "
+                f"{self.admission.limits.hellos_per_ip_per_s:g}/s allowed",
+            )
+            return
         cid = f"c{next(self._ids)}"
         peer = _Peer(client_id=cid, ws=ws, bound=self.send_queue_bytes)
         self.peers[cid] = peer
-        writer = asyncio.create_task(self._writer(peer))
+        peer.writer = asyncio.create_task(self._writer(peer))
         reason = "connection closed"
         try:
             reason = await self._read_loop(peer)
@@ -407,8 +463,9 @@ class CrowdServer:
             if peer.close is None:
                 peer.close = (1000, "")
             peer.wake.set()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(writer, timeout=2.0)
+            writer = peer.writer
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(writer), timeout=2.0)
             if not writer.done():
                 writer.cancel()  # a peer that never reads: drop it, queue and all
             self.peers.pop(cid, None)
@@ -431,6 +488,8 @@ class CrowdServer:
             kind = event["type"]
             if kind == "websocket.disconnect":
                 return f"disconnected ({event.get('code', 1006)})"
+            if peer.close is not None:
+                break  # closing: nothing more from this peer reaches the core
             data = event.get("bytes")
             if data is None:
                 self.net.refused += 1
@@ -498,6 +557,7 @@ class CrowdServer:
             "rejected_results": st.rejected,
             "leases_expired": st.leases_expired,
             "tasks_prefetched": st.tasks_prefetched,
+            "tasks_declined": st.declined,
             "data": {
                 "shards": len(core.data.shards) if core is not None else None,
                 "shard_bytes": core.data.total_bytes if core is not None else None,
@@ -521,6 +581,12 @@ class CrowdServer:
                 "bytes_in": self.net.bytes_in,
                 "bytes_out": self.net.bytes_out,
                 "refused": self.net.refused,
+                "admission": {
+                    "addresses": len(self.admission.open),
+                    "over_per_address_bound": self.admission.refused_open,
+                    "handshake_timeouts": self.admission.timed_out,
+                    "sessions_too_fast": self.admission.refused_rate,
+                },
                 "slow_consumers_closed": self.net.slow_closed,
                 "max_send_queue_bytes": self.net.max_queued,
             },
@@ -559,9 +625,15 @@ class CrowdServer:
     def _admin(self, authorization: str | None) -> None:
         if self.admin_token is None:
             raise HTTPException(403, "admin API disabled: start with an admin token")
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), self.admin_token.encode()):
-            raise HTTPException(401, "admin token refused")
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        # RFC 7235: the scheme is case-insensitive; a bare token (no scheme) is refused.
+        if scheme.lower() != "bearer" or not given.strip():
+            raise HTTPException(
+                401, "admin API: send 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
+        if not hmac.compare_digest(given.strip().encode(), self.admin_token.encode()):
+            raise HTTPException(401, "admin token refused", headers={"WWW-Authenticate": "Bearer"})
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(
@@ -691,14 +763,25 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def make_uvicorn(crowd: CrowdServer, *, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server for ``crowd``; serve it with ``await server.serve(sockets=[sock])``."""
+def make_uvicorn(
+    crowd: CrowdServer,
+    *,
+    log_level: str = "warning",
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+) -> uvicorn.Server:
+    """A uvicorn server for ``crowd``; serve it with ``await server.serve(sockets=[sock])``.
+    With a certificate and key it serves TLS (``wss://``, ``https://``) itself."""
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        raise ValueError("TLS needs both a certificate file and a key file")
     config = uvicorn.Config(
         crowd.app,
         # websockets-sansio, deliberately (the legacy "websockets" implementation
         # reached p99 1.65 s at 10,000 connections where sansio stayed at 59 ms,
         # design brief), less its pause-after-every-frame: see the class.
         ws=ReadAheadWebSocketProtocol,
+        # a handshake deadline and per-address bounds (coordinator/admission.py)
+        http=http_protocol(crowd.admission),
         ws_max_size=crowd.ws_max_size,
         # Off: clients heartbeat (the core closes the silent ones), and at 10,000
         # connections the pings are 500 timers/s on the loop that never find anything.
@@ -708,6 +791,8 @@ def make_uvicorn(crowd: CrowdServer, *, log_level: str = "warning") -> uvicorn.S
         lifespan="on",
         log_level=log_level,
         access_log=False,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
     )
     server = _Uvicorn(config)
     server.crowd = crowd
@@ -726,11 +811,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def join_url(host: str, port: int) -> str:
+def join_url(host: str, port: int, *, tls: bool = False) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     if ":" in shown:
         shown = f"[{shown}]"
-    return f"ws://{shown}:{port}/ws"
+    return f"{'wss' if tls else 'ws'}://{shown}:{port}/ws"
 
 
 class BackgroundServer:
@@ -739,13 +824,23 @@ class BackgroundServer:
     ``with BackgroundServer(crowd) as bg: bg.url`` — leaving drains and stops it.
     """
 
-    def __init__(self, crowd: CrowdServer, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        crowd: CrowdServer,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+    ) -> None:
         self.crowd = crowd
         self.sock = bind(host, port)
         self.port = int(self.sock.getsockname()[1])
-        self.url = join_url(host, self.port)
-        self.http = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
-        self.server = make_uvicorn(crowd)
+        tls = ssl_certfile is not None
+        self.url = join_url(host, self.port, tls=tls)
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.http = f"{'https' if tls else 'http'}://{shown}:{self.port}"
+        self.server = make_uvicorn(crowd, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
         self._thread = threading.Thread(target=self._run, name="crowdgrad-net", daemon=True)
 
     def _run(self) -> None:

@@ -31,6 +31,10 @@ write) once the model version has moved past the last one written; the store
 refuses a second checkpoint of the same version, so results buffered by a sync
 strategy wait for the version that folds them in. Other frames are not held:
 the client matches an ack by task id, so their order does not matter to it.
+Except at the end of the job: the core's ``bye`` and closes wait until the acks
+held before them are released (a final snapshot is taken at once), so every
+result a client was told is in gets its ack before the ``bye``; the service is
+``done`` only then.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from coordinator.persist import from_checkpoint, to_checkpoint
 from nn.data import Dataset
 from protocol import messages as m
 from storage.errors import CheckpointExists, NoCheckpoint, StorageError
+from storage.layout import Checkpoint
 from storage.retention import RetentionPolicy
 from storage.store import CheckpointStore
 
@@ -73,6 +78,8 @@ class Stats:
     accepted: int = 0
     rejected: int = 0
     leases_expired: int = 0
+    #: tasks clients declined (``decline``: the lease ended before its deadline)
+    declined: int = 0
     #: tasks leased behind a running one at a client's prefetch
     tasks_prefetched: int = 0
     #: shard fetches over the websocket, and the shard bytes they carried
@@ -104,6 +111,10 @@ class Stats:
         return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
 
 
+class FreshStartRefused(RuntimeError):
+    """The store holds checkpoints and none of them verifies (see ``prepare``)."""
+
+
 class CoreService:
     """One core on its own thread; see the module docstring. Use ``start``/``stop``
     (or ``with``); ``submit_*`` may be called from any thread."""
@@ -119,6 +130,7 @@ class CoreService:
         keep_checkpoints: int = 3,
         ack_durable: bool | None = None,
         durable_interval: float = 0.5,
+        allow_fresh_start: bool = False,
     ) -> None:
         if not tick_hz > 0:
             raise ValueError(f"tick_hz: must be > 0, got {tick_hz!r}")
@@ -127,6 +139,8 @@ class CoreService:
         if ack_durable and store is None:
             raise ValueError("ack_durable: needs a store to make results durable in")
         self.job = job
+        self.allow_fresh_start = allow_fresh_start
+        self._resume: Checkpoint | None = None
         self.stats = Stats()
         self.store: CheckpointStore | None = None
         self._store_path = Path(store) if store is not None else None
@@ -155,6 +169,9 @@ class CoreService:
         self._written_version = -1  # newest version handed to the writer
         self._committed: frozenset[int] = frozenset()  # task ids of the newest commit
         self._last_snapshot = -float("inf")
+        # The job's final outputs (bye, close) while acks held before them wait
+        # for their snapshot: (the last held seq they follow, outputs).
+        self._tail: tuple[int, list[ev.Output]] | None = None
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -229,13 +246,40 @@ class CoreService:
                 self.store.put_blob(s.blob)
         return core
 
+    def prepare(self) -> None:
+        """Open the store and find the checkpoint to resume from (idempotent; ``start``
+        calls it). Raises FreshStartRefused when the store has checkpoints and none
+        verifies: starting from version 0 would silently drop every acknowledged
+        result, so only ``allow_fresh_start`` may do it."""
+        if self._store_path is None or self.store is not None:
+            return
+        store = CheckpointStore.open(self._store_path)
+        try:
+            self._resume = store.load_latest()
+        except NoCheckpoint:
+            self._resume = None
+            damaged = [r.version for r in store.backend.records()]
+            if damaged and not self.allow_fresh_start:
+                store.close()
+                raise FreshStartRefused(
+                    f"store {self._store_path}: {len(damaged)} checkpoint(s) "
+                    f"(versions {damaged[0]}..{damaged[-1]}) and none verifies; starting "
+                    "from version 0 would lose every acknowledged result. Inspect it with "
+                    "'crowdgrad checkpoint verify', or pass --allow-fresh-start."
+                ) from None
+            if damaged:
+                log.warning(
+                    "store %s: no checkpoint verifies; starting from version 0 as allowed",
+                    self._store_path,
+                )
+        self.store = store
+
     def _make_core(self) -> Coordinator:
         if self._store_path is None:
             return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
-        self.store = CheckpointStore.open(self._store_path)
-        try:
-            ckpt = self.store.load_latest()
-        except NoCheckpoint:
+        self.prepare()
+        ckpt = self._resume
+        if ckpt is None:
             return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
         core = Coordinator.restore(
             self.job, from_checkpoint(ckpt), self._seed, dataset=self._dataset
@@ -328,10 +372,13 @@ class CoreService:
         st = self.stats
         core = self.core
         assert core is not None
+        checkpoint = False
         for o in outputs:
             match o:
                 case ev.Checkpoint():
-                    self._checkpoint(core)
+                    checkpoint = True
+                case ev.TaskDeclined():
+                    st.declined += 1
                 case ev.ResultAccepted():
                     st.accepted += 1
                 case ev.ResultRejected():
@@ -360,8 +407,18 @@ class CoreService:
         if self.ack_durable:
             outputs = [o for o in outputs if not self._hold(o)]
             st.acks_held = len(self._held)
+        if checkpoint:  # after holding: the snapshot is of now, so it covers their acks
+            self._checkpoint(core)
+        end = next((i for i, o in enumerate(outputs) if isinstance(o, ev.JobFinished)), None)
+        if end is not None and self._held:
+            # The job just ended with acks still held: its byes and closes wait for
+            # them, and one snapshot, taken now, makes them all durable.
+            self._tail = (self._seq, outputs[end + 1 :])
+            outputs = outputs[: end + 1]
+            if not checkpoint:
+                self._checkpoint(core)
         self._dispatch(outputs)
-        if st.finished is not None:
+        if st.finished is not None and self._tail is None:
             self._flush_out()  # the bye frames leave before anyone waiting on done acts
             self.done.set()
 
@@ -412,14 +469,28 @@ class CoreService:
         if outcome == "failed":  # write it again once the interval has passed
             self._written_version = min(self._written_version, version - 1)
             return
-        if outcome == "exists":  # an older copy of this version: wait for the next one
-            return
-        self._committed = tasks
         released: list[ev.Output] = []
-        while self._held and self._held[0][0] <= cover:
-            released.append(self._held.popleft()[1])
+        if outcome == "exists":  # an older copy of this version: wait for the next one
+            tail = self._tail
+            if tail is None or cover < tail[0]:
+                return
+            # The job is over: no next version will come. Results taken since that
+            # copy (a sync buffer never merged) are not durable, so not acknowledged.
+            while self._held and self._held[0][0] <= tail[0]:
+                self._held.popleft()
+                log.warning("job finished: an ack for a result not in any checkpoint dropped")
+        else:
+            self._committed = tasks
+            while self._held and self._held[0][0] <= cover:
+                released.append(self._held.popleft()[1])
         self.stats.acks_held = len(self._held)
-        self._dispatch(released)
+        if self._tail is None or (self._held and self._held[0][0] <= self._tail[0]):
+            self._dispatch(released)
+            return
+        self._dispatch(released + self._tail[1])  # every ack before the byes: they go now
+        self._tail = None
+        self._flush_out()
+        self.done.set()
 
     def _checkpoint(self, core: Coordinator) -> int | None:
         """Snapshot now, write on the writer thread; returns the version or None."""

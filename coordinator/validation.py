@@ -2,9 +2,13 @@
 
 An update is a flat array meant to be added to (or subtracted from) the model.
 It must be exactly the model's size, float32, all finite, and its L2 norm
-within ``norm_multiple`` × the running median of recently *accepted* norms
-(after ``norm_warmup`` of them; before that only the other checks apply). The
-median is over a window, so a few poisoned updates cannot drag it upwards.
+within ``norm_multiple`` × the running median of recently *accepted* norms and
+the coordinator's own reference norms (coordinator/reference.py: without them
+the check waits for ``norm_warmup`` accepted norms, and the first results are
+trusted blindly). The median is over a window, so a few poisoned updates cannot
+drag it upwards. An update that passes but is longer than ``clip_multiple`` ×
+the median is scaled down to that length before it is applied: no single
+result moves the model further than a few honest ones.
 A failure is a reason code, data, never an exception: the core acknowledges
 the result with it and counts it against the client.
 """
@@ -32,22 +36,36 @@ class Reject(enum.Enum):
     STALE = "stale"
     DUPLICATE = "duplicate"
     UNKNOWN_TASK = "unknown_task"
+    #: the task exists but was never leased to this client (or the session it resumed)
+    NOT_LEASED = "not_leased"
 
 
 class UpdateValidator:
     """Stateful only in the window of accepted norms (deterministic, checkpointed)."""
 
-    __slots__ = ("config", "norms", "size")
+    __slots__ = ("config", "norms", "reference", "size")
 
     def __init__(self, config: ValidationSection, *, size: int) -> None:
         self.config = config
         self.size = size
         self.norms: deque[float] = deque(maxlen=config.norm_window)
+        #: norms of the coordinator's own updates (trusted; reference.py)
+        self.reference: list[float] = []
 
     def median(self) -> float | None:
-        if len(self.norms) < self.config.norm_warmup:
+        if not self.reference and len(self.norms) < self.config.norm_warmup:
             return None
-        return float(statistics.median(self.norms))  # a quarter of np.median's cost here
+        # statistics.median: a quarter of np.median's cost at these sizes
+        return float(statistics.median([*self.reference, *self.norms]))
+
+    def clip_scale(self, norm: float) -> float:
+        """The factor (<= 1) that brings an accepted update to ``clip_multiple`` ×
+        the median; 1 when it is within that or clipping is off."""
+        c = self.config.clip_multiple
+        med = self.median()
+        if c is None or med is None or not norm > c * med:
+            return 1.0
+        return c * med / norm
 
     def check(self, update: np.ndarray) -> tuple[Reject | None, float]:
         """``(reason or None, norm)``; call ``accept(norm)`` once the result is taken."""

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 ACTIVATIONS = ("relu", "tanh", "sigmoid", "identity")
 LOSSES = ("mse", "softmax_ce")
 INITS = ("he", "xavier")
+#: Seeded-init schemes (``task.init_scheme``, docs/protocol.md §3.3): the portable
+#: one every client can reproduce, and NumPy's PCG64 of older coordinators.
+INIT_SCHEME = "x128ss-ih12"
+LEGACY_INIT_SCHEME = "pcg64"
+INIT_SCHEMES = (INIT_SCHEME, LEGACY_INIT_SCHEME)
 
 #: The seed's presets (brief, "Model presets"): widths including input and output.
 #: The seed's table 4.1 lists medium as [10, 128, 128, 128, 10] but counts 19,210
@@ -149,20 +154,42 @@ class ModelSpec:
 
     # -- initialisation -------------------------------------------------------------
 
-    def init_params(self, seed: int) -> Params:
-        """Fresh weights from ``seed``: He (ReLU) or Xavier (tanh/sigmoid) normal."""
+    def init_std(self, layer: int) -> float:
+        """Layer ``layer``'s weight scale in float64: He ``sqrt(2/fan_in)`` for ReLU
+        networks, Xavier ``sqrt(2/(fan_in + fan_out))`` for tanh/sigmoid ones."""
+        o, i = self.layer_shapes[layer]
+        return math.sqrt(2.0 / i) if self.init == "he" else math.sqrt(2.0 / (i + o))
+
+    def init_params(self, seed: int, *, scheme: str = INIT_SCHEME) -> Params:
+        """Fresh weights from ``seed``; biases are zero.
+
+        ``x128ss-ih12`` (the default, docs/protocol.md §12.3): layer l's W, row-major,
+        from the portable generator ``nn.rng.Xoshiro128ss(seed, l)`` as Irwin–Hall
+        normals times ``init_std(l)``, so a client in any language builds the same
+        version 0. ``pcg64``: NumPy's ``default_rng(seed)`` standard normals, the
+        scheme of older coordinators and of the built-in datasets' teachers.
+        """
         from nn.params import Params  # local: params imports spec
 
+        if scheme not in INIT_SCHEMES:
+            raise ValueError(f"init scheme: unknown {scheme!r}; expected one of {INIT_SCHEMES}")
         if self.num_params > 2**31:
             raise ValueError(
                 f"model spec: {self.num_params:,} parameters is too many to allocate; "
                 "presets this large are counted and simulated, never materialised"
             )
-        rng = np.random.default_rng(seed)
         params = Params.zeros(self)
-        for (o, i), W in zip(self.layer_shapes, params.W, strict=True):
-            std = math.sqrt(2.0 / i) if self.init == "he" else math.sqrt(2.0 / (i + o))
-            W[...] = rng.standard_normal((o, i), dtype=np.float32) * np.float32(std)
+        if scheme == LEGACY_INIT_SCHEME:
+            rng = np.random.default_rng(seed)
+            for l, W in enumerate(params.W):
+                W[...] = rng.standard_normal(W.shape, dtype=np.float32) * np.float32(
+                    self.init_std(l)
+                )
+            return params
+        from nn.rng import Xoshiro128ss  # local: numba compiles on first use only
+
+        for l, W in enumerate(params.W):
+            Xoshiro128ss(seed, l).normal_into(W.reshape(-1), self.init_std(l))
         return params
 
 

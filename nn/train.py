@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 import numba
 import numpy as np
@@ -130,7 +131,14 @@ def group_threads(lay: Layout, batch: int) -> int:
     return n if big.any() else 1
 
 
-def batch_indices(n: int, steps: int, batch: int, rng: np.random.Generator) -> np.ndarray:
+class Permuter(Protocol):
+    """What batch sampling needs of a generator: NumPy's ``Generator`` or the
+    portable ``nn.rng.Xoshiro128ss`` that clients use (docs/protocol.md §12.2)."""
+
+    def permutation(self, n: int, /) -> np.ndarray: ...
+
+
+def batch_indices(n: int, steps: int, batch: int, rng: Permuter) -> np.ndarray:
     """``steps·batch`` row indices: consecutive permutations of ``range(n)``, so
     sampling is without replacement within each epoch of the call."""
     need = steps * batch
@@ -145,7 +153,7 @@ def train_steps(
     y: np.ndarray,
     steps: int,
     batch: int,
-    rng: np.random.Generator,
+    rng: Permuter,
 ) -> TrainMetrics:
     """Run ``steps`` optimizer steps on mini-batches of X; updates params in place.
 

@@ -94,3 +94,18 @@ class ProtocolError(Exception):
 def close_code(code: ErrorCode) -> int:
     """The websocket close code to use when closing a peer for ``code``."""
     return CLOSE_CODES[ErrorCode(code)]
+
+
+#: First client-side close code: a client closes for error ``code`` with 4000 + code.
+CLIENT_CLOSE_BASE = 4000
+
+
+def client_close_code(code: ErrorCode | int) -> int:
+    """The close code a *client* sends when it closes the server for ``code``.
+
+    A browser may only close with 1000 or 3000-4999 (WebSocket API, ``close()``),
+    so clients use ``4000 + code`` for every error, including those the server
+    closes with a 1xxx code (MALFORMED: 4001, TOO_LARGE: 4005, RATE_LIMITED: 4006,
+    SHUTTING_DOWN: 4015, INTERNAL: 4016); docs/protocol.md §7.
+    """
+    return CLIENT_CLOSE_BASE + int(ErrorCode(code))

@@ -112,7 +112,7 @@ def negotiate(asked: LinkLimits | None, server_max: LinkLimits) -> LinkLimits:
     )
 
 
-class _Bucket:
+class TokenBucket:
     """Token bucket allowing one debt-making take from a full bucket."""
 
     __slots__ = ("capacity", "level", "rate", "t")
@@ -146,8 +146,8 @@ class Pacer:
     def __init__(self, limits: LinkLimits) -> None:
         self.limits = limits
         cap = limits.burst_bytes if limits.bytes_per_s < math.inf else math.inf
-        self._bytes = _Bucket(limits.bytes_per_s, cap)
-        self._msgs = _Bucket(limits.messages_per_s, limits.burst_messages)
+        self._bytes = TokenBucket(limits.bytes_per_s, cap)
+        self._msgs = TokenBucket(limits.messages_per_s, limits.burst_messages)
 
     def _check(self, nbytes: int) -> None:
         if nbytes < 0 or nbytes > self.limits.max_message_bytes:
@@ -212,10 +212,10 @@ class RateMeter:
         self.limits = limits
         self.slack = slack
         cap = max(limits.burst_bytes, float(limits.max_message_bytes)) * slack
-        self._bytes = _Bucket(
+        self._bytes = TokenBucket(
             limits.bytes_per_s, cap if limits.bytes_per_s < math.inf else math.inf
         )
-        self._msgs = _Bucket(limits.messages_per_s, limits.burst_messages * slack)
+        self._msgs = TokenBucket(limits.messages_per_s, limits.burst_messages * slack)
 
     def observe(self, nbytes: int, now: float) -> ProtocolError | None:
         """Account a received frame; return the violation, if any."""

@@ -26,8 +26,17 @@ from protocol.ndarray import ext_hook, pack_ndarray
 from protocol.shardfile import is_sha256_hex
 
 PROTOCOL_VERSION = 1
-#: Versions this implementation can speak (hello.version must be one of them).
+#: Versions this implementation can speak; a hello offering a higher one is
+#: answered with the highest of these below it (``choose_version``, §6, §9).
 SUPPORTED_VERSIONS = (1,)
+#: Seconds a server waits for a new connection's ``hello`` before it closes it
+#: with ``TIMEOUT`` (docs/protocol.md §6; the one place this number lives).
+HELLO_TIMEOUT_S = 30.0
+#: Largest integer a JavaScript number holds exactly (2^53 - 1): every integer
+#: a server sends stays at or below it, so a browser client needs no BigInt (§1).
+MAX_SAFE_INT = 2**53 - 1
+#: ``bye.reason`` of a server whose job is over: the client must not reconnect (§3.9).
+BYE_FINISHED = "finished"
 #: Task kinds this version knows; ``task.kind`` must be one of them.
 TASK_KINDS = ("train", "gradient", "evaluate", "distill")
 
@@ -345,7 +354,9 @@ class Message:
 class Hello(Message):
     """Client -> server, first frame: who I am and what link I ask for.
     ``deltas``: this client applies ``task.delta_base`` downloads. ``seeded_init``:
-    it builds version 0 itself from ``task.init_seed`` (docs/protocol.md §3.3).
+    it builds version 0 itself from ``task.init_seed`` with NumPy's PCG64 (the
+    legacy scheme); ``init_schemes``: the portable init schemes it builds it with
+    (docs/protocol.md §3.3, §12.3).
     ``spans``: it takes chunks that span several blocks (``chunk.blocks`` > 1, §5.3)."""
 
     TYPE: ClassVar[str] = "hello"
@@ -363,8 +374,9 @@ class Hello(Message):
     seeded_init: bool = False
     spans: bool = False
     data: bool = False
+    init_schemes: tuple[str, ...] = ()
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_schemes"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
         "client": _str(64, empty=False),
@@ -380,6 +392,7 @@ class Hello(Message):
         "seeded_init": _bool,
         "spans": _bool,
         "data": _bool,
+        "init_schemes": _strs(8, 32),
     }
 
 
@@ -387,7 +400,8 @@ class Hello(Message):
 class Welcome(Message):
     """Server -> client answer to hello: the session and the limits it granted.
     ``spans``: the server takes result chunks that span several blocks (§5.3).
-    ``prefetch``: the server answers ``prefetch`` with the next task early (§3.12)."""
+    ``prefetch``: the server answers ``prefetch`` with the next task early (§3.12).
+    ``decline``: the server takes ``decline`` for a task the client cannot do (§3.13)."""
 
     TYPE: ClassVar[str] = "welcome"
     version: int = PROTOCOL_VERSION
@@ -398,8 +412,9 @@ class Welcome(Message):
     spans: bool = False
     prefetch: bool = False
     data: bool = False
+    decline: bool = False
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "decline"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
         "session_id": _str(128, empty=False),
@@ -409,6 +424,7 @@ class Welcome(Message):
         "spans": _bool,
         "prefetch": _bool,
         "data": _bool,
+        "decline": _bool,
     }
 
 
@@ -422,7 +438,8 @@ class Task(Message):
     what ``upload_codec`` dropped into its next result. A ``distill`` task trains
     the student toward ``teacher_logits`` (one row per entry of ``indices``) at
     ``temperature``, mixed with the hard labels by ``distill_alpha``. With
-    ``init_seed`` (version 0, to a client whose hello said ``seeded_init``) no model
+    ``init_seed`` (version 0, to a client whose hello listed ``init_scheme`` in
+    ``init_schemes``; nil scheme: legacy PCG64, to ``seeded_init``) no model
     follows: the client builds it from the seed and checks its CRC-32 against
     ``init_crc``."""
 
@@ -451,8 +468,9 @@ class Task(Message):
     init_seed: int | None = None
     init_crc: int | None = None
     data: str | None = None
+    init_scheme: str | None = None
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_scheme"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "task_id": _str(128, empty=False),
         "kind": _str(32, TASK_KINDS),
@@ -478,6 +496,7 @@ class Task(Message):
         "init_seed": _opt(_int(0, U64)),
         "init_crc": _opt(_int(0, U32)),
         "data": _opt(_sha256),
+        "init_scheme": _opt(_str(32, empty=False)),
     }
 
     def _cross(self) -> None:
@@ -498,6 +517,8 @@ class Task(Message):
             return
         if self.init_crc is not None:
             raise ProtocolError(ErrorCode.BAD_FIELD, "task.init_crc: only with init_seed")
+        if self.init_scheme is not None:
+            raise ProtocolError(ErrorCode.BAD_FIELD, "task.init_scheme: only with init_seed")
         if self.num_chunks and self.model_transfer is None:
             raise ProtocolError(
                 ErrorCode.BAD_FIELD, "task.model_transfer: required when num_chunks > 0"
@@ -616,7 +637,8 @@ class Chunk(Message):
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Ack(Message):
     """Server -> client: a result was applied (or why not). ``reason`` is a short
-    machine-readable word (``stale``, ``duplicate``, ``invalid``, ``expired``)."""
+    machine-readable word, one of coordinator.validation.Reject's (docs/protocol.md
+    §3.6 lists them)."""
 
     TYPE: ClassVar[str] = "ack"
     task_id: str
@@ -640,6 +662,23 @@ class Prefetch(Message):
     task_id: str
 
     SCHEMA: ClassVar[dict[str, Check]] = {"task_id": _str(128, empty=False)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Decline(Message):
+    """Client -> server: I will not compute ``task_id`` (``reason``: a word such as
+    ``compute`` or ``memory``, optionally ``": "`` and detail). The lease ends at once
+    instead of at its deadline, so the task goes to another client. Only to a server
+    whose ``welcome.decline`` is true (§3.13)."""
+
+    TYPE: ClassVar[str] = "decline"
+    task_id: str
+    reason: str = ""
+
+    SCHEMA: ClassVar[dict[str, Check]] = {
+        "task_id": _str(128, empty=False),
+        "reason": _str(256),
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -680,12 +719,21 @@ class Error(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Bye(Message):
-    """Either side: orderly goodbye before a close with code 1000."""
+    """Either side: orderly goodbye before a close with code 1000. From the server,
+    ``reason`` = ``BYE_FINISHED`` means the job is over (do not reconnect) and
+    ``detail`` says why (``max_versions``...); ``detail`` is left off when empty."""
 
     TYPE: ClassVar[str] = "bye"
     reason: str = ""
+    detail: str = ""
 
-    SCHEMA: ClassVar[dict[str, Check]] = {"reason": _str(256)}
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"detail"})
+    SCHEMA: ClassVar[dict[str, Check]] = {"reason": _str(256), "detail": _str(256)}
+
+    @property
+    def finished(self) -> bool:
+        """The job is over: the client exits instead of reconnecting."""
+        return self.reason == BYE_FINISHED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -739,7 +787,8 @@ def _filler(f: Any) -> Callable[[], Any] | None:
 MESSAGE_TYPES: dict[str, type[Message]] = {
     m.TYPE: m
     for m in (
-        Hello, Welcome, Task, Result, Chunk, Ack, Prefetch, Heartbeat, Error, Bye, Fetch, Data
+        Hello, Welcome, Task, Result, Chunk, Ack, Prefetch, Heartbeat, Error, Bye, Fetch, Data,
+        Decline,
     )
 }  # fmt: skip
 

@@ -62,8 +62,11 @@ from coordinator.core import Coordinator
 from coordinator.data import load_job_data
 from nn.data import Dataset
 from nn.optim import Optimizer, OptState
+from nn.params import Params
 from nn.train import evaluate, train_steps
 from protocol import messages as m
+from protocol.chunking import chunk_params
+from simulations.attacks import Attacker
 from simulations.churn import Lifecycle
 from simulations.engine import Engine, Event, Priority
 from simulations.network import Link
@@ -102,6 +105,9 @@ class Stats:
     leases_expired: int = 0
     tasks_prefetched: int = 0
     closes: int = 0
+    #: closes of honest players (a robust job closes none), forged results sent
+    honest_closes: int = 0
+    hijacks_sent: int = 0
     version: int = 0
     loss: float | None = None
     accuracy: float | None = None
@@ -124,6 +130,12 @@ class Player:
         if sim.scenario.clients.warm_data:
             for shard in sim.core.data.shards:
                 cache.put(shard.sha256, shard.blob)
+        #: this player's lie, if the scenario made it Byzantine
+        self.attacker = (
+            Attacker(sim.scenario.clients.attack.spec(), sim.engine.rng(f"attack/{index}"))
+            if index in sim.byzantine
+            else None
+        )
         self.client = ClientSession(
             f"player-{index}",
             Capabilities(
@@ -295,7 +307,8 @@ class Player:
         # The numbers are computed now (or start on the numerics thread); the
         # virtual compute time only decides when the session hears of them.
         data = req.data if task.data is not None else self.sim.dataset
-        self.compute_job = self.sim.numerics.submit(run_task, task, req.params, data)
+        compute = run_task if self.attacker is None else self.attacker.compute
+        self.compute_job = self.sim.numerics.submit(compute, task, req.params, data)
         self.compute_event = self.sim.engine.schedule(
             seconds, self._compute_done, req, seconds, priority=Priority.COMPUTE
         )
@@ -311,6 +324,22 @@ class Player:
         self.prefetch_event = None
         self._do(self.client.prefetch(self.sim.engine.now, request_id))
 
+    def _hijack(self, task: m.Task) -> None:
+        """Upload a zero update under the next task id: another player's, likely."""
+        if not task.task_id.isdigit() or self.client.limits is None:
+            return
+        forged = str(int(task.task_id) + 1)
+        chunks = chunk_params(
+            Params.zeros(task.spec),
+            max_message_bytes=self.client.limits.max_message_bytes,
+            codec=task.upload_codec,
+            transfer=forged,
+            target_bytes=self.client.limits.frame_bytes,
+        )
+        result = m.Result(task_id=forged, model_version=task.model_version, num_chunks=len(chunks))
+        self._do([Send(message=msg, frame=m.encode(msg)) for msg in (result, *chunks)])
+        self.sim.stats.hijacks_sent += 1
+
     def _cancel_compute(self) -> None:
         self.sim.engine.cancel(self.compute_event)
         self.sim.engine.cancel(self.prefetch_event)
@@ -325,6 +354,8 @@ class Player:
         self.compute_event = self.compute_job = self.prefetch_event = None
         out = job.result()
         self.sim.steps_of[req.task.task_id] = out.steps
+        if self.attacker is not None and self.attacker.hijacks:
+            self._hijack(req.task)
         self._do(
             self.client.compute_done(
                 req.request_id,
@@ -376,6 +407,12 @@ class Simulation:
         self.stop_reason = ""
         stop = self.job.stop
         self.horizon = min(stop.max_time_s or math.inf, scenario.run.max_virtual_s)
+        attack = scenario.clients.attack
+        self.byzantine = (
+            attack.spec().byzantine(scenario.clients.count, self.engine.rng("byzantine"))
+            if attack is not None
+            else frozenset()
+        )
         self.players = [Player(self, i) for i in range(scenario.clients.count)]
 
     # -- running -------------------------------------------------------------------
@@ -537,6 +574,8 @@ class Simulation:
     def _close(self, close: ev.Close) -> None:
         self.stats.closes += 1
         p = self.by_conn.get(close.client_id)
+        if p is not None and p.attacker is None and self.core.finished is None:
+            self.stats.honest_closes += 1
         if p is None or p.conn_id != close.client_id or p.link is None:
             return
         final = self.core.finished is not None
@@ -607,6 +646,9 @@ class Simulation:
             "drops": s.drops,
             "frames_lost": s.frames_lost,
             "closes": s.closes,
+            "honest_closes": s.honest_closes,
+            "byzantine": len(self.byzantine),
+            "hijacks_sent": s.hijacks_sent,
             "events_run": self.engine.events_run,
         }
         return RunResult(

@@ -55,6 +55,7 @@ from pydantic import (
 
 from coordinator.config import JobConfig, JobConfigError, parse_job
 from protocol.limits import LinkLimits, profile
+from simulations.attacks import AttackSpec
 from simulations.churn import ChurnModel
 from simulations.distributions import Distribution, Fixed, parse
 from simulations.network import LinkSpec
@@ -72,13 +73,28 @@ SEED_LUAU_FLOPS = 2.4e8
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
 
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class AttackSection(_Section):
+    """``[clients.attack]``: a share of the players lies (simulations/attacks.py)."""
+
+    kind: Literal[
+        "sign_flip", "scaled", "noise", "label_flip", "alie", "free_rider", "stale", "hijack"
+    ]
+    fraction: float = Field(ge=0, le=1, description="share of the players that are Byzantine")
+    scale: float = -10.0
+    noise: float = Field(default=1.0, gt=0)
+    z: float = Field(default=1.0, gt=0)
+
+    def spec(self) -> AttackSpec:
+        return AttackSpec(**self.model_dump())
+
+
 class ScenarioError(JobConfigError):
     """A scenario is invalid; ``errors`` holds ``(path, message)`` for every bad field
     (the job's own fields included, under ``job.``)."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
 
 class ClientsSection(_Section):
@@ -99,6 +115,9 @@ class ClientsSection(_Section):
     )
     prefetch: bool = Field(
         default=True, description="players ask for their next task while they compute"
+    )
+    attack: AttackSection | None = Field(
+        default=None, description="Byzantine players mixed into the crowd (simulations/attacks.py)"
     )
     warm_data: bool = Field(
         default=False,
@@ -182,6 +201,8 @@ class Scenario(_Section):
             "prefetch": c.prefetch,
             "warm_data": c.warm_data,
         }
+        if c.attack is not None:
+            d["clients"]["attack"] = c.attack.model_dump()
         return d
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from coordinator.config import DataSection, StrategySection
 from coordinator.leases import Task, TaskPlan
 from coordinator.strategies.aggregate import staleness_scale
+from coordinator.strategies.robust import aggregate
 from nn.params import Params
 
 
@@ -162,6 +163,11 @@ class Strategy(ABC):
             batch=self.data.batch,
             round=round,
         )
+
+    def combine(self, updates: list[np.ndarray]) -> np.ndarray:
+        """A round's or a buffer's updates as one, by ``config.aggregator`` (robust.py)."""
+        c = self.config
+        return aggregate(c.aggregator, updates, byzantine_fraction=c.byzantine_fraction)
 
     def scale(self, staleness: int) -> float:
         st = self.config.staleness

@@ -45,10 +45,10 @@ class DecentralAsync(Strategy):
         self.buffer.append((np.float32(w) * update).astype(np.float32))
         if len(self.buffer) < self.config.buffer_k:
             return Outcome(accepted=True, staleness=s)
-        mean = np.mean(np.stack(self.buffer), axis=0, dtype=np.float64).astype(np.float32)
+        combined = self.combine(self.buffer)
         merged = len(self.buffer)
         self.buffer = []
-        self.outer.step(self.model.params.data, mean)
+        self.outer.step(self.model.params.data, combined)
         return Outcome(accepted=True, staleness=s, step=self.step_version(merged))
 
     def pending(self) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.strategies.aggregate import OuterOptimizer, weighted_mean
+from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.rounds import RoundStrategy
 
 
@@ -25,4 +25,4 @@ class DecentralSync(RoundStrategy):
         super().__init__(outer=outer, **kwargs)
 
     def direction(self, updates: list[np.ndarray]) -> np.ndarray:
-        return weighted_mean(updates, [1.0] * len(updates))
+        return self.combine(updates)

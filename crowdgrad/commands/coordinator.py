@@ -19,12 +19,16 @@ from typing import Any
 
 from rich.console import Console
 
+from coordinator.admission import AdmissionLimits
 from coordinator.config import STRATEGY_NAMES, JobConfig, load_job
 from coordinator.data import load_job_data
 from coordinator.server import CrowdServer, bind, join_url, make_uvicorn
-from coordinator.service import CoreService
+from coordinator.service import CoreService, FreshStartRefused
 from crowdgrad.cli import UsageError
 from nn.spec import parse_widths
+from storage.errors import StorageError
+
+_ADMISSION = AdmissionLimits()  # the defaults, for the flags' help
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,6 +74,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--keep-running", action="store_true", help="keep serving after the job finished"
     )
+    p.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=_ADMISSION.handshake_timeout_s,
+        metavar="S",
+        help="close a connection that has not made its HTTP/websocket request in S seconds "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--max-connections-per-ip",
+        type=int,
+        default=_ADMISSION.max_connections_per_ip,
+        metavar="N",
+        help="open connections one address may hold (default %(default)s: a school or LAN "
+        "party behind one NAT fits)",
+    )
+    p.add_argument(
+        "--sessions-per-ip",
+        type=float,
+        default=_ADMISSION.hellos_per_ip_per_s,
+        metavar="R",
+        help="websocket sessions one address may open per second, in bursts of "
+        f"{_ADMISSION.hello_burst:g} (default %(default)s)",
+    )
+    p.add_argument(
+        "--ssl-certfile",
+        metavar="PEM",
+        help="serve TLS (wss://, https://) with this certificate chain (needs --ssl-keyfile)",
+    )
+    p.add_argument("--ssl-keyfile", metavar="PEM", help="the private key of --ssl-certfile")
+    p.add_argument(
+        "--allow-fresh-start",
+        action="store_true",
+        help="start from version 0 even when --store holds checkpoints and none verifies "
+        "(otherwise that is an error: it would drop every acknowledged result)",
+    )
     p.set_defaults(func=run)
 
 
@@ -96,14 +136,14 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     return job.replace(**over) if over else job
 
 
-def public_urls(host: str, port: int) -> list[str]:
+def public_urls(host: str, port: int, *, tls: bool = False) -> list[str]:
     if host not in ("0.0.0.0", "::", ""):
-        return [join_url(host, port)]
-    urls = [join_url("127.0.0.1", port)]
+        return [join_url(host, port, tls=tls)]
+    urls = [join_url("127.0.0.1", port, tls=tls)]
     try:
         name = socket.gethostname()
         addrs = {a[4][0] for a in socket.getaddrinfo(name, None, socket.AF_INET)}
-        urls += [join_url(a, port) for a in sorted(addrs) if not a.startswith("127.")]
+        urls += [join_url(a, port, tls=tls) for a in sorted(addrs) if not a.startswith("127.")]
     except OSError:
         pass
     return urls
@@ -135,18 +175,48 @@ def run(args: argparse.Namespace) -> int:
         tick_hz=args.tick_hz,
         ack_durable=False if args.no_ack_durable else None,
         durable_interval=args.durable_interval,
+        allow_fresh_start=args.allow_fresh_start,
     )
-    crowd = CrowdServer(service, join_token=args.join_token, admin_token=args.admin_token)
-    server = make_uvicorn(crowd)
+    try:
+        service.prepare()
+    except (FreshStartRefused, StorageError) as exc:
+        sock.close()
+        raise UsageError(f"--store: {exc}") from None
+    try:
+        admission = AdmissionLimits(
+            handshake_timeout_s=args.handshake_timeout,
+            max_connections_per_ip=args.max_connections_per_ip,
+            hellos_per_ip_per_s=args.sessions_per_ip,
+        )
+    except ValueError as exc:
+        sock.close()
+        raise UsageError(str(exc)) from None
+    crowd = CrowdServer(
+        service, join_token=args.join_token, admin_token=args.admin_token, admission=admission
+    )
+    tls = args.ssl_certfile is not None
+    try:
+        if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+            raise ValueError("give both --ssl-certfile and --ssl-keyfile, or neither")
+        for path in (args.ssl_certfile, args.ssl_keyfile):
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{path}: no such file")
+        server = make_uvicorn(crowd, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+        if tls:
+            server.config.load()  # a bad certificate or key is an error now, not later
+    except (ValueError, OSError) as exc:
+        sock.close()
+        raise UsageError(f"--ssl-certfile/--ssl-keyfile: {exc}") from None
     port = sock.getsockname()[1]
     console.print(
         f"[bold]crowdgrad coordinator[/]: job {job.name!r}, {job.strategy.name}, model "
         f"{list(job.spec.widths)} on {job.data.source} ({dataset.X_train.shape[0]} training "
         f"rows in {job.data.shards} shards)"
     )
-    for url in public_urls(args.host, port):
+    for url in public_urls(args.host, port, tls=tls):
         console.print(f"  join with:  [bold cyan]crowdgrad client {url}[/]")
-    console.print(f"  status:     http://{args.host}:{port}/api/status   docs: /docs")
+    scheme = "https" if tls else "http"
+    console.print(f"  status:     {scheme}://{args.host}:{port}/api/status   docs: /docs")
     if args.join_token:
         console.print("  join token required (--token on the client)")
     if not args.keep_running:

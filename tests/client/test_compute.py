@@ -3,7 +3,9 @@ import pytest
 
 from client.compute import dataset_ref, load_ref, run_task
 from nn.data import load_dataset, shard
+from nn.rng import Xoshiro128ss
 from nn.spec import ModelSpec
+from nn.train import compute_gradient, evaluate
 from protocol import messages as m
 
 SPEC = ModelSpec(widths=(64, 16, 10))
@@ -54,6 +56,26 @@ def test_bad_indices_and_kind() -> None:
     )
     with pytest.raises(ValueError, match="out of range"):
         run_task(bad, SPEC.init_params(0))
+
+
+def test_evaluate_reports_loss_and_accuracy_on_all_rows_and_no_update() -> None:
+    task = make_task("train")
     ev = m.Task(**{**{f: getattr(task, f) for f in task.SCHEMA}, "kind": "evaluate"})
-    with pytest.raises(ValueError, match="not computed"):
-        run_task(ev, SPEC.init_params(0))
+    base = SPEC.init_params(0)
+    out = run_task(ev, base)
+    data = load_ref(ev.dataset)
+    want = evaluate(base, data.X_train[ev.indices], data.y_train[ev.indices])
+    assert out.update.size == 0 and out.steps == 0 and out.samples == ev.indices.size
+    assert out.loss == want.loss and out.metrics == {"accuracy": want.accuracy}
+
+
+def test_batches_come_from_the_portable_generator() -> None:
+    """Stream 0 of task.seed picks the rows (docs/protocol.md §12.2), not NumPy."""
+    task = make_task("gradient")
+    base = SPEC.init_params(0)
+    data = load_ref(task.dataset)
+    X, y = data.X_train[task.indices], data.y_train[task.indices]
+    rows = Xoshiro128ss(task.seed, 0).permutation(X.shape[0])[: task.steps * task.batch]
+    loss, grad = compute_gradient(base, X[rows], y[rows])
+    out = run_task(task, base)
+    assert out.loss == loss and np.array_equal(out.update, grad.data)

@@ -9,7 +9,7 @@ import pytest
 
 from client.session import Capabilities, ClientSession, ComputeRequest, Finished, Phase, Send
 from nn.params import Params
-from nn.spec import ModelSpec
+from nn.spec import INIT_SCHEME, ModelSpec
 from protocol import messages as m
 from protocol.checksum import crc32
 from protocol.chunking import Reassembler, chunk_params
@@ -138,10 +138,11 @@ def test_heartbeats_and_rtt() -> None:
     assert s.rtt == pytest.approx(0.25)
 
 
-def test_bye_finishes() -> None:
+def test_a_finished_bye_finishes() -> None:
     s = ready_session()
-    out = s.receive(m.Bye(reason="target_accuracy"), 1.0)
+    out = s.receive(m.Bye(reason="finished", detail="target_accuracy"), 1.0)
     assert out == [Finished(reason="target_accuracy")]
+    assert s.phase is Phase.FINISHED and s.bye is not None and s.bye.finished
     with pytest.raises(ValueError, match="not connected"):
         s.receive(m.Heartbeat(seq=1), 2.0)
     with pytest.raises(ValueError, match="not allowed"):
@@ -166,19 +167,28 @@ def test_upload_is_paced_to_granted_limits() -> None:
     assert t >= (total - slow.burst_messages) / slow.messages_per_s - 1e-9
 
 
-def _seeded_task(seed: int, crc: int) -> m.Task:
+def _seeded_task(seed: int, crc: int, scheme: str | None = INIT_SCHEME) -> m.Task:
     return m.Task(
-        task_id="1", model_version=0, spec=SPEC, dataset="digits#0", init_seed=seed, init_crc=crc
+        task_id="1",
+        model_version=0,
+        spec=SPEC,
+        dataset="digits#0",
+        init_seed=seed,
+        init_crc=crc,
+        init_scheme=scheme,
     )
 
 
-def test_version_zero_is_built_from_the_init_seed_and_checked() -> None:
+@pytest.mark.parametrize("scheme", [INIT_SCHEME, None])
+def test_version_zero_is_built_from_the_init_seed_and_checked(scheme: str | None) -> None:
     s = ClientSession("alice", Capabilities(flops=2e9), seed=0)
     (hello,) = s.start(0.0)
-    assert hello.message.seeded_init  # this build draws the reference init
+    # the portable scheme, and NumPy's PCG64 of older coordinators (no task.init_scheme)
+    assert hello.message.init_schemes == (INIT_SCHEME,) and hello.message.seeded_init
     s.receive(welcome(), 0.1)
-    want = SPEC.init_params(7)
-    out = s.receive(_seeded_task(7, crc32(want.data)), 1.0)
+    want = SPEC.init_params(7, scheme=scheme or "pcg64")
+    assert not want.array_equal(SPEC.init_params(7, scheme="pcg64" if scheme else INIT_SCHEME))
+    out = s.receive(_seeded_task(7, crc32(want.data), scheme), 1.0)
     (req,) = [a for a in out if isinstance(a, ComputeRequest)]
     assert req.params.array_equal(want) and s.model_version == 0
 
@@ -192,8 +202,9 @@ def test_a_different_version_zero_stops_the_client_instead_of_training_on_it() -
 
 
 def test_a_client_may_leave_seeded_init_off() -> None:
-    (hello,) = ClientSession("bob", Capabilities(seeded_init=False), seed=0).start(0.0)
-    assert hello.message.seeded_init is False
+    caps = Capabilities(seeded_init=False, init_schemes=())
+    (hello,) = ClientSession("bob", caps, seed=0).start(0.0)
+    assert hello.message.seeded_init is False and "init_schemes" not in hello.message.to_wire()
 
 
 @pytest.mark.parametrize(("caps", "server", "frames"), [(True, True, 1), (True, False, 4),
@@ -312,3 +323,111 @@ def test_winding_down_starts_no_queued_task_and_asks_for_none() -> None:
     out = s.compute_done(first.request_id, np.zeros(SPEC.num_params, np.float32), 2.0)
     assert sends(out)[0].task_id == "1"  # the running task's result still goes up
     assert [a for a in out if isinstance(a, ComputeRequest)] == [] and s.computing is None
+
+
+def test_another_bye_ends_the_connection_not_the_job() -> None:
+    """Only reason ``finished`` means do not reconnect (§3.9): after any other bye
+    the close follows, and the session connects again with its resume token."""
+    s = ready_session()
+    assert s.receive(m.Bye(reason="going away"), 1.0) == []
+    assert s.phase is Phase.READY and s.bye is None
+    s.connection_lost(1.1)
+    (hello,) = s.start(2.0)
+    assert hello.message.resume == "tok"
+
+
+def decline_session() -> ClientSession:
+    s = ClientSession("alice", Capabilities(flops=2e9), seed=0)
+    s.start(0.0)
+    s.receive(
+        m.Welcome(session_id="s", resume_token="tok", limits=LAN, prefetch=True, decline=True),
+        0.1,
+    )
+    return s
+
+
+def test_a_compute_that_raises_declines_its_task() -> None:
+    s = decline_session()
+    req = feed(s, task_with_model("4", 0, SPEC.init_params(0)), 1.0)[-1]
+    out = s.compute_failed(req.request_id, "memory: MemoryError", 2.0)
+    assert sends(out) == [m.Decline(task_id="4", reason="memory: MemoryError")]
+    assert s.task is None and s.computing is None and s.pending is None
+    upd = np.zeros(SPEC.num_params, np.float32)
+    assert s.compute_done(req.request_id, upd, 2.5) == []  # a late result: nothing
+    assert s.compute_failed(req.request_id, "compute", 3.0) == []  # only once
+
+
+def test_a_declined_task_lets_the_queued_one_start() -> None:
+    s = decline_session()
+    req = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 1.0)[-1]
+    assert sends(s.prefetch(1.5, req.request_id)) == [m.Prefetch(task_id="1")]
+    t2 = m.Task(task_id="2", model_version=0, spec=SPEC, dataset="digits#0", base_version=0)
+    assert s.receive(t2, 1.6) == []  # queued behind the running compute
+    out = s.compute_failed(req.request_id, "compute: ValueError: bad optimizer", 2.0)
+    assert sends(out) == [m.Decline(task_id="1", reason="compute: ValueError: bad optimizer")]
+    (nxt,) = [a for a in out if isinstance(a, ComputeRequest)]
+    assert nxt.task.task_id == "2"
+
+
+@pytest.mark.parametrize(
+    "task, word",
+    [
+        (m.Task(task_id="5", model_version=3, spec=SPEC, dataset="d", base_version=3), "model"),
+        (m.Task(task_id="5", model_version=3, spec=SPEC, dataset="d", model_transfer="d-1-3",
+                num_chunks=2, delta_base=1), "model"),
+        (m.Task(task_id="5", model_version=0, spec=SPEC, dataset="d", base_version=0,
+                upload_codec="zstd-9"), "codec"),
+    ],
+)  # fmt: skip
+def test_a_task_this_client_cannot_do_is_declined_at_once(task: m.Task, word: str) -> None:
+    """Rather than let the lease run to its deadline (§3.13)."""
+    s = decline_session()
+    if word == "codec":
+        feed(s, task_with_model("0", 0, SPEC.init_params(0)), 0.5)  # holds version 0
+    out = s.receive(task, 1.0)
+    (dec,) = sends(out)
+    assert isinstance(dec, m.Decline) and dec.task_id == "5"
+    assert dec.reason.startswith(word + ":")
+    assert not any(isinstance(a, ComputeRequest) for a in out) and s.declined == 1
+
+
+def test_no_decline_to_a_server_that_does_not_take_it() -> None:
+    s = ready_session()  # welcome.decline false
+    req = feed(s, task_with_model("4", 0, SPEC.init_params(0)), 1.0)[-1]
+    assert s.compute_failed(req.request_id, "compute", 2.0) == []
+    assert s.task is None and s.declined == 1  # dropped here; its lease runs out
+
+
+def test_a_bad_server_frame_is_refused_with_a_4xxx_close() -> None:
+    """Browsers can only close with 1000 or 3000-4999: 4000 + code (§7)."""
+    from client.session import Close
+    from protocol.errors import ErrorCode, ProtocolError
+
+    s = ready_session()
+    out = s.refuse(ProtocolError(ErrorCode.MALFORMED, "frame is not one msgpack value"), 1.0)
+    err, close = out
+    assert isinstance(err, Send) and err.message.code == int(ErrorCode.MALFORMED)
+    assert close == Close(code=4001, reason="MALFORMED")
+    too_large = s.refuse(ProtocolError(ErrorCode.TOO_LARGE, "frame"), 1.0)[-1]
+    assert too_large.code == 4005
+
+
+def test_the_next_task_does_not_wait_for_the_ack_and_every_result_is_kept_until_acked() -> None:
+    """A server may hold acks until results are durable (§6): the session computes on,
+    and a result whose ack has not come yet is sent again after a reconnect."""
+    s = ready_session()
+    req = feed(s, task_with_model("1", 0, SPEC.init_params(0)), 1.0)[-1]
+    upd = np.zeros(SPEC.num_params, np.float32)
+    s.compute_done(req.request_id, upd, 2.0)
+    t2 = m.Task(task_id="2", model_version=0, spec=SPEC, dataset="digits#0", base_version=0)
+    (req2,) = s.receive(t2, 2.1)  # no ack for 1 yet: task 2 starts all the same
+    assert isinstance(req2, ComputeRequest)
+    s.compute_done(req2.request_id, upd, 3.0)
+    assert list(s.unacked) == ["1", "2"] and s.pending.task_id == "2"
+    s.receive(m.Ack(task_id="2", accepted=True), 3.1)  # acks in any order
+    s.connection_lost(3.2)
+    s.start(4.0)
+    resent = [x for x in sends(s.receive(welcome("tok"), 4.1)) if isinstance(x, m.Result)]
+    assert [r.task_id for r in resent] == ["1"]
+    s.receive(m.Ack(task_id="1", accepted=False, reason="duplicate"), 4.2)
+    assert s.unacked == {} and s.pending is None

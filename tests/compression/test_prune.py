@@ -69,7 +69,10 @@ def test_masked_finetune_keeps_the_zeros_and_recovers(digits, trained_small) -> 
         pruned, digits.X_train, digits.y_train, steps=200, rng=np.random.default_rng(0), masks=masks
     )
     assert sparsity_of(pruned) >= 0.8 - 1e-3
-    assert evaluate(pruned, digits.X_test, digits.y_test).accuracy >= base - 0.02
+    # 3 points: over init seeds 0-3 and finetune seeds 0-2 the loss ranged 0.5-2.9
+    # points with NumPy's init and 0.9-2.7 with the portable one (docs/protocol.md
+    # §12.3), so 2 points only ever held by the luck of one seed
+    assert evaluate(pruned, digits.X_test, digits.y_test).accuracy >= base - 0.03
 
 
 def test_finetune_is_deterministic(digits, trained_small) -> None:

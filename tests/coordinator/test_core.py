@@ -13,6 +13,7 @@ import pytest
 from coordinator import events as ev
 from coordinator.core import Coordinator
 from coordinator.leases import LeaseState, TaskState
+from nn.spec import INIT_SCHEME
 from protocol import messages as m
 from protocol.checksum import crc32
 from protocol.errors import CLOSE_NORMAL, ErrorCode, close_code
@@ -341,9 +342,13 @@ def test_checkpoints_stop_and_restore() -> None:
     assert [c.version for c in only(outs, ev.Checkpoint)] == [2, 4, 4]
     fin = only(outs, ev.JobFinished)[0]
     assert fin.reason == "max_versions" and fin.version == 4 and fin.accuracy is not None
-    assert sent(outs, "a", m.Bye) and only(outs, ev.Close)[-1].code == CLOSE_NORMAL
+    (bye,) = sent(outs, "a", m.Bye)
+    assert bye.finished and bye.detail == "max_versions"
+    assert only(outs, ev.Close)[-1].code == CLOSE_NORMAL
+    # A client that missed the bye and comes back learns the job is over.
     refused = core.connect("b", hello("b"), 10.0)
-    assert sent(refused, "b", m.Error)[0].code == ErrorCode.SHUTTING_DOWN
+    assert [b.finished for b in sent(refused, "b", m.Bye)] == [True]
+    assert only(refused, ev.Close)[-1].code == CLOSE_NORMAL
     state = core.state_dict()
     again = Coordinator.restore(core.job, state, seed=0, dataset=digits())
     assert again.version == 4 and again.params.array_equal(core.params)
@@ -433,18 +438,22 @@ def test_restored_core_answers_duplicates_of_checkpointed_results_for_the_retent
 
 def test_a_seeded_client_builds_version_zero_itself_and_gets_no_model() -> None:
     core = make_core(model={"init_seed": 5})
-    out = core.connect("a", hello("a", seeded_init=True), 0.0)
+    out = core.connect("a", hello("a", init_schemes=("pcg64", INIT_SCHEME)), 0.0)
     task = task_of(out, "a")
     assert task.init_seed == 5 and task.num_chunks == 0 and task.base_version is None
+    assert task.init_scheme == INIT_SCHEME
     assert task.init_crc == crc32(core.params.data)
     assert _checked(task) == task and m.decode(m.encode(task)) == task
     assert sent(out, "a", m.Chunk) == []
     (leased,) = only(out, ev.TaskLeased)
     assert (leased.download, leased.download_bytes) == ("seed", 0)
     assert core.job.spec.init_params(5).array_equal(core.params)  # what the client builds
-    # a client without the capability, in the same job, downloads version 0
+    # a client without the capability, in the same job, downloads version 0; so does
+    # an older one that only reproduces NumPy's PCG64 init (hello.seeded_init)
     plain = core.connect("b", hello("b"), 0.5)
     assert task_of(plain, "b").init_seed is None and sent(plain, "b", m.Chunk)
+    old = core.connect("c", hello("c", seeded_init=True), 0.6)
+    assert task_of(old, "c").init_seed is None and sent(old, "c", m.Chunk)
     # later versions are downloaded as usual
     out = deliver(core, "a", result_messages(task), 1.0)
     assert acks(out, "a") == [(task.task_id, True, "")]
@@ -457,7 +466,7 @@ def test_a_core_started_from_given_params_never_seeds() -> None:
     params = job.spec.init_params(job.model.init_seed)
     params.W[0][0, 0] += 1.0  # not the seed's version 0
     core = Coordinator(job, params, dataset=digits())
-    task = task_of(core.connect("a", hello("a", seeded_init=True), 0.0), "a")
+    task = task_of(core.connect("a", hello("a", init_schemes=(INIT_SCHEME,)), 0.0), "a")
     assert task.init_seed is None and task.num_chunks > 0
 
 
@@ -469,6 +478,7 @@ def test_a_core_started_from_given_params_never_seeds() -> None:
         {"init_crc": 2, "base_version": 0},  # checksum without a seed
         {"init_seed": 1, "init_crc": 2, "model_transfer": "m", "num_chunks": 2},  # and chunks
         {"init_seed": 1, "init_crc": 2, "base_version": 0},
+        {"init_scheme": "x128ss-ih12", "base_version": 0},  # a scheme without a seed
     ],
 )
 def test_seeded_task_fields_are_checked(fields: dict) -> None:

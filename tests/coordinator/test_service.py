@@ -58,3 +58,47 @@ def test_a_lone_input_is_handed_over_without_waiting_for_more() -> None:
         service.submit_connect("solo", m.Hello(client="solo"))
         assert sink.wait(1)
     assert sink.welcomed() == ["solo"]
+
+
+def test_every_accepted_result_is_acked_before_the_bye_when_acks_wait_for_durability(
+    tmp_path,
+) -> None:
+    """Acks held for a durable commit (``ack_durable``) are not lost at the end of the
+    job: the bye and the close wait for them, and ``done`` comes after (§3.9)."""
+    from tests.coordinator.coord_helpers import result_messages
+
+    job = parse_job({**JOB, "stop": {"max_versions": 3}})
+    sink = Sink()
+    # A long interval: after the first, acks stay held until the job ends.
+    with CoreService(job, store=tmp_path / "store", durable_interval=1e4) as service:
+        assert service.ack_durable
+        service.add_sink(sink)
+        service.submit_connect("a", m.Hello(client="a"))
+        for n in range(1, 4):
+            with sink.changed:
+                assert sink.changed.wait_for(lambda n=n: len(_sent(sink, m.Task)) >= n, 10)
+            for msg in result_messages(_sent(sink, m.Task)[-1]):
+                service.submit_receive("a", msg, len(m.encode(msg)))
+        assert service.done.wait(10)
+        outs = [o for call in sink.calls for o in call]
+    frames = [o.message for o in outs if isinstance(o, ev.Send) and o.client_id == "a"]
+    kinds = [type(f) for f in frames if isinstance(f, m.Ack | m.Bye)]
+    assert kinds == [m.Ack, m.Ack, m.Ack, m.Bye]
+    assert all(f.accepted for f in frames if isinstance(f, m.Ack))
+    assert sum(isinstance(o, ev.ResultAccepted) for o in outs) == 3
+    closes = [i for i, o in enumerate(outs) if isinstance(o, ev.Close)]
+    bye = next(
+        i
+        for i, o in enumerate(outs)
+        if isinstance(o, ev.Send) and o.message == m.Bye(reason="finished", detail="max_versions")
+    )
+    assert closes and closes[0] > bye
+
+
+def _sent(sink: Sink, kind: type) -> list:
+    return [
+        o.message
+        for call in list(sink.calls)
+        for o in call
+        if isinstance(o, ev.Send) and isinstance(o.message, kind)
+    ]

@@ -7,6 +7,7 @@ Codes: docs/protocol.md §7 and protocol/errors.py; 4017 is the server's slow-co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from coordinator import server as server_mod
 from coordinator.server import BackgroundServer
 from coordinator.service import CoreService
 from nn.params import Params
@@ -164,9 +166,13 @@ def test_first_frame_not_hello(trained: tuple) -> None:
     assert _check(*trained, [], hello=frame) == (4013, [ErrorCode.UNEXPECTED])
 
 
-def test_client_that_never_reads_is_closed() -> None:
+def test_client_that_never_reads_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A peer that sends heartbeats but never reads: the echoes pile up in its send
-    queue, which is bounded; it is closed with 4017 and memory stays bounded."""
+    queue, which is bounded; it is closed with 4017 and memory stays bounded. The
+    close does not wait behind its full socket buffer: the connection is reset once
+    the close handshake has had ``CLOSE_ABORT_S``, and no heartbeat sent after the
+    close reaches the core."""
+    monkeypatch.setattr(server_mod, "CLOSE_ABORT_S", 0.5)
     # a 9 MB model: the first download alone fills the socket buffers
     job = digits_job(
         "decentral-async",
@@ -177,20 +183,90 @@ def test_client_that_never_reads_is_closed() -> None:
     with running(job, send_queue_bytes=bound) as (bg, _, _):
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-        async def never_read() -> None:
+        async def never_read() -> int:
+            """Heartbeats after the close until the connection dies; how many got out."""
             async with connect(bg.url, max_size=None, compression=None, max_queue=1) as ws:
                 await ws.send(hello_frame())
                 for i in range(20_000):
                     if bg.crowd.net.slow_closed:
-                        return
+                        at_close.append(bg.crowd.net.frames_in)
+                        break
                     await ws.send(m.encode(m.Heartbeat(seq=i, time=0.0)))
                     if i % 50 == 0:
                         await asyncio.sleep(0.005)
+                after = 0
+                with contextlib.suppress(ConnectionClosed, OSError):
+                    for after in range(1, 2_000):  # 20 s at most: the reset comes in 0.5 s
+                        await ws.send(m.encode(m.Heartbeat(seq=after, time=0.0)))
+                        await asyncio.sleep(0.01)
+                    return -1  # never reset
+                return after
 
-        asyncio.run(never_read())
+        at_close: list[int] = []
+        after = asyncio.run(never_read())
         assert bg.crowd.net.slow_closed == 1
+        assert after > 0, "the connection of a slow consumer was never torn down"
+        assert bg.crowd.net.frames_in <= at_close[0] + 1  # nothing after the close counted
         assert _wait(lambda: not bg.crowd.peers, 10)
         # the queue never held more than its bound plus one frame
         assert bg.crowd.net.max_queued <= bound + 1024
         grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
         assert grown_mb < 200, f"memory grew {grown_mb:.0f} MB"
+
+
+def test_a_peer_that_reads_nothing_at_all_is_reset_after_its_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A raw TCP peer that stops reading after the handshake: the 9 MB model frame
+    fills the server's socket buffer, heartbeat echoes then fill the send queue and
+    the peer is closed (4017) while the transport is paused. The close frame sits
+    behind the full buffer, so a graceful close never ends; the connection must be
+    reset once it had CLOSE_ABORT_S, not stay open (it stayed established, taking
+    heartbeats, for over a minute before the fix)."""
+    import socket
+
+    from websockets.client import ClientProtocol
+    from websockets.uri import parse_uri
+
+    monkeypatch.setattr(server_mod, "CLOSE_ABORT_S", 0.5)
+    job = digits_job(
+        "decentral-async",
+        model={"widths": [64, 2048, 1024, 10]},
+        stop={"target_accuracy": None, "max_versions": 10, "max_time_s": None},
+    )
+    model_frame = 4 * 2_241_546 + 1024  # the whole model in one lan frame
+    with running(job, send_queue_bytes=model_frame + 200_000) as (bg, _, _):
+        proto = ClientProtocol(parse_uri(bg.url))
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", int(bg.url.split(":")[2].split("/")[0])))
+        proto.send_request(proto.connect())
+        sock.sendall(b"".join(proto.data_to_send()))
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101")
+        proto.receive_data(head)
+        proto.events_received()
+        proto.send_binary(hello_frame())
+        sock.sendall(b"".join(proto.data_to_send()))
+        sock.settimeout(0.2)
+        reset = False
+        deadline = time.monotonic() + 20.0
+        seq = 0
+        while time.monotonic() < deadline:  # heartbeats, never a read
+            for _ in range(200):
+                seq += 1
+                proto.send_binary(m.encode(m.Heartbeat(seq=seq, time=0.0)))
+            try:
+                sock.sendall(b"".join(proto.data_to_send()))
+            except TimeoutError:
+                pass  # our send buffer is full: the server stopped reading, still open
+            except (ConnectionResetError, BrokenPipeError):
+                reset = True
+                break
+
+            time.sleep(0.02)
+        sock.close()
+        assert bg.crowd.net.slow_closed == 1
+        assert reset, "the slow consumer's connection was still open 20 s after its close"

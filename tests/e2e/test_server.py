@@ -39,12 +39,22 @@ def test_status_health_docs_and_admin_token() -> None:
         assert http.post("/api/admin/pause").status_code == 401
         bad = {"Authorization": "Bearer nope"}
         assert http.post("/api/admin/pause", headers=bad).status_code == 401
-        ok = {"Authorization": "Bearer adm"}
+        bare = {"Authorization": "adm"}  # a token without its scheme
+        assert http.post("/api/admin/pause", headers=bare).status_code == 401
+        ok = {"Authorization": "bEaReR adm"}  # RFC 7235: the scheme is case-insensitive
         assert http.post("/api/admin/pause", headers=ok).json() == {"paused": True}
         assert http.post("/api/admin/resume", headers=ok).json() == {"paused": False}
         # no store: checkpointing is refused with a reason
         r = http.post("/api/admin/checkpoint", headers=ok)
         assert r.status_code == 409 and "--store" in r.text
+
+
+def test_an_empty_admin_token_leaves_the_admin_api_off() -> None:
+    """CROWDGRAD_ADMIN_TOKEN= (set, empty) is no token: nobody may pause the job."""
+    with running(digits_job(), admin_token="") as (bg, _, _), httpx.Client(base_url=bg.http) as h:
+        for headers in ({}, {"Authorization": "Bearer"}, {"Authorization": "Bearer x"}):
+            assert h.post("/api/admin/pause", headers=headers).status_code == 403
+        assert h.get("/api/status").json()["paused"] is False
 
 
 def test_admin_disabled_without_token() -> None:

@@ -30,3 +30,17 @@ def test_protocol_error_carries_code_message_and_pickles():
     assert "task.steps" in str(exc)
     back = pickle.loads(pickle.dumps(exc))
     assert (back.code, back.message) == (exc.code, exc.message)
+
+
+def test_client_close_codes_are_4000_plus_the_code():
+    """A browser may close only with 1000 or 3000-4999 (§7): a client's close for an
+    error is 4000 + code, also where the server's own close is a 1xxx code."""
+    from protocol.errors import client_close_code
+
+    for code in ErrorCode:
+        cc = client_close_code(code)
+        assert 4000 <= cc <= 4999 and cc == 4000 + int(code)
+        if close_code(code) >= 4000:
+            assert cc == close_code(code)  # the same as the server's where it can be
+    assert client_close_code(ErrorCode.MALFORMED) == 4001
+    assert client_close_code(ErrorCode.INTERNAL) == 4016

@@ -18,6 +18,7 @@ from protocol.messages import (
     Bye,
     Chunk,
     Data,
+    Decline,
     Error,
     Fetch,
     Heartbeat,
@@ -116,6 +117,10 @@ def examples():
         Heartbeat(seq=5, time=12.5, echo=12.25),
         Error(code=int(ErrorCode.BAD_FIELD), message="task.steps: bad"),
         Bye(reason="shutdown"),
+        Bye(reason="finished", detail="max_versions"),
+        Decline(task_id="t-1", reason="compute: ValueError: unknown optimizer 'lamb'"),
+        Decline(task_id="t-2"),
+        Welcome(session_id="s-3", limits=profile("roblox"), prefetch=True, decline=True),
     ]
 
 
@@ -366,6 +371,37 @@ def test_sparse_keys_stay_off_the_wire_at_their_default():
     ],
 )  # fmt: skip
 def test_bad_data_fields_name_the_field(wire, field):
+    with pytest.raises(ProtocolError) as err:
+        decode(msgpack.packb(wire, use_bin_type=True))
+    assert err.value.code is ErrorCode.BAD_FIELD
+    assert field in err.value.message
+
+
+def test_decline_and_bye_detail_are_sparse_and_finished_is_a_word():
+    """welcome.decline and bye.detail (added within version 1) stay off the wire at
+    their defaults: a server that does not set them sends the frames it always did."""
+    limits = profile("roblox")
+    assert "decline" not in Welcome(session_id="s", limits=limits).to_wire()
+    assert Welcome(session_id="s", limits=limits, decline=True).to_wire()["decline"] is True
+    assert encode(Bye(reason="x")) == msgpack.packb({"type": "bye", "reason": "x"})
+    bye = decode(encode(Bye(reason="finished", detail="max_time")))
+    assert bye.finished and bye.detail == "max_time"
+    assert not Bye(reason="going away").finished
+    assert list(Decline(task_id="7").to_wire()) == ["type", "task_id", "reason"]
+
+
+@pytest.mark.parametrize(
+    "wire, field",
+    [
+        ({"type": "decline", "reason": "compute"}, "decline.task_id"),
+        ({"type": "decline", "task_id": "", "reason": "compute"}, "decline.task_id"),
+        ({"type": "decline", "task_id": "1", "reason": "x" * 257}, "decline.reason"),
+        ({"type": "welcome", "session_id": "s", "decline": 1,
+          "limits": {"bytes_per_s": None, "messages_per_s": None,
+                     "max_message_bytes": 4096}}, "welcome.decline"),
+    ],
+)  # fmt: skip
+def test_bad_decline_fields_name_the_field(wire, field):
     with pytest.raises(ProtocolError) as err:
         decode(msgpack.packb(wire, use_bin_type=True))
     assert err.value.code is ErrorCode.BAD_FIELD

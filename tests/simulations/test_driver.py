@@ -233,12 +233,16 @@ def test_a_model_larger_than_the_heartbeat_window_crosses_a_roblox_link():
 
 
 def _crowd(count: int, staleness: dict, *, prefetch: bool = True) -> dict:
+    """The shipped digits scenario, players holding the data shards already (as
+    returning players do): these tests are about model traffic and staleness; what
+    shard transfers cost is test_players_pay_for_shards_... below."""
     from simulations.scenario import load_raw, resolve
 
     data = load_raw(resolve("digits-time-to-target"))
     data.pop("sweep", None)
     data["clients"]["count"] = count
     data["clients"]["prefetch"] = prefetch
+    data["clients"]["warm_data"] = True
     data["job"]["strategy"]["staleness"] = staleness
     data["job"]["stop"]["max_time_s"] = 30
     return data

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from nn.spec import ModelSpec
+from nn.spec import INIT_SCHEME, ModelSpec
 from protocol.checksum import crc32
 from protocol.chunking import chunk_params
 from protocol.limits import profile
@@ -28,6 +28,7 @@ from protocol.messages import (
     Ack,
     Bye,
     Data,
+    Decline,
     Error,
     Fetch,
     Heartbeat,
@@ -106,6 +107,7 @@ def valid_messages() -> dict[str, Message]:
             resume="resume-abc",
             deltas=True,
             spans=True,
+            init_schemes=(INIT_SCHEME,),
         ),
         "welcome_roblox": Welcome(
             session_id="s-42",
@@ -125,7 +127,7 @@ def valid_messages() -> dict[str, Message]:
             shard=2,
             steps=10,
             batch=16,
-            optimizer={"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True},
+            optimizer={"kind": "momentum", "lr": 0.05, "momentum": 0.9, "nesterov": True},
             seed=12345,
             deadline=30.0,
             base_version=3,
@@ -165,6 +167,7 @@ def valid_messages() -> dict[str, Message]:
             steps=10,
             init_seed=42,
             init_crc=crc32(spec.init_params(42).data),
+            init_scheme=INIT_SCHEME,
         ),
         "task_distill": Task(
             task_id="t-4",
@@ -197,6 +200,11 @@ def valid_messages() -> dict[str, Message]:
         "heartbeat": Heartbeat(seq=7, time=100.25, echo=99.5),
         "error": Error(code=3, message="task.steps: expected int in [1, 1000000000], got 0"),
         "bye": Bye(reason="client closing"),
+        "bye_finished": Bye(reason="finished", detail="max_versions"),
+        "decline": Decline(task_id="t-1", reason="memory: MemoryError"),
+        "welcome_decline": Welcome(
+            session_id="s-45", limits=profile("roblox"), prefetch=True, decline=True
+        ),
         "task_data": Task(
             task_id="t-6",
             kind="train",
