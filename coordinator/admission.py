@@ -1,0 +1,167 @@
+"""Who may open a connection: a handshake deadline and per-address limits.
+
+A volunteer platform is open to anyone, so the cheapest attack is to open
+connections and send nothing: each holds a file descriptor for as long as the
+server lets it. Three rules, checked before a connection costs the core anything:
+
+- **Handshake deadline.** A TCP connection must complete an HTTP request (for
+  ``/ws``, the websocket upgrade) within ``handshake_timeout_s`` of being accepted,
+  or it is closed. uvicorn's HTTP protocol starts its keep-alive timer only after
+  a first response, so a connection that never sends a byte (or sends half a
+  request line) was held forever.
+- **Open connections per address** (``max_connections_per_ip``): an address over
+  the bound is closed at accept. The default, 1,024, lets a school or a LAN party
+  behind one NAT join whole.
+- **Websocket sessions opened per address per second** (``hellos_per_ip_per_s``,
+  a token bucket with ``hello_burst``): a client that reconnects in a tight loop
+  is closed with ``RATE_LIMITED`` (1008) before its hello reaches the core. The
+  defaults let 500 players behind one address join at once.
+
+The limits live on one ``Admission`` object per server; the HTTP protocol class
+uvicorn instantiates per connection is made for it by ``http_protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from protocol.limits import TokenBucket
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionLimits:
+    handshake_timeout_s: float = 10.0
+    max_connections_per_ip: int = 1024
+    hellos_per_ip_per_s: float = 50.0
+    hello_burst: float = 500.0
+
+    def __post_init__(self) -> None:
+        if not self.handshake_timeout_s > 0:
+            raise ValueError(f"handshake_timeout_s: must be > 0, got {self.handshake_timeout_s}")
+        if self.max_connections_per_ip < 1:
+            raise ValueError(
+                f"max_connections_per_ip: must be >= 1, got {self.max_connections_per_ip}"
+            )
+        if not self.hellos_per_ip_per_s > 0 or self.hello_burst < 1:
+            raise ValueError(
+                "hellos_per_ip_per_s must be > 0 and hello_burst >= 1, got "
+                f"{self.hellos_per_ip_per_s} and {self.hello_burst}"
+            )
+
+
+class Admission:
+    """Per-address counters, touched only on the server's event loop."""
+
+    def __init__(self, limits: AdmissionLimits | None = None) -> None:
+        self.limits = limits or AdmissionLimits()
+        self.open: dict[str, int] = {}
+        self._hellos: dict[str, TokenBucket] = {}
+        #: connections refused: over the per-address bound, handshake too slow, too fast
+        self.refused_open = 0
+        self.timed_out = 0
+        self.refused_rate = 0
+
+    def connection_opened(self, ip: str) -> bool:
+        """Count a new TCP connection; False: the address is over its bound (close it)."""
+        n = self.open.get(ip, 0)
+        if n >= self.limits.max_connections_per_ip:
+            self.refused_open += 1
+            return False
+        self.open[ip] = n + 1
+        return True
+
+    def connection_closed(self, ip: str) -> None:
+        n = self.open.get(ip, 0) - 1
+        if n > 0:
+            self.open[ip] = n
+        else:
+            self.open.pop(ip, None)
+
+    def session_allowed(self, ip: str, now: float | None = None) -> bool:
+        """Take one websocket session from the address's bucket; False: too fast."""
+        now = time.monotonic() if now is None else now
+        bucket = self._hellos.get(ip)
+        if bucket is None:
+            if len(self._hellos) > 100_000:  # forget full buckets: they equal a new one
+                self._forget(now)
+            lim = self.limits
+            bucket = self._hellos[ip] = TokenBucket(lim.hellos_per_ip_per_s, lim.hello_burst)
+        bucket.refill(now)
+        if bucket.level < 1:
+            self.refused_rate += 1
+            return False
+        bucket.level -= 1
+        return True
+
+    def _forget(self, now: float) -> None:
+        for ip, b in list(self._hellos.items()):
+            b.refill(now)
+            if b.level >= b.capacity:
+                del self._hellos[ip]
+
+
+def http_protocol(admission: Admission) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the handshake deadline and per-address bound."""
+
+    class AdmittingH11Protocol(H11Protocol):
+        _ip: str | None = None
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            ip = self.client[0] if self.client else None
+            if ip is not None and not admission.connection_opened(ip):
+                transport.abort()
+                return
+            self._ip = ip
+            self._deadline = self.loop.call_later(
+                admission.limits.handshake_timeout_s, self._handshake_late
+            )
+
+        def _handshake_late(self) -> None:
+            self._deadline = None
+            # Upgraded to a websocket (its protocol took the transport), or a request
+            # under way: the deadline is met.
+            if self.cycle is not None or self.transport.get_protocol() is not self:
+                return
+            if not self.transport.is_closing():
+                admission.timed_out += 1
+                self.transport.abort()
+
+        def handle_websocket_upgrade(self, event: Any) -> None:
+            super().handle_websocket_upgrade(event)
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            # The websocket protocol owns the transport now: it gives the address's
+            # count back when that connection ends (this protocol hears no more).
+            ip, self._ip = self._ip, None
+            ws = self.transport.get_protocol()
+            if ip is None or ws is self:
+                return
+            lost = ws.connection_lost
+
+            def connection_lost(exc: Exception | None) -> None:
+                admission.connection_closed(ip)
+                lost(exc)
+
+            ws.connection_lost = connection_lost
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._release()
+            super().connection_lost(exc)
+
+        def _release(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            if self._ip is not None:
+                admission.connection_closed(self._ip)
+                self._ip = None
+
+    return AdmittingH11Protocol

@@ -1,0 +1,79 @@
+"""Robust aggregation rules: a minority of arbitrary updates cannot move the result
+far from the honest ones, and with no attackers each rule stays near the mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.strategies.aggregate import weighted_mean
+from coordinator.strategies.robust import (
+    AGGREGATORS,
+    aggregate,
+    byzantine_count,
+    centered_clip,
+    multi_krum,
+    trimmed_mean,
+)
+
+ROBUST = [a for a in AGGREGATORS if a != "mean"]
+
+
+def _crowd(rng: np.random.Generator, honest: int, bad: int, attack: str, dim: int = 50):
+    centre = rng.normal(size=dim).astype(np.float32)
+    good = [centre + 0.1 * rng.normal(size=dim).astype(np.float32) for _ in range(honest)]
+    mean = np.mean(good, axis=0)
+    if attack == "scaled":
+        evil = [(-10.0 * mean).astype(np.float32)] * bad
+    elif attack == "huge":
+        evil = [np.full(dim, 1000.0, np.float32)] * bad
+    else:  # a little is enough: just outside the honest spread, all the same way
+        sd = np.std(good, axis=0)
+        evil = [(mean - 1.5 * sd).astype(np.float32)] * bad
+    return centre, good, evil
+
+
+@pytest.mark.parametrize("attack", ["scaled", "huge", "alie"])
+@pytest.mark.parametrize("rule", ROBUST)
+def test_robust_rules_stay_near_the_honest_centre(rule: str, attack: str) -> None:
+    rng = np.random.default_rng(7)
+    centre, good, evil = _crowd(rng, honest=16, bad=4, attack=attack)
+    out = aggregate(rule, good + evil, byzantine_fraction=0.2)
+    honest_err = np.linalg.norm(np.mean(good, axis=0) - centre)
+    assert np.linalg.norm(out - centre) < honest_err + 0.5 * np.linalg.norm(0.1 * np.ones(50))
+    if attack != "alie":  # the plain mean is dragged far away by the same crowd
+        assert np.linalg.norm(aggregate("mean", good + evil) - centre) > 5.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 12), seed=st.integers(0, 2**31), rule=st.sampled_from(AGGREGATORS))
+def test_without_attackers_each_rule_is_near_the_mean(n: int, seed: int, rule: str) -> None:
+    rng = np.random.default_rng(seed)
+    ups = [rng.normal(size=8).astype(np.float32) * 0.01 + 1.0 for _ in range(n)]
+    out = aggregate(rule, ups, byzantine_fraction=0.2)
+    assert out.dtype == np.float32 and out.shape == (8,)
+    lo, hi = np.min(ups, axis=0), np.max(ups, axis=0)
+    assert np.all(out >= lo - 1e-5) and np.all(out <= hi + 1e-5)  # inside the honest box
+
+
+def test_mean_is_the_weighted_mean_and_edge_cases() -> None:
+    ups = [np.array([1.0, 2.0], np.float32), np.array([3.0, 6.0], np.float32)]
+    np.testing.assert_array_equal(aggregate("mean", ups, [1.0, 3.0]), weighted_mean(ups, [1, 3]))
+    np.testing.assert_array_equal(trimmed_mean(ups, 0), weighted_mean(ups, [1, 1]))
+    assert byzantine_count(10, 0.2) == 2 and byzantine_count(3, 0.49) == 1
+    assert byzantine_count(1, 0.4) == 0
+    with pytest.raises(ValueError, match="cannot trim"):
+        trimmed_mean(ups, 1)
+    with pytest.raises(ValueError, match="unknown 'avg'"):
+        aggregate("avg", ups)
+
+
+def test_krum_averages_the_honest_cluster_and_clip_is_order_free() -> None:
+    rng = np.random.default_rng(1)
+    _, good, evil = _crowd(rng, honest=8, bad=2, attack="huge")
+    np.testing.assert_allclose(multi_krum(good + evil, f=2), np.mean(good, axis=0), atol=1e-6)
+    a = centered_clip(good + evil)
+    b = centered_clip(evil + good[::-1])
+    np.testing.assert_allclose(a, b, atol=1e-6)
