@@ -88,7 +88,11 @@ def scale(virtual_s: float, *, overlap: bool = False, prefetch: bool = True) -> 
 
 
 def _large(
-    link: str, codecs: dict[str, Any] | None, steps: int = 100, prefetch: bool = True
+    link: str,
+    codecs: dict[str, Any] | None,
+    steps: int = 100,
+    prefetch: bool = True,
+    warm_data: bool = False,
 ) -> dict[str, Any]:
     job: dict[str, Any] = {
         "model": {"preset": "large", "loss": "mse"},
@@ -105,13 +109,21 @@ def _large(
         "name": f"large-{link}",
         "seed": 1,
         "job": job,
-        "clients": {"count": 8, "compute": 2.4e8, "latency": 0.05, "prefetch": prefetch},
+        "clients": {
+            "count": 8,
+            "compute": 2.4e8,
+            "latency": 0.05,
+            "prefetch": prefetch,
+            "warm_data": warm_data,
+        },
         "server": {"compute": 2.4e8},
         "run": {"mode": "numeric", "max_steps": steps, "sample_every_s": 10.0},
     }
 
 
-def speedup(fractions: tuple[float, ...] = (), *, prefetch: bool = True) -> list[dict[str, Any]]:
+def speedup(
+    fractions: tuple[float, ...] = (), *, prefetch: bool = True, warm_data: bool = False
+) -> list[dict[str, Any]]:
     rows = []
     topk = {"update": "topk:0.01+int8", "error_feedback": True}
     cases = [
@@ -146,7 +158,7 @@ def speedup(fractions: tuple[float, ...] = (), *, prefetch: bool = True) -> list
     for link, label, codecs, steps in cases:
         row: dict[str, Any] = {"link": link, "uploads": label, "steps": steps}
         try:
-            sc = parse_scenario(_large(link, codecs, steps, prefetch))
+            sc = parse_scenario(_large(link, codecs, steps, prefetch, warm_data))
             t0 = time.perf_counter()
             s = Simulation(sc).run().summary
         except Exception as exc:  # a codec not wired end to end yet: say so, go on
@@ -188,6 +200,12 @@ def main() -> None:
         action="store_true",
         help="players wait for each task instead of asking for it while they compute",
     )
+    ap.add_argument(
+        "--warm-data",
+        action="store_true",
+        help="players start with every data shard (otherwise each fetches the shards it "
+        "is named over its link, as a first-time player does)",
+    )
     args = ap.parse_args()
     if args.virtual_s <= 0:
         ap.error(f"--virtual-s: expected a positive number, got {args.virtual_s}")
@@ -200,7 +218,7 @@ def main() -> None:
     set_threads(1)
     out: dict[str, Any] = {}
     if not args.skip_speedup:
-        out["speedup"] = speedup(fractions, prefetch=not args.no_prefetch)
+        out["speedup"] = speedup(fractions, prefetch=not args.no_prefetch, warm_data=args.warm_data)
     if not args.skip_scale:
         out["scale"] = scale(args.virtual_s, overlap=args.overlap, prefetch=not args.no_prefetch)
     if args.json:
