@@ -76,9 +76,12 @@ class Loopback:
         n = 0
         self.schedule(self.now, "tick")
         while self._heap and n < max_events and self.core.finished is None:
-            t, _, kind, args = heapq.heappop(self._heap)
+            item = heapq.heappop(self._heap)
+            t, _, kind, args = item
             if t > until:
-                heapq.heappush(self._heap, (t, next(self._seq), kind, args))
+                # Back as it was: a new sequence number would put it behind events
+                # scheduled later for the same time (a result behind its chunks).
+                heapq.heappush(self._heap, item)
                 break
             self.now = max(self.now, t)
             self._step(kind, args)

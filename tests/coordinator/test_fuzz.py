@@ -29,7 +29,7 @@ def test_every_kind_is_generated_and_the_honest_client_still_trains() -> None:
     assert set(report.kinds) == set(hostile.KINDS)
     assert report.crashes == []
     assert set(report.closes) <= DOCUMENTED_CLOSES and len(report.closes) >= 5
-    assert report.honest_accepted > 0
+    assert report.honest_accepted > 500  # about one result a millisecond: it keeps pace
 
 
 def test_the_generator_replays_from_its_seed() -> None:

@@ -74,3 +74,25 @@ def test_client_drop_and_resume_mid_run() -> None:
     joined = [o for o in lb.outputs if isinstance(o, ev.ClientJoined) and o.client_id == "c1"]
     assert left and [j.resumed for j in joined] == [False, True]
     assert core.finished is not None and core.finished.reason == "target_accuracy"
+
+
+def test_stopping_at_until_keeps_the_order_of_same_time_events() -> None:
+    """An event past ``until`` goes back with its own sequence number: re-queued
+    with a new one it ran behind events scheduled later for the same instant (a
+    client's result behind its own chunks, closed 4008 in the fuzz benchmark)."""
+    from coordinator.loopback import Loopback
+    from tests.coordinator.coord_helpers import make_core
+
+    ran: list[str] = []
+
+    class Recording(Loopback):
+        def _step(self, kind: str, args: tuple) -> None:
+            if kind == "x":
+                ran.append(args[0])
+
+    lb = Recording(make_core())
+    lb.schedule(1.0, "x", "first")
+    lb.schedule(1.0, "x", "second")
+    lb.run(until=0.5)  # pops "first", finds it too late, puts it back
+    lb.run(until=2.0)
+    assert ran == ["first", "second"]
