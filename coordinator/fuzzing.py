@@ -1,6 +1,6 @@
 """Hostile frames against the real decoder and core, beside an honest client.
 
-The frames of ``protocol.hostile`` go through what a server does with a frame:
+The frames of ``coordinator.hostile`` go through what a server does with a frame:
 ``messages.decode`` with the link's size limit (a refusal closes the connection
 with the error's close code, as the websocket server does), then the core. An
 honest ``ClientSession`` trains on the same core through ``Loopback`` (real
@@ -20,7 +20,7 @@ from typing import Any
 from coordinator import events as ev
 from coordinator.core import Coordinator
 from coordinator.loopback import Loopback
-from protocol import hostile
+from coordinator import hostile
 from protocol import messages as m
 from protocol.errors import (
     CLOSE_NORMAL,

@@ -1,4 +1,4 @@
-"""Hostile frames (protocol/hostile.py) never crash the decoder or the core, close
+"""Hostile frames (coordinator/hostile.py) never crash the decoder or the core, close
 only with documented codes, and an honest client keeps training beside them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.fuzzing import DOCUMENTED_CLOSES, fuzz
-from protocol import hostile
+from coordinator import hostile
 from tests.coordinator.coord_helpers import make_core
 
 OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**9}
