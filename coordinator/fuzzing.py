@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import events as ev
+from coordinator import hostile
 from coordinator.core import Coordinator
 from coordinator.loopback import Loopback
-from coordinator import hostile
 from protocol import messages as m
 from protocol.errors import (
     CLOSE_NORMAL,

@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.fuzzing import DOCUMENTED_CLOSES, fuzz
 from coordinator import hostile
+from coordinator.fuzzing import DOCUMENTED_CLOSES, fuzz
 from tests.coordinator.coord_helpers import make_core
 
 OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**9}
