@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -108,6 +109,13 @@ def clients(url: str, names: list[str], *extra: str) -> Iterator[dict[str, subpr
             p.wait(10)
             if p.stderr is not None:
                 p.stderr.close()
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for a server started later on it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def hello_frame(name: str = "raw", **kw: Any) -> bytes:

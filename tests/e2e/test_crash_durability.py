@@ -16,7 +16,6 @@ import hashlib
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from coordinator.config import JobConfig
 from coordinator.service import CoreService
 from protocol import messages as m
 from storage import CheckpointStore
-from tests.e2e.e2e_helpers import ROOT, clients, digits_job, running
+from tests.e2e.e2e_helpers import ROOT, clients, digits_job, free_port, running
 
 #: A desktop client that appends each ack promising its result is in the model to a file.
 ACK_LOGGING_CLIENT = """
@@ -54,12 +53,6 @@ sys.exit(asyncio.run(client.run()))
 """
 
 ENV = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _coordinator(store: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -118,7 +111,7 @@ def _check_store(store: Path, seen: dict[int, str], newest: int, acked: set[str]
 
 def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
     rng = random.Random(seed)
-    store, port = tmp_path / "store.db", _free_port()
+    store, port = tmp_path / "store.db", free_port()
     url = f"ws://127.0.0.1:{port}/ws"
     logs = [tmp_path / f"acks{i}.txt" for i in range(2)]
     err = tmp_path / "coordinator.log"

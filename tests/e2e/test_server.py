@@ -22,7 +22,7 @@ from coordinator.server import CrowdServer
 from coordinator.service import CoreService
 from protocol import messages as m
 from storage.store import CheckpointStore
-from tests.e2e.e2e_helpers import ROOT, clients, digits_job, hello_frame, running
+from tests.e2e.e2e_helpers import ROOT, clients, digits_job, free_port, hello_frame, running
 
 
 def test_status_health_docs_and_admin_token() -> None:
@@ -102,12 +102,6 @@ def test_mounted_under_a_host_app() -> None:
     assert service.stopped.is_set()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _coordinator(port: int, store: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "crowdgrad", "coordinator", "--port", str(port)]
     cmd += ["--store", str(store), "--checkpoint-every", "5", "--widths", "64,64,10"]
@@ -129,7 +123,7 @@ def _status(port: int, timeout: float = 60.0, until: object = None) -> dict:
 
 def test_sigterm_checkpoints_and_restart_carries_on(tmp_path: Path) -> None:
     store = tmp_path / "ckpt.db"
-    port = _free_port()
+    port = free_port()
     url = f"ws://127.0.0.1:{port}/ws"
     coord = _coordinator(port, store)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,9 @@ import numpy as np
 import pytest
 from sklearn.datasets import make_classification
 
-from tests.e2e.e2e_helpers import ROOT, clients, digits_job, running
+from tests.e2e.e2e_helpers import ROOT, clients, digits_job, free_port, running
 
 TARGET = 0.75
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _status(port: int, until, timeout: float = 240.0) -> dict:
@@ -101,7 +94,7 @@ def _run_job(job: Path, cache: Path, port: int) -> dict:
 @pytest.mark.parametrize("kind", ["npz", "csv"])
 def test_user_data_trains_cold_then_warm(tmp_path: Path, kind: str) -> None:
     job, cache = _job(tmp_path, kind), tmp_path / "cache"
-    cold = _run_job(job, cache, _free_port())
+    cold = _run_job(job, cache, free_port())
     assert cold["finished"]["reason"] == "target_accuracy"
     assert cold["finished"]["accuracy"] >= TARGET
     data = cold["data"]
@@ -110,7 +103,7 @@ def test_user_data_trains_cold_then_warm(tmp_path: Path, kind: str) -> None:
     assert len(list(cache.glob("*.shard"))) >= 1
     if kind == "csv":
         return  # the warm run is the same for both kinds
-    warm = _run_job(job, cache, _free_port())
+    warm = _run_job(job, cache, free_port())
     assert warm["finished"]["reason"] == "target_accuracy"
     assert warm["data"]["ws_fetches"] == 0 and warm["data"]["ws_bytes"] == 0
 
