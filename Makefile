@@ -4,7 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench clean web web-check web-test
+WEB := client/web
+WEB_DEPS := $(WEB)/node_modules/.package-lock.json
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +19,28 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/crowdgrad demo
 
-test: $(STAMP)
+test: $(STAMP) web-check web-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The browser client (client/web): npm packages from package-lock.json, its
+# bundle and kernels.wasm built into client/web/static (committed: a pip
+# install needs no node). web-check rebuilds both and fails on a difference.
+$(WEB_DEPS): $(WEB)/package.json $(WEB)/package-lock.json
+	cd $(WEB) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(WEB_DEPS)
+
+web: $(WEB_DEPS)
+	sh $(WEB)/wasm/build.sh
+	cd $(WEB) && node build.mjs
+
+web-check: $(WEB_DEPS)
+	sh $(WEB)/wasm/build.sh --check
+	cd $(WEB) && node build.mjs --check
+
+web-test: $(WEB_DEPS)
+	cd $(WEB) && node --test test/
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -35,4 +55,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/nn_core.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache $(WEB)/node_modules

@@ -40,6 +40,7 @@ import contextlib
 import hmac
 import itertools
 import logging
+import mimetypes
 import socket
 import threading
 import time
@@ -51,9 +52,11 @@ from typing import Any
 import msgpack
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Response
+from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from client import WEB_ROOT
 from coordinator import events as ev
 from coordinator.admission import Admission, AdmissionLimits, http_protocol
 from coordinator.core import server_limits
@@ -716,6 +719,13 @@ class CrowdServer:
             asyncio.get_running_loop().call_soon(self._stop_soon)
             return {"stopping": True}
 
+        # The volunteer page (client/web): index.html at /, its bundles and the
+        # WebAssembly kernels beside it. Mounted last, so the routes above win.
+        if (WEB_ROOT / "index.html").is_file():
+            # WebAssembly.instantiateStreaming needs this type; not every
+            # system's mime.types has it.
+            mimetypes.add_type("application/wasm", ".wasm")
+            app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="volunteer-page")
         return app
 
     def _stop_soon(self) -> None:

@@ -1,0 +1,72 @@
+// Sender pacing to the granted limits (docs/protocol.md §8): two token buckets,
+// bytes and messages; a frame larger than the byte bucket goes from a full
+// bucket and leaves a debt. The same rule as protocol/limits.py's Pacer, so a
+// browser never trips the server's RATE_LIMITED meter.
+
+const MIN_FRAME_BYTES = 4096;
+
+/** Limits as the wire has them (nil rate = no limit), with derived sizes. */
+export function linkLimits(wire) {
+  const bytesPerS = wire.bytes_per_s ?? Infinity;
+  const messagesPerS = wire.messages_per_s ?? Infinity;
+  const burst = wire.burst ?? 1.0;
+  const maxMessageBytes = wire.max_message_bytes;
+  const burstBytes = bytesPerS * burst;
+  const frameBytes =
+    bytesPerS === Infinity
+      ? maxMessageBytes
+      : Math.min(maxMessageBytes, Math.max(MIN_FRAME_BYTES, Math.floor(burstBytes)));
+  return {
+    bytesPerS,
+    messagesPerS,
+    burst,
+    maxMessageBytes,
+    burstBytes,
+    burstMessages: Math.max(1, messagesPerS * burst),
+    frameBytes,
+  };
+}
+
+class Bucket {
+  constructor(rate, capacity) {
+    this.rate = rate;
+    this.capacity = capacity;
+    this.level = capacity;
+    this.t = -Infinity;
+  }
+
+  refill(now) {
+    if (this.rate === Infinity) this.level = this.capacity;
+    else if (this.t !== -Infinity && now > this.t)
+      this.level = Math.min(this.capacity, this.level + (now - this.t) * this.rate);
+    if (now > this.t) this.t = now;
+  }
+}
+
+export class Pacer {
+  constructor(limits) {
+    this.limits = limits;
+    this.bytes = new Bucket(limits.bytesPerS, limits.bytesPerS < Infinity ? limits.burstBytes : Infinity);
+    this.msgs = new Bucket(limits.messagesPerS, limits.burstMessages);
+  }
+
+  /** Earliest time ≥ now at which a frame of n bytes may go. */
+  nextSendTime(n, now) {
+    const { bytes, msgs } = this;
+    bytes.refill(now);
+    msgs.refill(now);
+    const need = n < bytes.capacity ? n : bytes.capacity;
+    let t = now;
+    if (need > bytes.level) t = now + (need - bytes.level) / bytes.rate;
+    if (msgs.level < 1) t = Math.max(t, now + (1 - msgs.level) / msgs.rate);
+    return t;
+  }
+
+  /** Take the tokens of a frame of n bytes if it is due now; say whether it was. */
+  tryConsume(n, now) {
+    if (this.nextSendTime(n, now) > now) return false;
+    if (this.bytes.rate < Infinity) this.bytes.level -= n;
+    if (this.msgs.rate < Infinity) this.msgs.level -= 1;
+    return true;
+  }
+}
