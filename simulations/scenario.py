@@ -57,7 +57,7 @@ from coordinator.config import JobConfig, JobConfigError, parse_job
 from protocol.limits import LinkLimits, profile
 from simulations.attacks import AttackSpec
 from simulations.churn import ChurnModel
-from simulations.distributions import Distribution, Fixed, parse
+from simulations.distributions import Distribution, Fixed, LogNormal, parse
 from simulations.network import LinkSpec
 
 #: Compute rates (docs/simulations.md, "Compute rates"), stated in every report.
@@ -69,6 +69,23 @@ from simulations.network import LinkSpec
 PLAYER_FLOPS = 5.0e9
 MACHINE_FLOPS = 3.6e10
 SEED_LUAU_FLOPS = 2.4e8
+
+#: Named compute profiles: ``clients.compute = "browser"``. FLOP/s while a task
+#: computes (waiting for a task or an upload is the simulator's business, not
+#: this rate), calibrated by ``benchmarks/browser.py`` on this 2-core machine
+#: (docs/performance.md, "The browser client"): the medium preset at batch 16,
+#: 6 x 18,944 weights x 16 = 1.82 MFLOP a step, in a headless Chromium worker,
+#: WebAssembly SIMD 14,224 steps/s (25.9 GFLOP/s), plain JS 1,597 (2.9 GFLOP/s),
+#: and the numba core on one thread 21,488 (39 GFLOP/s). A hidden tab computes
+#: at a quarter of its share (client/web/src/worker.js). The spread (sigma 0.5:
+#: half of the crowd within 0.7x-1.4x of the median) stands for the volunteers'
+#: machines, which this one machine cannot measure.
+COMPUTE_PROFILES: dict[str, Distribution] = {
+    "browser": LogNormal(median=2.59e10, sigma=0.5),
+    "browser-js": LogNormal(median=2.9e9, sigma=0.5),
+    "browser-hidden": LogNormal(median=2.59e10 / 4, sigma=0.5),
+    "desktop": LogNormal(median=3.9e10, sigma=0.5),
+}
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
@@ -128,6 +145,13 @@ class ClientsSection(_Section):
     @field_validator("compute", "latency", mode="before")
     @classmethod
     def _parse_dist(cls, v: Any, info: ValidationInfo) -> Distribution:
+        if info.field_name == "compute" and isinstance(v, str):
+            if v not in COMPUTE_PROFILES:
+                raise ValueError(
+                    f"unknown compute profile {v!r}; expected one of {tuple(COMPUTE_PROFILES)} "
+                    "or a number or distribution table (FLOP/s)"
+                )
+            return COMPUTE_PROFILES[v]
         return parse(v, str(info.field_name))
 
     @field_validator("compute", mode="after")

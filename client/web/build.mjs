@@ -14,7 +14,7 @@ const here = dirname(fileURLToPath(import.meta.url));
 const check = process.argv.includes("--check");
 const out = check ? mkdtempSync(join(tmpdir(), "crowdgrad-web-")) : join(here, "static");
 
-const BUNDLES = { "page.js": "src/page.js", "worker.js": "src/worker.js" };
+const BUNDLES = { "page.js": "src/page.js", "worker.js": "src/worker.js", "bench.js": "src/bench.js" };
 const COPIES = ["index.html", "style.css"];
 
 for (const [name, entry] of Object.entries(BUNDLES)) {

@@ -119,3 +119,15 @@ def test_shipped_names():
         assert n in names
     digits = load_scenario("digits-time-to-target")
     assert isinstance(digits.clients.compute, LogNormal)
+
+
+def test_named_compute_profiles_calibrated_from_the_browser_benchmark():
+    from simulations.scenario import COMPUTE_PROFILES
+
+    sc = parse_scenario({"clients": {"compute": "browser"}})
+    assert sc.clients.compute is COMPUTE_PROFILES["browser"]
+    # WASM SIMD in a worker against plain JS, as measured (benchmarks/browser.py)
+    assert COMPUTE_PROFILES["browser"].mean > 5 * COMPUTE_PROFILES["browser-js"].mean
+    assert COMPUTE_PROFILES["browser-hidden"].mean < COMPUTE_PROFILES["browser"].mean
+    with pytest.raises(ScenarioError, match=r"clients\.compute.*unknown compute profile 'gpu'"):
+        parse_scenario({"clients": {"compute": "gpu"}})
