@@ -603,6 +603,11 @@ class CrowdServer:
             "ETag": etag,
             "Cache-Control": "public, max-age=31536000, immutable",
             "Accept-Ranges": "bytes",
+            # A page from another origin (a game embedding the volunteer page, a
+            # tab pointed at this coordinator with ?ws=) fetches shards too; they
+            # are public to anyone who may connect, and named by their hash.
+            "Access-Control-Allow-Origin": "*",
+            "Access-Control-Expose-Headers": "ETag, Content-Range, Content-Length",
         }
         if if_none_match is not None and etag in (t.strip() for t in if_none_match.split(",")):
             return Response(status_code=304, headers=headers)

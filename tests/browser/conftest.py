@@ -5,6 +5,7 @@ Python. Nothing downloads a browser: without /usr/bin/chromium (or
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -73,3 +74,61 @@ def artifacts_dir() -> Path:
     out = Path(os.environ.get("CROWDGRAD_ARTIFACTS", "build/browser"))
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+class TcpProxy:
+    """A loopback TCP proxy whose connections the test can cut: a network drop
+    under a browser tab (Chromium's offline emulation leaves open websockets be)."""
+
+    def __init__(self, target_port: int) -> None:
+        import socket
+        import threading
+
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: object, dst: object) -> None:
+        try:
+            while data := src.recv(65536):  # type: ignore[attr-defined]
+                dst.sendall(data)  # type: ignore[attr-defined]
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()  # type: ignore[attr-defined]
+
+    def cut(self) -> None:
+        """Drop every open connection at once (RST-like: no close frame)."""
+        import socket
+
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import events as ev
-from tests.browser.conftest import artifacts_dir
+from tests.browser.conftest import TcpProxy, artifacts_dir
 from tests.e2e.e2e_helpers import clients, digits_job, running
 
 WEB_CLIENT = "crowdgrad-web/0.1"
@@ -193,6 +193,34 @@ def test_the_page_keeps_its_frames_while_the_worker_trains(context, record_prope
         assert stats(page)["steps"] > trained, "the worker trained during the probe"
 
 
+def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
+    """The network drops under a training tab: it reconnects with backoff, resumes
+    its session (hello.resume) and goes on; hidden, it computes at a lower share."""
+    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    with running(job) as (bg, _service, rec):
+        proxy = TcpProxy(bg.port)
+        via = f"ws://127.0.0.1:{proxy.port}/ws"
+        page = open_tab(context, page_url(bg.url, f"autostart=1&ws={via}"))
+        wait_until(lambda: stats(page).get("accepted", 0) >= 2, 60, "two accepted results")
+        proxy.cut()
+        wait_until(lambda: stats(page).get("status", "").startswith("offline"), 30, "offline")
+        wait_until(lambda: stats(page).get("connects", 0) >= 2, 60, "a reconnect")
+        before = stats(page)["accepted"]
+        wait_until(lambda: stats(page)["accepted"] > before, 60, "results after the reconnect")
+        joins = [j for j in rec.of(ev.ClientJoined) if j.name.startswith(WEB_CLIENT)]
+        assert len(joins) >= 2 and joins[-1].resumed, joins
+        page.evaluate(HIDE_TAB)
+        wait_until(lambda: stats(page).get("hidden"), 10, "the worker told the tab is hidden")
+        assert "hidden" in page.inner_text("#status")
+        proxy.close()
+
+
+HIDE_TAB = """
+Object.defineProperty(document, "visibilityState", {value: "hidden", configurable: true});
+document.dispatchEvent(new Event("visibilitychange"));
+"""
+
+
 def test_a_screenshot_shows_the_progress(context) -> None:
     job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
     with running(job) as (bg, _service, rec):
@@ -231,8 +259,11 @@ def _differs(a: Path, b: Path, box: dict) -> bool:
 
 @pytest.fixture(autouse=True)
 def _no_page_errors(context):
-    """A JavaScript exception anywhere in a tab fails the test."""
+    """A JavaScript exception in a tab, or one its worker reports, fails the test."""
     errors: list[str] = []
     context.on("weberror", lambda e: errors.append(str(e.error)))
     yield
+    for page in context.pages:
+        logs = page.evaluate("globalThis.crowdgrad?.logs ?? []")
+        errors += [entry["text"] for entry in logs if entry["level"] == "error"]
     assert not errors, errors

@@ -57,6 +57,22 @@ def test_an_empty_admin_token_leaves_the_admin_api_off() -> None:
         assert h.get("/api/status").json()["paused"] is False
 
 
+def test_the_volunteer_page_is_served_at_the_root() -> None:
+    """client/web/static at /: the page, its bundles and the wasm kernels with the
+    type WebAssembly.instantiateStreaming needs; the API routes still win."""
+    with running(digits_job()) as (bg, _, _), httpx.Client(base_url=bg.http) as http:
+        page = http.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "Help train" in page.text
+        for name in ("page.js", "worker.js", "style.css"):
+            assert http.get(f"/{name}").status_code == 200, name
+        wasm = http.get("/kernels.wasm")
+        assert wasm.headers["content-type"] == "application/wasm"
+        assert wasm.content[:4] == b"\0asm"
+        assert http.get("/api/status").json()["version"] >= 0
+        assert http.get("/no-such-file.js").status_code == 404
+
+
 def test_admin_disabled_without_token() -> None:
     with running(digits_job()) as (bg, _, _), httpx.Client(base_url=bg.http) as http:
         assert http.post("/api/admin/stop").status_code == 403
@@ -95,6 +111,10 @@ def test_mounted_under_a_host_app() -> None:
 
         assert isinstance(asyncio.run(join()), m.Welcome)
         assert httpx.get(f"{base}/crowd/api/status").json()["version"] >= 0
+        # The volunteer page works under the mount: its paths are relative.
+        page = httpx.get(f"{base}/crowd/")
+        assert page.status_code == 200 and 'src="page.js"' in page.text
+        assert httpx.get(f"{base}/crowd/worker.js").status_code == 200
     finally:
         server.should_exit = True
         thread.join(30)

@@ -132,6 +132,7 @@ def test_shards_by_http_are_immutable_and_take_ranges() -> None:
         assert r.status_code == 200 and r.content == shard.blob
         assert r.headers["etag"] == f'"{shard.sha256}"'
         assert "immutable" in r.headers["cache-control"]
+        assert r.headers["access-control-allow-origin"] == "*"  # pages on other origins
         r = http.get(f"/data/{shard.sha256}", headers={"Range": "bytes=10-19"})
         assert r.status_code == 206 and r.content == shard.blob[10:20]
         assert r.headers["content-range"] == f"bytes 10-19/{len(shard.blob)}"

@@ -17,8 +17,9 @@ globalThis.crowdgrad = state;
 const worker = new Worker(new URL("worker.js", location.href));
 worker.onmessage = (ev) => onWorker(ev.data);
 
+/** The websocket beside the page: /ws, or /crowd/ws for a page mounted at /crowd/. */
 function wsUrl() {
-  const u = new URL("/ws", location.href);
+  const u = new URL("ws", location.href);
   u.protocol = location.protocol === "https:" ? "wss:" : "ws:";
   return u.href;
 }
@@ -96,7 +97,7 @@ function showStats(s) {
 
 async function pollCrowd() {
   try {
-    const res = await fetch("/api/status", { cache: "no-store" });
+    const res = await fetch(new URL("api/status", location.href), { cache: "no-store" });
     if (res.ok) {
       const st = await res.json();
       state.crowd = st;

@@ -405,14 +405,14 @@ async function chooseKernels(which) {
   }
 }
 
-/** ws://host:port/ws → http://host:port/data/<sha> (§13.3). */
+/** ws://host:port/ws → http://host:port/data/<sha>, beside the websocket path
+ *  (§13.3; /crowd/ws → /crowd/data/<sha> for a coordinator mounted at /crowd). */
 export function shardUrl(wsUrl, sha) {
   const u = new URL(wsUrl);
   u.protocol = u.protocol === "wss:" ? "https:" : "http:";
-  u.pathname = `/data/${sha}`;
   u.search = "";
   u.hash = "";
-  return u.href;
+  return new URL(`data/${sha}`, u).href;
 }
 
 async function cachedShard(url, sha) {
@@ -437,4 +437,9 @@ async function cachedShard(url, sha) {
 if (typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope) {
   const volunteer = new Volunteer();
   self.onmessage = (ev) => volunteer.onPage(ev.data);
+  // Our own bugs reach the page (and the tests) instead of vanishing.
+  self.addEventListener("error", (e) => volunteer.log("error", `worker: ${e.message}`));
+  self.addEventListener("unhandledrejection", (e) =>
+    volunteer.log("error", `worker: ${e.reason?.stack ?? e.reason}`),
+  );
 }
