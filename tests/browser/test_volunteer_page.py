@@ -69,6 +69,26 @@ def test_four_tabs_and_a_desktop_client_train_digits_to_095(context) -> None:
             assert "finished" in tab.inner_text("#status").lower()
 
 
+def test_tabs_train_with_compressed_uploads_and_delta_downloads(context) -> None:
+    """The job asks for top-k + int8 uploads with error feedback and fp16 model
+    deltas: the tabs' encoders and decoders agree with the coordinator's."""
+    job = digits_job(
+        codecs={"update": "topk:0.1+int8", "error_feedback": True, "delta": "fp16"},
+        stop={"target_accuracy": 0.9, "max_time_s": 300},
+    )
+    with running(job) as (bg, _service, rec):
+        tabs = [open_tab(context, page_url(bg.url)) for _ in range(2)]
+        assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=280)
+        assert rec.of(ev.JobFinished)[0].reason == "target_accuracy"
+        leased = [t for t in rec.of(ev.TaskLeased) if t.client_id in web_client_ids(rec)]
+        assert any(t.download == "delta" for t in leased), "model deltas went to the tabs"
+        accepted = [a for a in rec.of(ev.ResultAccepted) if a.client_id in web_client_ids(rec)]
+        fp32 = 4 * (64 * 64 + 64 + 64 * 10 + 10)
+        assert accepted and max(a.payload_bytes for a in accepted) < fp32 / 3, "compressed"
+        for tab in tabs:
+            assert stats(tab)["refused"] == 0 and stats(tab)["declined"] == 0
+
+
 def test_a_tab_closed_mid_task_loses_only_its_lease(context) -> None:
     """The tab goes away while it holds a task it has started (pagehide → bye):
     its lease ends and the task's shard is leased again; the job still reaches
