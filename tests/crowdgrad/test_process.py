@@ -28,10 +28,13 @@ def test_tune_gc_freezes_survivors_and_still_collects_cycles_in_full_collections
         a, b = Node(), Node()
         a.other, b.other = b, a  # a reference cycle, then garbage
         dead = weakref.ref(a)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10  # wait for the freeze, not for a duration
+        while gc.get_freeze_count() < frozen + 5000 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert gc.get_freeze_count() >= frozen + 5000, (frozen, gc.get_freeze_count())
         del a, b
-        time.sleep(0.2)
+        gc.collect(0)
+        gc.collect(1)
         assert dead() is not None  # frozen: young collections do not see it
         deadline = time.monotonic() + 10
         while dead() is not None and time.monotonic() < deadline:

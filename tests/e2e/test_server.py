@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import socket
 import subprocess
@@ -69,7 +67,7 @@ def test_the_volunteer_page_is_served_at_the_root() -> None:
         wasm = http.get("/kernels.wasm")
         assert wasm.headers["content-type"] == "application/wasm"
         assert wasm.content[:4] == b"\0asm"
-        assert http.get("/api/status").json()["version"] >= 0
+        assert http.get("/api/status").json()["version"] == 0  # no client yet
         assert http.get("/no-such-file.js").status_code == 404
 
 
@@ -110,7 +108,7 @@ def test_mounted_under_a_host_app() -> None:
                 return m.decode(await asyncio.wait_for(ws.recv(), 10))
 
         assert isinstance(asyncio.run(join()), m.Welcome)
-        assert httpx.get(f"{base}/crowd/api/status").json()["version"] >= 0
+        assert httpx.get(f"{base}/crowd/api/status").json()["job"]["strategy"] == "decentral-async"
         # The volunteer page works under the mount: its paths are relative.
         page = httpx.get(f"{base}/crowd/")
         assert page.status_code == 200 and 'src="page.js"' in page.text
@@ -168,5 +166,3 @@ def test_sigterm_checkpoints_and_restart_carries_on(tmp_path: Path) -> None:
         if coord.poll() is None:
             coord.send_signal(signal.SIGTERM)
             coord.wait(60)
-    assert json.dumps(st)  # a JSON status all along
-    assert os.path.exists(store)

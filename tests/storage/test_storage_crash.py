@@ -132,7 +132,8 @@ def test_reader_never_sees_a_partial_checkpoint(tmp_path: Path) -> None:
     reader_code = (
         "import io, json, sys, contextlib\n"
         "from crowdgrad.cli import main\n"
-        "for _ in range(40):\n"
+        "seen = set()\n"
+        "for _ in range(2000):  # until the writer has committed twice meanwhile\n"
         "    buf = io.StringIO()\n"
         "    with contextlib.redirect_stdout(buf):\n"
         "        rc_list = main(['checkpoint', 'list', '--store', sys.argv[1], '--json'])\n"
@@ -140,6 +141,9 @@ def test_reader_never_sees_a_partial_checkpoint(tmp_path: Path) -> None:
         "    listed, verified = buf.getvalue().splitlines()\n"
         "    print(json.dumps({'rc': [rc_list, rc_verify], 'listed': json.loads(listed),\n"
         "                      'verified': json.loads(verified)}), flush=True)\n"
+        "    seen.add(tuple(r['version'] for r in json.loads(listed)))\n"
+        "    if len(seen) > 2:\n"
+        "        break\n"
     )
     try:
         reader = subprocess.run(
