@@ -44,7 +44,7 @@ from nn.threads import bound_omp_spin
 # would load the shared libgomp with the default spin count for both.
 bound_omp_spin()
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "nn"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CONFIGS = [
     ("tiny", 16),
@@ -264,8 +264,7 @@ def crowdgrad_contender(widths, X, Y, batch: int, *, whole: bool = False) -> Con
 
 
 def numpy_contender(widths, X, Y, batch: int) -> Contender:
-    import nn_reference
-
+    from nn import reference as nn_reference
     from nn.spec import ModelSpec
 
     params = ModelSpec(widths=widths, loss="mse").init_params(0)

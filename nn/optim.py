@@ -131,3 +131,24 @@ class OptState:
 
     def __repr__(self) -> str:
         return f"OptState({self.optimizer.kind}, step={self.step})"
+
+
+def momentum_step(
+    params: np.ndarray,
+    grad: np.ndarray,
+    velocity: np.ndarray,
+    *,
+    lr: float,
+    momentum: float,
+    nesterov: bool,
+) -> None:
+    """One (Nesterov) momentum step in place, with the very kernel the local
+    optimizer runs (``v = mu·v + g``; ``p -= lr·(g + mu·v)`` or ``lr·v``), so the
+    coordinator's outer step and a client's inner step are one formula in one home.
+    All three arrays are flat float32 of the same length."""
+    from nn.kernels import _MOMENTUM, optimizer_update_  # numba: only when stepping
+
+    optimizer_update_(
+        params, grad, _MOMENTUM, float(lr), float(momentum), bool(nesterov),
+        0.0, 0.0, 0.0, 1, velocity, velocity,
+    )  # fmt: skip

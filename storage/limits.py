@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from protocol.limits import TokenBucket
 from storage.errors import WriteBudgetExceeded
 
 #: The seed's key limit (4 M characters), read as bytes of binary chunk.
@@ -57,22 +58,31 @@ class WriteBudget:
     ``now`` that goes backwards is a caller bug and raises.
     """
 
-    __slots__ = ("_last", "_tokens", "capacity", "rate")
+    __slots__ = ("_bucket",)
 
     def __init__(self, *, writes_per_minute: float) -> None:
         if not writes_per_minute > 0:
             raise ValueError(f"writes_per_minute: must be > 0, got {writes_per_minute}")
-        self.capacity = float(writes_per_minute)
-        self.rate = float(writes_per_minute) / 60.0
-        self._tokens = self.capacity
-        self._last: float | None = None
+        # The links' bucket (one home for the arithmetic); a write never goes into debt.
+        self._bucket = TokenBucket(float(writes_per_minute) / 60.0, float(writes_per_minute))
+
+    @property
+    def capacity(self) -> float:
+        return self._bucket.capacity
+
+    @property
+    def rate(self) -> float:
+        return self._bucket.rate
+
+    @property
+    def _tokens(self) -> float:
+        return self._bucket.level
 
     def _refill(self, now: float) -> None:
-        if self._last is not None:
-            if now < self._last:
-                raise ValueError(f"now: clock went backwards ({now} < {self._last})")
-            self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
-        self._last = now
+        try:
+            self._bucket.refill(now)
+        except ValueError:
+            raise ValueError(f"now: clock went backwards ({now} < {self._bucket.t})") from None
 
     def available(self, now: float) -> float:
         self._refill(now)
@@ -91,7 +101,7 @@ class WriteBudget:
             raise ValueError(f"n_writes: must be >= 0, got {n_writes}")
         self._refill(now)
         if n_writes <= self._tokens:
-            self._tokens -= n_writes
+            self._bucket.level -= n_writes
             return True
         return False
 

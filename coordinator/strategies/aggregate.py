@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from nn.optim import momentum_step
+
 
 def staleness_scale(staleness: int, *, kind: str, a: float = 0.5, b: int = 4) -> float:
     """How much an update computed ``staleness`` versions ago still counts.
@@ -72,16 +74,19 @@ class OuterOptimizer:
         if self.kind == "sgd":
             params += np.float32(self.lr) * direction.astype(np.float32, copy=False)
             return
+        # Nesterov on the pseudo-gradient -direction: nn.optim's kernel keeps the
+        # velocity of the gradient, the negation of the direction's velocity.
         if self.velocity is None:
             self.velocity = np.zeros_like(params, dtype=np.float32)
-        mu = np.float32(self.momentum)
-        self.velocity *= mu
-        self.velocity += direction
-        params += np.float32(self.lr) * (direction + mu * self.velocity)
+        grad = np.negative(direction, dtype=np.float32)
+        momentum_step(
+            params, grad, self.velocity, lr=self.lr, momentum=self.momentum, nesterov=True
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"velocity": None if self.velocity is None else self.velocity.copy()}
+        # Stored as the direction's velocity (what checkpoints have always held).
+        return {"velocity": None if self.velocity is None else -self.velocity}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         v = state.get("velocity")
-        self.velocity = None if v is None else np.array(v, dtype=np.float32)
+        self.velocity = None if v is None else -np.array(v, dtype=np.float32)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from nn import kernels
+from nn import reference as ref
 from nn.spec import ModelSpec
 from nn.train import layout_of
-from tests.nn import nn_reference as ref
 
 ACTS = ("identity", "relu", "tanh", "sigmoid")
 

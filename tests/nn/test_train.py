@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from nn import reference as ref
 from nn.data import load_digits
 from nn.optim import Optimizer, OptState
 from nn.params import Params
@@ -21,7 +22,6 @@ from nn.train import (
     predict,
     train_steps,
 )
-from tests.nn import nn_reference as ref
 
 OPTIMIZERS = [
     Optimizer(kind="sgd", lr=0.05),

@@ -1,8 +1,11 @@
-"""Plain numpy MLP: the oracle the numba kernels are tested against.
+"""The readable specification of the MLP: plain numpy, the oracle the numba
+kernels (nn/kernels.py, nn/train.py) are held to by tests/nn.
 
-Written for clarity, not speed: per-layer lists of arrays, the textbook
-backward pass, and optimizers as separate functions. Generic over dtype so the
-finite-difference checks can run in float64.
+Written for clarity, not speed: per-layer lists of arrays, the textbook forward
+and backward pass, and the optimizers as separate functions, so that what the
+fast path computes can be read here in a page (micrograd's virtue, kept beside
+the fast path). Generic over dtype, so the finite-difference checks run in
+float64. docs/protocol.md §12 states the same arithmetic for other languages.
 """
 
 from __future__ import annotations
