@@ -52,6 +52,8 @@ from typing import Any
 import msgpack
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException, Response
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -60,6 +62,7 @@ from client import WEB_ROOT
 from coordinator import events as ev
 from coordinator.admission import Admission, AdmissionLimits, http_protocol
 from coordinator.core import server_limits
+from coordinator.metrics import Metrics
 from coordinator.service import CoreService
 from protocol import messages as m
 from protocol.errors import CLOSE_UNSUPPORTED_DATA, ErrorCode, ProtocolError, close_code
@@ -291,6 +294,7 @@ class CrowdServer:
         self.max_message_bytes = server_limits(service.job).max_message_bytes
         self.net = NetStats()
         self.peers: dict[str, _Peer] = {}
+        self.metrics = Metrics(read=self._readings)
         self.accepting = True
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -314,6 +318,8 @@ class CrowdServer:
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self.service.add_sink(self.metrics)
+        self.service.checkpoint_observers.append(self.metrics.checkpoint_seconds.observe)
         self.service.add_sink(self._from_core)
         self.service.start()
         # Echoed in _read_loop, at once. No client frame reaches the core before
@@ -503,6 +509,7 @@ class CrowdServer:
             self.net.bytes_in += len(data)
             try:
                 msg = m.decode(data, max_bytes=self.max_message_bytes)
+                self.metrics.frame_in(msg.TYPE, len(data))
                 if not peer.joined:
                     self._hello(peer, msg)
                     continue
@@ -510,7 +517,10 @@ class CrowdServer:
                     # Echoed here, not by the core: liveness must not wait behind a
                     # busy core. The core still sees it (last_seen, rate limits) but
                     # does not echo it (echo_heartbeats is off).
-                    self._enqueue(peer, heartbeat_echo(msg.seq, time.monotonic(), msg.time))
+                    now = time.monotonic()
+                    echo = heartbeat_echo(msg.seq, now, msg.time)
+                    self.metrics.frame_out("heartbeat", len(echo))
+                    self._enqueue(peer, echo)
                 self.service.submit_receive(peer.client_id, msg, len(data))
             except ProtocolError as exc:
                 self._refuse(peer, exc)
@@ -625,10 +635,23 @@ class CrowdServer:
             st = self.service.stats
             st.data_http_fetches += 1
             st.data_http_bytes += len(body)
+            self.metrics.http_shard(len(body))
         headers["Content-Length"] = str(end - start)
         return Response(
             content=body, status_code=status, headers=headers, media_type="application/octet-stream"
         )
+
+    def _readings(self) -> dict[str, Any]:
+        """State gauges for /metrics, read at scrape time."""
+        st = self.service.stats
+        core = self.service.core
+        return {
+            "version": st.version,
+            "queued": sum(p.queued for p in list(self.peers.values())),
+            "max_queued": self.net.max_queued,
+            "acks_held": st.acks_held,
+            "pending": core.strategy.pending() if core is not None else None,
+        }
 
     def _admin(self, authorization: str | None) -> None:
         if self.admin_token is None:
@@ -673,6 +696,14 @@ class CrowdServer:
             if shard is None:
                 raise HTTPException(404, f"no shard {sha256[:80]!r} in this job")
             return self._serve_blob(shard.blob, sha256, method, range_, if_none_match)
+
+        @app.get("/metrics", response_class=PlainTextResponse)
+        async def metrics() -> Response:
+            """Prometheus exposition format (prometheus-client): results by outcome and
+            reason, leases, clients by kind, frames and bytes by type, the task
+            round-trip histogram, evaluation, checkpoints (docs/operations.md)."""
+            self.ensure_started()
+            return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
         @app.get("/data/{sha256}")
         async def data(

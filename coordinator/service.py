@@ -94,6 +94,8 @@ class Stats:
     finished: dict[str, Any] | None = None
     checkpoints: int = 0
     last_checkpoint: int | None = None
+    #: seconds the last checkpoint took to write (snapshot handed over to commit)
+    last_checkpoint_s: float | None = None
     restored_from: int | None = None
     paused: bool = False
     #: acks waiting for a durable checkpoint now, and snapshots taken for them
@@ -153,6 +155,8 @@ class CoreService:
         # thread never blocks on (and hands the GIL over to) this thread's get.
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._sinks: list[Sink] = []
+        #: called on the writer thread with each checkpoint's write time (metrics)
+        self.checkpoint_observers: list[Callable[[float], None]] = []
         self._out: list[ev.Output] = []  # outputs not yet handed to the sinks
         self._thread: threading.Thread | None = None
         self._writer: ThreadPoolExecutor | None = None
@@ -506,9 +510,14 @@ class CoreService:
 
         def write() -> None:
             outcome = "failed"
+            t0 = time.monotonic()
             try:
                 store.save(ckpt)
                 outcome = "ok"
+                took = time.monotonic() - t0
+                self.stats.last_checkpoint_s = took
+                for observe in self.checkpoint_observers:
+                    observe(took)
             except CheckpointExists:  # same version again (e.g. every-N, then stop)
                 outcome = "exists"
                 return

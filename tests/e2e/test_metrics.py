@@ -1,0 +1,65 @@
+"""GET /metrics: Prometheus exposition that agrees with what happened (a real job,
+real client processes, real websockets), named by Prometheus conventions."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from coordinator import events as ev
+from tests.e2e.e2e_helpers import clients, digits_job, running
+
+
+def scrape(base: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """{sample name: {sorted labels: value}}."""
+    text = httpx.get(f"{base}/metrics", timeout=10)
+    assert text.status_code == 200
+    assert text.headers["content-type"].startswith("text/plain; version=")
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text.text):
+        assert family.name.startswith("crowdgrad_"), family.name
+        if family.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def total(series: dict, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for k, v in series.items() if want <= set(k))
+
+
+def test_metrics_agree_with_the_job(tmp_path) -> None:
+    job = digits_job(stop={"target_accuracy": 0.9, "max_time_s": 120})
+    with running(job, store=tmp_path / "s.db") as (bg, service, rec):
+        base = bg.url.replace("ws://", "http://").removesuffix("/ws")
+        before = scrape(base)
+        assert total(before["crowdgrad_clients"]) == 0
+        assert before["crowdgrad_model_version"][()] == 0
+        with clients(bg.url, ["m1", "m2"]):
+            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=120)
+            assert rec.wait_for(lambda: service.stats.checkpoints >= 1, timeout=30)
+            got = scrape(base)
+        joins = got["crowdgrad_client_joins_total"]
+        assert total(joins, kind="other") == len(rec.of(ev.ClientJoined)) >= 2
+        # the finished job said bye to both: the gauge is back where it started
+        assert total(got["crowdgrad_clients"]) == len(rec.of(ev.ClientJoined)) - len(
+            rec.of(ev.ClientLeft)
+        )
+        accepted = len(rec.of(ev.ResultAccepted))
+        assert total(got["crowdgrad_results_total"], outcome="accepted") == accepted
+        assert got["crowdgrad_task_round_trip_seconds_count"][()] == accepted
+        leased = len(rec.of(ev.TaskLeased))
+        assert total(got["crowdgrad_tasks_leased_total"]) == leased
+        # results in: the accepted ones, and any that came after the job ended (acked stale)
+        assert total(got["crowdgrad_messages_total"], direction="in", type="result") >= accepted
+        assert total(got["crowdgrad_messages_total"], direction="in", type="hello") == 2
+        assert total(got["crowdgrad_messages_total"], direction="out", type="task") == leased
+        assert total(got["crowdgrad_message_bytes_total"], direction="out") > 0
+        last = rec.of(ev.Evaluated)[-1]
+        assert got["crowdgrad_last_evaluation_accuracy"][()] == last.accuracy
+        assert got["crowdgrad_evaluations_total"][()] == len(rec.of(ev.Evaluated))
+        assert got["crowdgrad_model_version"][()] == service.stats.version
+        assert got["crowdgrad_checkpoint_seconds_count"][()] >= 1
+        assert got["crowdgrad_job_finished"][()] == 1
