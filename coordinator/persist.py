@@ -49,8 +49,15 @@ def _unpack(value: Any, arrays: dict[str, Any]) -> Any:
     return value
 
 
-def to_checkpoint(job: JobConfig, state: dict[str, Any], *, created_at: float) -> Checkpoint:
-    """A storable checkpoint of ``Coordinator.state_dict()`` (already a copy)."""
+def to_checkpoint(
+    job: JobConfig,
+    state: dict[str, Any],
+    *,
+    created_at: float,
+    history: dict[str, Any] | None = None,
+) -> Checkpoint:
+    """A storable checkpoint of ``Coordinator.state_dict()`` (already a copy);
+    ``history``: the run's series (coordinator.history), kept as plain JSON."""
     rest = {k: v for k, v in state.items() if k != "params"}
     arrays: dict[str, np.ndarray] = {}
     packed = _pack(rest, arrays)
@@ -59,7 +66,12 @@ def to_checkpoint(job: JobConfig, state: dict[str, Any], *, created_at: float) -
         created_at=created_at,
         params=Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32)),
         strategy=arrays,
-        metadata={"job": job.name, "strategy": job.strategy.name, "core": packed},
+        metadata={
+            "job": job.name,
+            "strategy": job.strategy.name,
+            "core": packed,
+            **({"history": history} if history is not None else {}),
+        },
         applied_results=tuple(str(t) for t in state["accepted_tasks"]),
     )
 

@@ -319,6 +319,7 @@ class CrowdServer:
             return
         self._loop = asyncio.get_running_loop()
         self.service.add_sink(self.metrics)
+        self.service.traffic = lambda: (self.net.bytes_in, self.net.bytes_out)
         self.service.checkpoint_observers.append(self.metrics.checkpoint_seconds.observe)
         self.service.add_sink(self._from_core)
         self.service.start()
@@ -704,6 +705,17 @@ class CrowdServer:
             round-trip histogram, evaluation, checkpoints (docs/operations.md)."""
             self.ensure_started()
             return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/api/history")
+        async def history(since: float | None = None) -> dict[str, Any]:
+            """The run so far: ``evaluations`` (wall time, version, accuracy, loss at
+            each evaluation) and ``throughput`` (sampled every 5 s: version, accepted
+            and rejected results, clients, results/s, bytes in and out), each as
+            ``{"fields": [...], "rows": [[...], ...]}``. Times are seconds since the
+            epoch; ``since`` returns only later points. Kept in each checkpoint, so a
+            restarted coordinator still has the series from the run's start."""
+            self.ensure_started()
+            return self.service.history.to_json(since)
 
         @app.get("/data/{sha256}")
         async def data(

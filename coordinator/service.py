@@ -53,6 +53,7 @@ from typing import Any
 from coordinator import events as ev
 from coordinator.config import JobConfig
 from coordinator.core import Coordinator
+from coordinator.history import History
 from coordinator.persist import from_checkpoint, to_checkpoint
 from nn.data import Dataset
 from protocol import messages as m
@@ -157,6 +158,10 @@ class CoreService:
         self._sinks: list[Sink] = []
         #: called on the writer thread with each checkpoint's write time (metrics)
         self.checkpoint_observers: list[Callable[[float], None]] = []
+        #: evaluations and throughput over time (GET /api/history), in checkpoints
+        self.history = History()
+        #: (bytes in, bytes out) of the network driver, for the history (optional)
+        self.traffic: Callable[[], tuple[int, int]] | None = None
         self._out: list[ev.Output] = []  # outputs not yet handed to the sinks
         self._thread: threading.Thread | None = None
         self._writer: ThreadPoolExecutor | None = None
@@ -289,6 +294,7 @@ class CoreService:
             self.job, from_checkpoint(ckpt), self._seed, dataset=self._dataset
         )
         self.stats.restored_from = ckpt.version
+        self.history.load(ckpt.metadata.get("history"))
         self._written_version = ckpt.version
         self._committed = frozenset(int(t) for t in ckpt.applied_results if t.isdigit())
         log.info("restored checkpoint v%d from %s", ckpt.version, self._store_path)
@@ -310,6 +316,7 @@ class CoreService:
                     if wake is not None and wake < next_tick:
                         next_tick = max(wake, now + 1e-3)
                     self.stats.window.append((now, self.stats.accepted))
+                    self._sample_history()
                 self._maybe_durable(core, now)
                 try:
                     item = self._inbox.get_nowait()
@@ -370,9 +377,21 @@ class CoreService:
             case other:
                 raise AssertionError(f"core service: unknown input {other!r}")
 
+    def _sample_history(self) -> None:
+        wall = time.time()
+        if not self.history.due(wall):
+            return
+        st = self.stats
+        b_in, b_out = self.traffic() if self.traffic is not None else (0, 0)
+        self.history.sample(
+            wall, version=st.version, accepted=st.accepted, rejected=st.rejected,
+            clients=st.clients, bytes_in=b_in, bytes_out=b_out,
+        )  # fmt: skip
+
     def _emit(self, outputs: list[ev.Output]) -> None:
         if not outputs:
             return
+        self.history.observe(outputs, time.time())
         st = self.stats
         core = self.core
         assert core is not None
@@ -501,7 +520,9 @@ class CoreService:
         if self.store is None or self._writer is None:
             return None
         state = core.state_dict()
-        ckpt = to_checkpoint(self.job, state, created_at=time.time())
+        ckpt = to_checkpoint(
+            self.job, state, created_at=time.time(), history=self.history.to_json()
+        )
         store, keep, inbox = self.store, self._keep, self._inbox
         cover, tasks = self._seq, frozenset(int(t) for t in state["accepted_tasks"])
         self._inflight += 1
