@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import hmac
 import itertools
+import json
 import logging
 import mimetypes
 import socket
@@ -51,8 +52,8 @@ from typing import Any
 
 import msgpack
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException, Response
-from fastapi.responses import PlainTextResponse
+from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
@@ -62,6 +63,7 @@ from client import WEB_ROOT
 from coordinator import events as ev
 from coordinator.admission import Admission, AdmissionLimits, http_protocol
 from coordinator.core import server_limits
+from coordinator.dashboard import Dashboard, estimate_left
 from coordinator.metrics import Metrics
 from coordinator.service import CoreService
 from protocol import messages as m
@@ -295,6 +297,7 @@ class CrowdServer:
         self.net = NetStats()
         self.peers: dict[str, _Peer] = {}
         self.metrics = Metrics(read=self._readings)
+        self.dashboard = Dashboard()
         self.accepting = True
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -319,6 +322,7 @@ class CrowdServer:
             return
         self._loop = asyncio.get_running_loop()
         self.service.add_sink(self.metrics)
+        self.service.add_sink(self.dashboard)
         self.service.traffic = lambda: (self.net.bytes_in, self.net.bytes_out)
         self.service.checkpoint_observers.append(self.metrics.checkpoint_seconds.observe)
         self.service.add_sink(self._from_core)
@@ -394,6 +398,7 @@ class CrowdServer:
             return
         if peer.queue and peer.queued + len(frame) > peer.bound:
             self.net.slow_closed += 1
+            self.dashboard.note("slow_consumer", f"{peer.client_id}: send queue full, closed 4017")
             log.info("client %s: send queue over %d bytes; closing", peer.client_id, peer.bound)
             peer.queue.clear()
             peer.queued = 0
@@ -642,6 +647,41 @@ class CrowdServer:
             content=body, status_code=status, headers=headers, media_type="application/octet-stream"
         )
 
+    def dashboard_state(self, since_event: int = 0) -> dict[str, Any]:
+        core = self.service.core
+        job = self.service.job
+        st = self.service.stats
+
+        def flops(client_id: str) -> float | None:
+            rec = core.registry.get(client_id) if core is not None else None
+            return None if rec is None else round(rec.rate(), 1)
+
+        state = self.dashboard.snapshot(flops, since_event)
+        hist = self.service.history
+        vps = 0.0  # versions a second over the last half minute of samples
+        recent = hist.throughput[-6:]
+        if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+            vps = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
+        now = time.time()
+        state["status"] = self.status()
+        state["left"] = estimate_left(
+            now=now,
+            started=now - (time.monotonic() - st.started),
+            version=st.version,
+            max_versions=job.stop.max_versions,
+            max_time_s=job.stop.max_time_s,
+            target_accuracy=job.stop.target_accuracy,
+            evaluations=hist.evaluations,
+            versions_per_s=vps,
+        )
+        state["link"] = job.link.profile
+        return state
+
+    def _admin_if_set(self, authorization: str | None) -> None:
+        """The admin token guards the operator's views only when one is set."""
+        if self.admin_token is not None:
+            self._admin(authorization)
+
     def _readings(self) -> dict[str, Any]:
         """State gauges for /metrics, read at scrape time."""
         st = self.service.stats
@@ -705,6 +745,54 @@ class CrowdServer:
             round-trip histogram, evaluation, checkpoints (docs/operations.md)."""
             self.ensure_started()
             return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/dashboard", include_in_schema=False)
+        async def dashboard_page() -> FileResponse:
+            """The operator's page (client/web/page/dashboard.html); its data needs the
+            admin token when one is set."""
+            return FileResponse(WEB_ROOT / "dashboard.html", media_type="text/html")
+
+        @app.get("/api/dashboard")
+        async def dashboard(
+            since_event: int = 0, authorization: str | None = Header(None)
+        ) -> dict[str, Any]:
+            """Everything the dashboard shows now: status, one row per client (name,
+            kind, FLOP/s, tasks, accepted, rejected by reason, bytes, staleness),
+            events after ``since_event``, and the estimated time left. Needs the admin
+            token when one is set."""
+            self._admin_if_set(authorization)
+            self.ensure_started()
+            return self.dashboard_state(since_event)
+
+        @app.get("/api/dashboard/stream")
+        async def dashboard_stream(
+            request: Request, authorization: str | None = Header(None)
+        ) -> StreamingResponse:
+            """``/api/dashboard`` pushed once a second as server-sent events: each
+            ``update`` carries the new events and history points only."""
+            self._admin_if_set(authorization)
+            self.ensure_started()
+
+            async def updates() -> AsyncIterator[str]:
+                last_event = 0
+                since: dict[str, float | None] = {"evaluations": None, "throughput": None}
+                while not await request.is_disconnected():
+                    state = self.dashboard_state(last_event)
+                    history = {}
+                    for part, last in since.items():  # each series from its own last point
+                        history[part] = self.service.history.to_json(last)[part]
+                        if history[part]["rows"]:
+                            since[part] = history[part]["rows"][-1][0]
+                    state["history"] = history
+                    if state["events"]:
+                        last_event = state["events"][-1]["id"]
+                    yield f"event: update\ndata: {json.dumps(state)}\n\n"
+                    if self._drained:
+                        return
+                    await asyncio.sleep(1.0)
+
+            headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+            return StreamingResponse(updates(), media_type="text/event-stream", headers=headers)
 
         @app.get("/api/history")
         async def history(since: float | None = None) -> dict[str, Any]:

@@ -14,8 +14,20 @@ const here = dirname(fileURLToPath(import.meta.url));
 const check = process.argv.includes("--check");
 const out = check ? mkdtempSync(join(tmpdir(), "crowdgrad-web-")) : join(here, "static");
 
-const BUNDLES = { "page.js": "src/page.js", "worker.js": "src/worker.js", "bench.js": "src/bench.js" };
-const COPIES = ["index.html", "style.css"];
+const BUNDLES = {
+  "page.js": "src/page.js",
+  "worker.js": "src/worker.js",
+  "bench.js": "src/bench.js",
+  "dashboard.js": "src/dashboard.js",
+};
+/** static name -> source, relative to client/web */
+const COPIES = {
+  "index.html": "page/index.html",
+  "style.css": "page/style.css",
+  "dashboard.html": "page/dashboard.html",
+  "dashboard.css": "page/dashboard.css",
+  "uplot.css": "node_modules/uplot/dist/uPlot.min.css",
+};
 
 for (const [name, entry] of Object.entries(BUNDLES)) {
   await esbuild.build({
@@ -30,11 +42,11 @@ for (const [name, entry] of Object.entries(BUNDLES)) {
     banner: { js: "// crowdgrad volunteer client: built by client/web/build.mjs from client/web/src; do not edit." },
   });
 }
-for (const name of COPIES) copyFileSync(join(here, "page", name), join(out, name));
+for (const [name, from] of Object.entries(COPIES)) copyFileSync(join(here, from), join(out, name));
 
 if (check) {
   const differ = [];
-  for (const name of [...Object.keys(BUNDLES), ...COPIES]) {
+  for (const name of [...Object.keys(BUNDLES), ...Object.keys(COPIES)]) {
     let committed = null;
     try {
       committed = readFileSync(join(here, "static", name));

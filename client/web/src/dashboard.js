@@ -1,0 +1,246 @@
+// The operator's dashboard (/dashboard): live from /api/dashboard/stream
+// (server-sent events, read through fetch so the admin token can travel in an
+// Authorization header rather than in a URL), charts drawn by uPlot.
+//
+// The token comes from the URL fragment (#token=…, never sent to the server in
+// the URL) or the form, and is kept in sessionStorage for this tab only.
+
+import uPlot from "uplot";
+
+const $ = (id) => document.getElementById(id);
+const TOKEN_KEY = "crowdgrad-admin-token";
+
+/** What tests (and the curious) can read. */
+const state = { updates: 0, status: null, left: null, clients: [], events: [], connected: false };
+globalThis.dashboard = state;
+
+const evals = { t: [], version: [], accuracy: [], loss: [] };
+const thru = { t: [], rps: [], bytesIn: [], bytesOut: [], inRate: [], outRate: [] };
+
+function token() {
+  const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (fromHash) sessionStorage.setItem(TOKEN_KEY, fromHash);
+  return sessionStorage.getItem(TOKEN_KEY) ?? "";
+}
+
+// -- charts ---------------------------------------------------------------------
+
+/** Axis labels for byte rates: 12 kB/s, not 12,000 cut to fit. */
+const rateValues = (u, vals) => vals.map((v) => (v == null ? "" : `${bytes(Math.round(v))}/s`));
+
+function chart(el, title, series, scales, xTime = true, values = undefined) {
+  const width = Math.max(320, el.clientWidth || 560);
+  const opts = {
+    title,
+    width,
+    height: 220,
+    scales: { x: { time: xTime }, ...scales },
+    series: [{}, ...series],
+    axes: [
+      {},
+      { scale: series[0].scale ?? "y", size: 70, ...(values ? { values } : {}) },
+      ...(series.some((s) => s.scale === "loss") ? [{ scale: "loss", side: 1, grid: { show: false } }] : []),
+    ],
+    legend: { live: false },
+  };
+  return new uPlot(opts, [[], ...series.map(() => [])], el);
+}
+
+const charts = {
+  version: chart($("chart-version"), "", [
+    { label: "accuracy", stroke: "#2f6fdb", width: 2, scale: "acc" },
+    { label: "loss", stroke: "#d9822b", width: 1.5, scale: "loss" },
+  ], { acc: { range: [0, 1] }, loss: {} }, false),
+  time: chart($("chart-time"), "", [{ label: "accuracy", stroke: "#2f6fdb", width: 2, scale: "acc" }], {
+    acc: { range: [0, 1] },
+  }),
+  rps: chart($("chart-rps"), "", [{ label: "results/s", stroke: "#1f8a4c", width: 2 }], {}),
+  bytes: chart($("chart-bytes"), "", [
+    { label: "down (to clients)", stroke: "#2f6fdb", width: 1.5 },
+    { label: "up (from clients)", stroke: "#b42318", width: 1.5 },
+  ], {}, true, rateValues),
+};
+
+function redraw() {
+  charts.version.setData([evals.version, evals.accuracy, evals.loss]);
+  charts.time.setData([evals.t, evals.accuracy]);
+  charts.rps.setData([thru.t, thru.rps]);
+  charts.bytes.setData([thru.t, thru.outRate, thru.inRate]);
+}
+
+function addHistory(h) {
+  const ef = h.evaluations.fields;
+  for (const r of h.evaluations.rows) {
+    evals.t.push(r[ef.indexOf("t")]);
+    evals.version.push(r[ef.indexOf("version")]);
+    evals.accuracy.push(r[ef.indexOf("accuracy")]);
+    evals.loss.push(r[ef.indexOf("loss")]);
+  }
+  const tf = h.throughput.fields;
+  for (const r of h.throughput.rows) {
+    const t = r[tf.indexOf("t")];
+    const bin = r[tf.indexOf("bytes_in")];
+    const bout = r[tf.indexOf("bytes_out")];
+    const n = thru.t.length;
+    const dt = n ? t - thru.t[n - 1] : 0;
+    thru.inRate.push(n && dt > 0 ? Math.max(0, (bin - thru.bytesIn[n - 1]) / dt) : 0);
+    thru.outRate.push(n && dt > 0 ? Math.max(0, (bout - thru.bytesOut[n - 1]) / dt) : 0);
+    thru.t.push(t);
+    thru.rps.push(r[tf.indexOf("results_per_s")]);
+    thru.bytesIn.push(bin);
+    thru.bytesOut.push(bout);
+  }
+}
+
+// -- numbers, table, events ---------------------------------------------------------
+
+function bytes(n) {
+  if (n < 1024) return `${n} B`;
+  if (n < 1 << 20) return `${(n / 1024).toFixed(1)} kB`;
+  if (n < 1 << 30) return `${(n / (1 << 20)).toFixed(1)} MB`;
+  return `${(n / (1 << 30)).toFixed(2)} GB`;
+}
+
+function duration(s) {
+  if (s == null) return "unknown";
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+function cell(text) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  return td;
+}
+
+function showStatus(st, left) {
+  $("job").textContent = `${st.job.name} · ${st.job.strategy} · ${st.job.widths.join("·")}`;
+  $("version").textContent = st.version;
+  const acc = st.last_evaluation?.accuracy;
+  $("accuracy").textContent = acc == null ? "no evaluation yet" : `${(100 * acc).toFixed(2)}%`;
+  $("clients").textContent = st.clients;
+  $("rps").textContent = st.throughput.results_per_s.toFixed(1);
+  $("results").textContent = `${st.accepted_results} · ${st.rejected_results}`;
+  const ck = st.checkpoints;
+  $("checkpoints").textContent = ck.written
+    ? `${ck.written} (last v${ck.last})`
+    : ck.restored_from != null ? `restored v${ck.restored_from}` : "none";
+  if (st.finished) {
+    $("state").textContent = `finished: ${st.finished.reason}`;
+    $("left").textContent = "0 s";
+  } else {
+    $("state").textContent = st.paused ? "paused" : "training";
+    $("left").textContent = left.seconds == null ? "unknown" : `${duration(left.seconds)} (${left.by})`;
+  }
+}
+
+function showClients(rows) {
+  const body = $("clients-table").tBodies[0];
+  body.replaceChildren(
+    ...rows
+      .slice()
+      .sort((a, b) => Number(b.connected) - Number(a.connected) || b.accepted - a.accepted)
+      .slice(0, 500)
+      .map((r) => {
+        const tr = document.createElement("tr");
+        if (!r.connected) tr.className = "gone";
+        const rej = Object.entries(r.rejected).map(([k, v]) => `${k} ${v}`).join(", ") || "0";
+        tr.append(
+          cell(r.client_id), cell(r.name), cell(r.kind),
+          cell(r.flops == null ? "–" : (r.flops / 1e9).toFixed(2)),
+          cell(r.tasks), cell(r.accepted), cell(rej), cell(`${r.declined} · ${r.expired}`),
+          cell(bytes(r.bytes_down)), cell(bytes(r.bytes_up)),
+          cell(r.mean_staleness ?? "–"),
+          cell(r.connected ? "connected" : `left (${r.left_reason})`),
+        );
+        return tr;
+      }),
+  );
+}
+
+function showEvents(events) {
+  const list = $("events");
+  for (const e of events) {
+    const li = document.createElement("li");
+    li.className = e.kind;
+    li.textContent = `${new Date(e.t * 1000).toLocaleTimeString()} ${e.text}`;
+    list.prepend(li);
+  }
+  while (list.children.length > 200) list.lastChild.remove();
+}
+
+function onUpdate(u) {
+  state.updates += 1;
+  state.status = u.status;
+  state.left = u.left;
+  state.clients = u.clients;
+  state.events.push(...u.events);
+  showStatus(u.status, u.left);
+  showClients(u.clients);
+  showEvents(u.events);
+  addHistory(u.history);
+  redraw();
+}
+
+// -- the stream -----------------------------------------------------------------------
+
+async function stream() {
+  const headers = {};
+  const t = token();
+  if (t) headers.Authorization = `Bearer ${t}`;
+  let res;
+  try {
+    res = await fetch(new URL("api/dashboard/stream", location.href), { headers, cache: "no-store" });
+  } catch (err) {
+    return retry(`coordinator unreachable (${err.message})`);
+  }
+  if (res.status === 401 || res.status === 403) {
+    $("auth").hidden = false;
+    $("auth-error").textContent = t ? "token refused" : "";
+    $("conn").textContent = "this coordinator needs its admin token";
+    return;
+  }
+  if (!res.ok) return retry(`HTTP ${res.status}`);
+  $("auth").hidden = true;
+  state.connected = true;
+  $("conn").textContent = "live";
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read().catch(() => ({ done: true }));
+    if (done) break;
+    buf += value;
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      const data = block.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
+      if (data) onUpdate(JSON.parse(data));
+    }
+  }
+  state.connected = false;
+  if (state.status?.finished) {
+    $("conn").textContent = "the job is finished; the coordinator closed the stream";
+    return;
+  }
+  retry("stream ended");
+}
+
+function retry(why) {
+  state.connected = false;
+  $("conn").textContent = `${why}: retrying in 3 s`;
+  // Reconnecting starts the series again from the beginning: clear ours first.
+  for (const arr of [...Object.values(evals), ...Object.values(thru)]) arr.length = 0;
+  setTimeout(stream, 3000);
+}
+
+$("auth").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("token").value);
+  stream();
+});
+addEventListener("resize", () => {
+  for (const c of Object.values(charts)) c.setSize({ width: Math.max(320, c.root.parentElement.clientWidth - 12), height: 220 });
+});
+stream();

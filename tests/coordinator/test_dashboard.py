@@ -1,0 +1,61 @@
+"""coordinator.dashboard: client rows from events, bounded events, time-left guesses."""
+
+from __future__ import annotations
+
+from coordinator import events as ev
+from coordinator.dashboard import MAX_GONE, Dashboard, estimate_left
+
+
+def test_rows_follow_the_events() -> None:
+    d = Dashboard(clock=lambda: 50.0)
+    d([ev.ClientJoined(client_id="c1", name="crowdgrad-web/0.1", resumed=False, now=0.0),
+       ev.TaskLeased(client_id="c1", task_id=1, lease_id=1, version=0, shard=0, deadline=9.0,
+                     now=0.0, download_bytes=1000),
+       ev.ResultAccepted(client_id="c1", task_id=1, staleness=2, version=1, now=1.0,
+                         frame_bytes=300),
+       ev.ResultRejected(client_id="c1", task_id=2, reason="norm", now=2.0),
+       ev.LeaseExpired(client_id="c1", task_id=3, lease_id=3, reissued=True, now=3.0)])  # fmt: skip
+    snap = d.snapshot(lambda cid: 1e9)
+    (row,) = snap["clients"]
+    assert row["kind"] == "browser" and row["flops"] == 1e9
+    assert (row["tasks"], row["accepted"], row["rejected"], row["expired"]) == (
+        1,
+        1,
+        {"norm": 1},
+        1,
+    )
+    assert (row["bytes_down"], row["bytes_up"], row["mean_staleness"]) == (1000, 300, 2.0)
+    kinds = [e["kind"] for e in snap["events"]]
+    assert kinds == ["join", "rejected", "expired"]
+    assert d.snapshot(lambda cid: None, since_event=snap["events"][-1]["id"])["events"] == []
+    d([ev.ClientLeft(client_id="c1", reason="bye: client stopping", now=4.0)])
+    assert d.snapshot(lambda cid: None)["clients"][0]["connected"] is False
+
+
+def test_rows_of_clients_that_left_are_bounded() -> None:
+    d = Dashboard()
+    for i in range(MAX_GONE + 50):
+        cid = f"c{i}"
+        d([ev.ClientJoined(client_id=cid, name="x", resumed=False, now=0.0),
+           ev.ClientLeft(client_id=cid, reason="gone", now=1.0)])  # fmt: skip
+    assert len(d.rows) == MAX_GONE
+    assert next(iter(d.rows)) == "c50"  # the oldest went first
+
+
+def test_time_left_takes_the_first_bound() -> None:
+    base = dict(now=100.0, started=0.0, version=100, evaluations=[])
+    by_versions = estimate_left(**base, max_versions=300, max_time_s=1000.0,
+                                target_accuracy=None, versions_per_s=2.0)  # fmt: skip
+    assert by_versions == {"seconds": 100.0, "by": "max_versions"}
+    by_time = estimate_left(**base, max_versions=None, max_time_s=150.0,
+                            target_accuracy=None, versions_per_s=2.0)  # fmt: skip
+    assert by_time == {"seconds": 50.0, "by": "max_time"}
+    evals = [[10.0, 10, 0.5, 1.0], [20.0, 20, 0.6, 0.8], [30.0, 30, 0.7, 0.6]]
+    by_acc = estimate_left(now=30.0, started=0.0, version=30, evaluations=evals,
+                           max_versions=None, max_time_s=None, target_accuracy=0.9,
+                           versions_per_s=1.0)  # fmt: skip
+    assert by_acc["by"] == "target_accuracy" and abs(by_acc["seconds"] - 20.0) < 1e-6
+    flat = estimate_left(now=30.0, started=0.0, version=30, evaluations=evals[:1] * 3,
+                         max_versions=None, max_time_s=None, target_accuracy=0.9,
+                         versions_per_s=0.0)  # fmt: skip
+    assert flat == {"seconds": None, "by": None}
