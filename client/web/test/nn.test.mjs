@@ -10,27 +10,13 @@ import { Generator } from "../src/rng.js";
 import { initParams, initStd, parseOptimizer, predict, startTask } from "../src/nn.js";
 import { jsKernels, loadWasmKernels } from "../src/kernels.js";
 import { normalizeSpec, paramsLayout } from "../src/spec.js";
+import { crc32 } from "../src/crc32.js";
 
 const VECTORS = new URL("../../../tests/vectors/compute/", import.meta.url);
 const load = (name) => JSON.parse(readFileSync(new URL(name, VECTORS), "utf8"));
 const wasmKernels = await loadWasmKernels(readFileSync(new URL("../static/kernels.wasm", import.meta.url)));
 const KERNELS = [jsKernels, wasmKernels];
 
-// CRC-32 (IEEE, reflected), test-only: src/crc32.js belongs to the codec work.
-const CRC_TABLE = (() => {
-  const t = new Uint32Array(256);
-  for (let n = 0; n < 256; n++) {
-    let c = n;
-    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
-    t[n] = c >>> 0;
-  }
-  return t;
-})();
-function crc32(bytes, crc = 0) {
-  crc = ~crc >>> 0;
-  for (let i = 0; i < bytes.length; i++) crc = CRC_TABLE[(crc ^ bytes[i]) & 0xff] ^ (crc >>> 8);
-  return ~crc >>> 0;
-}
 const bytesOf = (f32) => new Uint8Array(f32.buffer, f32.byteOffset, f32.byteLength);
 
 // -- init ------------------------------------------------------------------------------

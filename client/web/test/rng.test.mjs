@@ -3,26 +3,12 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { Generator, seedState } from "../src/rng.js";
+import { crc32 } from "../src/crc32.js";
 
 const vectors = JSON.parse(
   readFileSync(new URL("../../../tests/vectors/compute/rng.json", import.meta.url), "utf8"),
 );
 
-// CRC-32 (IEEE, reflected), test-only: src/crc32.js belongs to the codec work.
-const CRC_TABLE = (() => {
-  const t = new Uint32Array(256);
-  for (let n = 0; n < 256; n++) {
-    let c = n;
-    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
-    t[n] = c >>> 0;
-  }
-  return t;
-})();
-function crc32(bytes, crc = 0) {
-  crc = ~crc >>> 0;
-  for (let i = 0; i < bytes.length; i++) crc = CRC_TABLE[(crc ^ bytes[i]) & 0xff] ^ (crc >>> 8);
-  return ~crc >>> 0;
-}
 
 // JSON.parse reads 2^64 − 1 as a rounded float: the seeds are re-read exactly.
 const exactSeeds = [...readFileSync(new URL("../../../tests/vectors/compute/rng.json", import.meta.url), "utf8")
