@@ -5,6 +5,7 @@ from coordinator.core import Coordinator, server_limits
 from coordinator.events import (
     Action,
     Checkpoint,
+    ClientExcluded,
     ClientJoined,
     ClientLeft,
     Close,
@@ -16,6 +17,7 @@ from coordinator.events import (
     Output,
     ResultAccepted,
     ResultRejected,
+    ResultVerified,
     Send,
     TaskDeclined,
     TaskLeased,
@@ -24,6 +26,7 @@ from coordinator.events import (
 __all__ = [
     "Action",
     "Checkpoint",
+    "ClientExcluded",
     "ClientJoined",
     "ClientLeft",
     "Close",
@@ -38,6 +41,7 @@ __all__ = [
     "Output",
     "ResultAccepted",
     "ResultRejected",
+    "ResultVerified",
     "Send",
     "TaskDeclined",
     "TaskLeased",

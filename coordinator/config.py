@@ -178,6 +178,12 @@ class LeaseSection(_Section):
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     heartbeat_timeout_s: float = Field(default=20.0, gt=0)
     resume_grace_s: float = Field(default=60.0, ge=0)
+    max_resumable: int = Field(
+        default=10_000,
+        ge=0,
+        description="clients that left kept for resuming, at most (their records, and "
+        "two tasks each held open for their resume grace); the first to leave goes first",
+    )
     prefetch: bool = Field(
         default=True,
         description="lease a task behind the running one when a client asks (protocol §3.12)",
@@ -220,6 +226,32 @@ class ValidationSection(_Section):
         default=3, ge=0, description="updates the coordinator computes itself to seed the median"
     )
     max_rejections: int = Field(default=5, ge=1)
+
+
+class ReplicationSection(_Section):
+    """Adaptive replication (coordinator/replication.py): a share of tasks is leased
+    to a second client and the two results compared; a client trusted after
+    ``trust_after`` agreeing results is replicated with probability ``1/trust``,
+    never below ``min_rate``. Off by default: until clients are trusted it costs up
+    to half the compute, and it needs exact codecs (checked below)."""
+
+    enabled: bool = False
+    trust_after: int = Field(default=10, ge=1, description="agreeing results to be trusted")
+    base_rate: float = Field(default=1.0, gt=0, le=1, description="replication of the untrusted")
+    min_rate: float = Field(default=0.05, ge=0, le=1, description="floor of 1/trust")
+    # docs/protocol.md §12.8: |got - want| <= atol + rtol·|want| for a conforming client
+    rtol: float = Field(default=1e-4, ge=0)
+    atol: float = Field(default=1e-5, ge=0)
+    slack: float = Field(
+        default=2.0, ge=1, description="two conforming results may differ by twice the tolerance"
+    )
+    exclude: bool = Field(default=True, description="close and refuse a client caught lying")
+    snapshot_mib: float = Field(
+        default=256.0, gt=0, description="memory for model versions kept for twins"
+    )
+    revert_mib: float = Field(
+        default=64.0, ge=0, description="memory for recent unverified steps, to revert a liar's"
+    )
 
 
 class CodecSection(_Section):
@@ -275,6 +307,7 @@ class JobConfig(_Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     validation: ValidationSection = Field(default_factory=ValidationSection)
+    replication: ReplicationSection = Field(default_factory=ReplicationSection)
     codecs: CodecSection = Field(default_factory=CodecSection)
     distill: DistillSection = Field(default_factory=DistillSection)
 
@@ -285,6 +318,21 @@ class JobConfig(_Section):
                 raise ValueError("distill.teacher: needs a decentral-* strategy (train tasks)")
             if self.model.loss != "softmax_ce":
                 raise ValueError("distill.teacher: the student needs loss = 'softmax_ce'")
+        return self
+
+    @model_validator(mode="after")
+    def _replication_needs_comparable_results(self) -> JobConfig:
+        """Two honest results agree only if both clients start from the same bits and
+        upload them exactly; a sync round would wait on every held result."""
+        if not self.replication.enabled:
+            return self
+        if self.strategy.name not in ("decentral-async", "central-async"):
+            raise ValueError("replication.enabled: needs an async strategy")
+        c = self.codecs
+        if c.model != "fp32" or c.update != "fp32" or c.delta not in (None, "fp32"):
+            raise ValueError("replication.enabled: needs fp32 codecs (model, update, delta)")
+        if c.error_feedback:
+            raise ValueError("replication.enabled: error feedback makes results differ")
         return self
 
     @property

@@ -56,9 +56,11 @@ from coordinator.evaluation import Evaluator
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskPlan, TaskState
 from coordinator.reference import reference_norms
 from coordinator.registry import ClientRecord, Registry
+from coordinator.replication import Exclusion, Release, Replicator
 from coordinator.strategies import (
     ClientView,
     ModelState,
+    Outcome,
     StepReport,
     make_strategy,
     serves_prefetch,
@@ -182,7 +184,8 @@ class Coordinator:
         self.model = ModelState(params=params.copy())
         self._v0_crc = crc32(self.model.params.data) if seeded else None
         root = np.random.SeedSequence(seed)
-        strat_seq, codec_seq = root.spawn(2)
+        # spawn(3)'s first two children are spawn(2)'s: the other streams are unchanged
+        strat_seq, codec_seq, replica_seq = root.spawn(3)
         self.strategy = make_strategy(
             model=self.model,
             config=job.strategy,
@@ -195,7 +198,7 @@ class Coordinator:
         self.book = LeaseBook(
             on_release=self._released, retain_s=max(600.0, 2 * job.lease.resume_grace_s)
         )
-        self.registry = Registry(seed)
+        self.registry = Registry(seed, max_left=job.lease.max_resumable)
         self.validator = UpdateValidator(job.validation, size=spec.num_params)
         self.dataset = dataset or load_job_data(job)
         self.data = DataCatalog.for_job(job, self.dataset)
@@ -262,6 +265,17 @@ class Coordinator:
         #: thread (the websocket server) turns this off: the core then only notes
         #: that the client is alive, which is most of what 10,000 clients send.
         self.echo_heartbeats = True
+        self.verifier = Replicator(
+            job.replication,
+            model=self.model,
+            book=self.book,
+            registry=self.registry,
+            rng=np.random.default_rng(replica_seq),
+            describe=self._describe,
+            dataset=self.dataset,
+            # one result is one additive step: it can be subtracted again
+            journal=st.name == "central-async" or st.aggregation == "fedasync",
+        )
 
     # -- public API ----------------------------------------------------------------
 
@@ -293,6 +307,13 @@ class Coordinator:
                 ErrorCode.BAD_FIELD,
                 "hello.data: this job's data comes from the coordinator; the client must "
                 "fetch shards by hash (docs/protocol.md §13)",
+            )
+        if self.verifier.refuses(hello.resume):
+            return self._refuse(
+                client_id,
+                ErrorCode.BAD_FIELD,
+                "hello.resume: this session was excluded (a result disagreed with the same "
+                "task computed elsewhere)",
             )
         limits = negotiate(hello.limits, self.limits)
         rec, resumed = self.registry.join(
@@ -384,6 +405,8 @@ class Coordinator:
                 conn = self.conns[client_id]
                 self._close(conn, ErrorCode.TIMEOUT, f"no message for {timeout:g} s", now, out)
             for lease in self.book.due(now):
+                if not lease.live:  # cancelled since: a lost primary takes its twin
+                    continue
                 self.book.end(lease, LeaseState.EXPIRED, now)
                 expired = self.registry.get(lease.client_id)
                 if expired is not None:
@@ -453,8 +476,9 @@ class Coordinator:
     # -- checkpoints ---------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume after a crash: acknowledged results survive."""
-        return {
+        """Everything needed to resume after a crash: acknowledged results survive
+        (those replication holds too)."""
+        state = {
             "version": self.model.version,
             "contributions": self.model.contributions,
             "params": self.model.params.data.copy(),
@@ -464,6 +488,9 @@ class Coordinator:
             "next_task_id": self.book.next_task_id,
             "norms": list(self.validator.norms),
         }
+        if self.verifier.enabled:
+            state["replication"] = self.verifier.state_dict()
+        return state
 
     @classmethod
     def restore(
@@ -486,6 +513,8 @@ class Coordinator:
         core.accepted_results = int(state["accepted_results"])
         core.book.next_task_id = int(state["next_task_id"])
         core.validator.norms.extend(float(x) for x in state["norms"])
+        if "replication" in state:
+            core.verifier.load_state_dict(state["replication"])
         return core
 
     # -- message handling ----------------------------------------------------------
@@ -592,7 +621,11 @@ class Coordinator:
         backoff = DECLINE_BACKOFF_S * 2.0 ** min(rec.declined_in_row - 1, 32)
         self._cooling[cid] = now + min(DECLINE_BACKOFF_MAX_S, backoff)
         reissued = False
-        if task.state is TaskState.OPEN and not self.book.live_leases(task):
+        if (
+            task.state is TaskState.OPEN
+            and not self.book.live_leases(task)
+            and not self.verifier.copy_lost(task, now)
+        ):
             # No resume grace: its client said it will not deliver.
             reissued = self.strategy.on_lease_lost(task, now)
             if not reissued:
@@ -682,20 +715,20 @@ class Coordinator:
             self._reject(conn, rec, result.task_id, reject, now, out, count=True)
             self._maybe_reissue(task, now)
             return
-        scale = self.validator.clip_scale(norm)
-        if scale < 1.0:
-            update = update * np.float32(scale)
-        outcome = self.strategy.on_result(task, update, now)
-        if not outcome.accepted:
-            self._orphans.pop(task.task_id, None)
-            self.book.resolve_task(task, TaskState.DROPPED, now)
-            reason = Reject(outcome.reason or "stale")
-            self._reject(conn, rec, result.task_id, reason, now, out, count=False)
-            return
+        unit = self.verifier.unit_of(task.task_id)
+        if unit is None:
+            outcome = self._apply(task, update, norm, rec.resume_id, now, checked=False)
+            if not outcome.accepted:
+                self._orphans.pop(task.task_id, None)
+                self.book.resolve_task(task, TaskState.DROPPED, now)
+                reason = Reject(outcome.reason or "stale")
+                self._reject(conn, rec, result.task_id, reason, now, out, count=False)
+                return
+            staleness = outcome.staleness
+        else:  # a copy of a replicated task: taken now, in the model once checked
+            outcome, staleness = None, self.model.version - task.version
         self._orphans.pop(task.task_id, None)
         self.book.resolve_task(task, TaskState.ACCEPTED, now)
-        self.validator.accept(norm * scale)
-        self.accepted_results += 1
         rec.accepted += 1
         # Refusals fade as results are accepted: a client is closed for a run of
         # bad updates, not for a few spread over a long session.
@@ -711,15 +744,63 @@ class Coordinator:
             ev.ResultAccepted(
                 client_id=conn.client_id,
                 task_id=task.task_id,
-                staleness=outcome.staleness,
+                staleness=staleness,
                 version=self.model.version,
                 now=now,
                 frame_bytes=upload.frame_bytes,
                 payload_bytes=upload.payload_bytes,
+                replica=self.verifier.is_twin(task.task_id),
             )
         )
-        if outcome.step is not None:
+        self.verifier.delivered(task)
+        if unit is not None:
+            self.verifier.arrived(unit, task, rec, update, norm, now)
+        elif outcome is not None and outcome.step is not None:
             self._stepped(outcome.step, now, out)
+
+    def _apply(
+        self, task: Task, update: np.ndarray, norm: float, holder: str, now: float, *, checked: bool
+    ) -> Outcome:
+        """Hand a validated update to the strategy, clipped to the median norm now.
+        ``checked``: replication compared it; an unchecked one is journaled."""
+        scale = self.validator.clip_scale(norm)
+        if scale < 1.0:
+            update = update * np.float32(scale)
+        journal = not checked and self.verifier.journals
+        before = self.model.params.data.copy() if journal else None
+        outcome = self.strategy.on_result(task, update, now)
+        if outcome.accepted:
+            self.validator.accept(norm * scale)
+            self.accepted_results += 1
+            if not checked:
+                self.verifier.applied(holder, before, outcome)
+        return outcome
+
+    def _verified(self, now: float, out: list[ev.Output]) -> None:
+        """Carry out, in order, what replication decided: results that go in now,
+        clients excluded, comparisons made (coordinator/replication.py)."""
+        ready = self.verifier.ready
+        while ready and self.finished is None:
+            match item := ready.popleft():
+                case Release():  # (too stale by now under max_staleness: not applied)
+                    outcome = self._apply(
+                        item.task, item.update, item.norm, item.holder, now, checked=item.checked
+                    )
+                    if outcome.step is not None:
+                        self._stepped(outcome.step, now, out)
+                case Exclusion():
+                    if item.revert is not None:  # its unchecked steps, subtracted again
+                        self.model.params.data -= item.revert
+                        self.model.version += 1
+                        self._stepped(StepReport(stepped=True, merged=0), now, out)
+                    out.append(item.event)
+                    if item.close and item.event.client_id in self.conns:
+                        msg = f"excluded: the result of task {item.event.task_id} disagreed"
+                        conn = self.conns[item.event.client_id]
+                        self._close(conn, ErrorCode.BAD_FIELD, msg, now, out)
+                case _:
+                    out.append(item)
+        ready.clear()  # the job finished: nothing more goes in
 
     def _lease_for(self, task: Task, rec: ClientRecord) -> Lease | None:
         """The client's latest lease on ``task``, under this connection or one it
@@ -771,16 +852,34 @@ class Coordinator:
         if self.finished is not None:
             self.book.resolve_task(task, TaskState.DROPPED, now)
             return False
+        if self.verifier.copy_lost(task, now):
+            return False  # a twin, dropped; or a primary whose twin's result stands for it
         reissue = self.strategy.on_lease_lost(task, now)
         if not reissue:
             task.orphaned_at = now
             # re-insert, so that dict order stays orphaned_at order (now never decreases)
-            self._orphans.pop(task.task_id, None)
-            self._orphans[task.task_id] = task
+            orphans = self._orphans
+            orphans.pop(task.task_id, None)
+            orphans[task.task_id] = task
+            # Held open while its holder may resume, for at most max_resumable clients
+            # (two tasks each: a current and a queued one): past that, and for a holder
+            # the registry forgot, the oldest goes as if its grace ran out.
+            cap = 2 * self.job.lease.max_resumable
+            while orphans:
+                oldest = next(iter(orphans.values()))
+                if oldest.state is TaskState.OPEN and oldest.orphaned_at is not None:
+                    holder = self.book.leases[oldest.leases[-1]].holder
+                    if len(orphans) <= cap and self.registry.lookup(holder) is not None:
+                        break
+                    self.book.resolve_task(oldest, TaskState.DROPPED, now)
+                del orphans[oldest.task_id]
         return reissue
 
     def _dispatch(self, now: float, out: list[ev.Output]) -> None:
-        """Give every idle client a task until the strategy says wait."""
+        """Give every idle client a task until the strategy says wait (a twin to
+        check another client's result first, if one waits: replication.py)."""
+        if self.verifier.ready:
+            self._verified(now, out)
         if self.finished is not None:
             return
         if self.started_at is None and self.conns:
@@ -805,7 +904,7 @@ class Coordinator:
                 version_held=rec.version_held,
                 connected=len(self.conns),
             )
-            plan = self.strategy.task_for(view, now)
+            plan = self.verifier.twin_for(rec.resume_id) or self.strategy.task_for(view, now)
             if plan is None:
                 continue  # this client waits; another may still get work (a reissue)
             self._lease(conn, rec, plan, now, out, queued=busy)
@@ -834,17 +933,19 @@ class Coordinator:
             if task.version != self.model.version:
                 raise RuntimeError(f"strategy reissued task {task.task_id} of an old version")
         else:
-            task = self.book.new_task(plan, version=self.model.version, now=now)
+            v = self.model.version if plan.version is None else plan.version
+            task = self.book.new_task(plan, version=v, now=now)
             self.strategy.on_task_created(task)
+        replica = self.verifier.leased(task, plan, rec, len(self.conns))
         self._orphans.pop(task.task_id, None)
         # A client that builds version 0 from the init seed gets no model at all.
-        seeded = conn.seeded_init and rec.version_held is None and self.model.version == 0
+        seeded = conn.seeded_init and rec.version_held is None and task.version == 0
         if seeded:
             if self.deltas is not None:  # its later downloads can be deltas from 0
                 self.deltas.served(0, self.model.params)
             version, transfer, chunks, frames, delta_base = 0, "", [], [], None
         else:
-            version, transfer, chunks, frames, delta_base = self._download(conn, rec)
+            version, transfer, chunks, frames, delta_base = self._download(conn, rec, task.version)
         send_model = rec.version_held != version and not seeded
         model_bytes = sum(len(f) for f in frames) if send_model else 0
         shard = self.data.shards[task.shard]
@@ -919,6 +1020,7 @@ class Coordinator:
                 download=download,
                 download_bytes=model_bytes,
                 queued=queued,
+                replica=replica,
             )
         )
 
@@ -931,6 +1033,25 @@ class Coordinator:
         if self.teacher_logits is not None:
             return np.arange(self.data.shards[task.shard].rows, dtype=np.int32)
         return None
+
+    def _describe(self, task: Task) -> m.Task:
+        """The task as a client without shards gets it, minus the model: what the
+        coordinator runs itself to settle a replication dispute (replication.py)."""
+        return m.Task.trusted(
+            task_id=str(task.task_id),
+            kind=self._task_kind(task),
+            model_version=task.version,
+            spec=self.spec,
+            dataset=self._dataset_name,
+            shard=task.shard,
+            indices=self._shard_idx[task.shard],
+            steps=task.steps,
+            batch=task.batch,
+            optimizer=self._optimizer,
+            seed=task.seed,
+            base_version=task.version,
+            **self._distill_fields(task),
+        )
 
     def _task_kind(self, task: Task) -> str:
         if task.kind == "gradient":
@@ -949,12 +1070,16 @@ class Coordinator:
         }
 
     def _download(
-        self, conn: _Conn, rec: ClientRecord
+        self, conn: _Conn, rec: ClientRecord, version: int
     ) -> tuple[int, str, list[m.Chunk], list[bytes], int | None]:
-        """What a client needs for the current version: the full model, or a delta
-        from the version it holds (coordinator/downloads.py; last item: its base)."""
+        """What a client needs for ``version``: the full model, or a delta from the
+        version it holds (coordinator/downloads.py; last item: its base). Only a
+        twin (replication.py) is of an older version: its snapshot goes in full."""
         v = self.model.version
         held = rec.version_held
+        if version != v:
+            conn.delta_chain = 0
+            return (*self._model_chunks(conn, version), None)
         if self.deltas is not None and held != v:
             self.deltas.served(v, self.model.params)
             if (
@@ -978,21 +1103,28 @@ class Coordinator:
             conn.delta_chain = 0
         return (*self._model_chunks(conn), None)
 
-    def _model_chunks(self, conn: _Conn) -> tuple[int, str, list[m.Chunk], list[bytes]]:
+    def _model_chunks(
+        self, conn: _Conn, version: int | None = None
+    ) -> tuple[int, str, list[m.Chunk], list[bytes]]:
         """The current model as chunks and frames, built once per version.
 
         Frames are sized to the client's link (``LinkLimits.frame_bytes``) and span
         blocks if it takes that; each (link, spans) pair gets its own copy, and a new
-        version drops the old ones.
+        version drops the old ones. An older ``version`` (a twin's snapshot, rare) is
+        built each time and not cached.
         """
         v = self.model.version
         key = (conn.limits.frame_bytes, conn.spans)
         cached = self._model_cache.get(key)
-        if cached is not None and cached[0] == v:
+        if cached is not None and cached[0] == v and version in (None, v):
             return cached
+        params = self.model.params
+        if version not in (None, v):
+            v = version
+            params = Params.from_flat(self.spec, self.verifier.snapshot(v), copy=False)
         transfer = f"model-{v}"
         chunks = chunk_params(
-            self.model.params,
+            params,
             max_message_bytes=min(conn.limits.max_message_bytes, self.limits.max_message_bytes),
             codec=self.job.codecs.model,
             transfer=transfer,
@@ -1000,9 +1132,11 @@ class Coordinator:
             target_bytes=key[0],
             spans=conn.spans,
         )
-        cache = {k: e for k, e in self._model_cache.items() if e[0] == v}  # drop old versions
-        cache[key] = entry = (v, transfer, chunks, [m.encode(c) for c in chunks])
-        self._model_cache = cache
+        entry = (v, transfer, chunks, [m.encode(c) for c in chunks])
+        if v == self.model.version:
+            cache = {k: e for k, e in self._model_cache.items() if e[0] == v}  # drop old ones
+            cache[key] = entry
+            self._model_cache = cache
         return entry
 
     # -- model steps, evaluation, stop ---------------------------------------------

@@ -69,7 +69,8 @@ class TaskLeased:
     """``download`` is how the model went: ``none`` (held), ``full``, ``delta`` or
     ``seed`` (the client built version 0 from the init seed);
     ``download_bytes`` its exact frame bytes. ``queued``: a prefetch, leased
-    behind the task the client still computes."""
+    behind the task the client still computes. ``replica``: a twin of an older
+    task, to check its result (coordinator/replication.py)."""
 
     client_id: ClientId
     task_id: int
@@ -81,6 +82,7 @@ class TaskLeased:
     download: str = "full"
     download_bytes: int = 0
     queued: bool = False
+    replica: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +111,8 @@ class TaskDeclined:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResultAccepted:
     """``frame_bytes``: the result and its chunk frames as received (exact when the
-    driver passes ``nbytes``); ``payload_bytes``: the chunks' encoded payloads."""
+    driver passes ``nbytes``); ``payload_bytes``: the chunks' encoded payloads.
+    ``replica``: the result of a twin (compute spent on checking, not on progress)."""
 
     client_id: ClientId
     task_id: int
@@ -118,6 +121,7 @@ class ResultAccepted:
     now: float
     frame_bytes: int = 0
     payload_bytes: int = 0
+    replica: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +129,33 @@ class ResultRejected:
     client_id: ClientId
     task_id: int
     reason: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultVerified:
+    """Two copies of a task were compared (``client_ids``: the primary's holder, then
+    the twin's). ``losers``: the clients whose copy disagreed with the coordinator's
+    own computation of the task (empty when ``agreed``)."""
+
+    task_id: int
+    twin_id: int
+    client_ids: tuple[ClientId, ClientId]
+    agreed: bool
+    now: float
+    losers: tuple[ClientId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientExcluded:
+    """A client was caught disagreeing on ``task_id`` and excluded: ``unverified`` of
+    its results had gone in unchecked, ``reverted`` of those were subtracted from
+    the model again (the rest are counted only)."""
+
+    client_id: ClientId
+    task_id: int
+    unverified: int
+    reverted: int
     now: float
 
 
@@ -174,6 +205,8 @@ Event = (
     | TaskDeclined
     | ResultAccepted
     | ResultRejected
+    | ResultVerified
+    | ClientExcluded
     | ModelUpdated
     | Evaluated
     | DataServed

@@ -29,11 +29,13 @@ one becomes current; only when a client holds no lease at all is it released
 (``on_release``) to get new work.
 
 Memory stays bounded however long a job runs: a task that resolves leaves the
-book with all its leases, and only its outcome (accepted or dropped) is kept, for
-``retain_s`` seconds, so that a late copy of its result is still answered
-``duplicate`` or ``stale``. A result for an id older than that is stale too (the
-id was issued: it is below ``next_task_id``). Without this a coordinator kept
-about 580 bytes per result forever (a gigabyte an hour at 500 results/s).
+book with all its leases. An accepted task's outcome is kept for ``retain_s``
+seconds, so that a late copy of its result is still answered ``duplicate``; a
+dropped task leaves nothing, since a result for an issued id (below
+``next_task_id``) that is neither open nor remembered as accepted is ``stale``
+anyway, and dropped tasks are what a flood of connections that take a task and
+vanish leaves behind. Without this a coordinator kept about 580 bytes per result
+forever (a gigabyte an hour at 500 results/s).
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ class TaskPlan:
 
     ``kind`` is ``"gradient"`` (one gradient on a batch) or ``"local"`` (``steps``
     local optimizer steps, result is the delta). ``reissue`` names an OPEN task
-    to lease again instead of creating a new one.
+    to lease again instead of creating a new one. ``version`` (None: the current
+    one) is set only for a replica of an older task (coordinator/replication.py).
     """
 
     kind: str
@@ -105,6 +108,7 @@ class TaskPlan:
     batch: int
     round: int | None = None
     reissue: int | None = None
+    version: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -159,6 +163,9 @@ class LeaseBook:
 
     Deadlines live in a heap (resolved leases leave it lazily), so finding the
     next or the due deadlines costs O(log n), not a scan of every live lease.
+    Leases that resolve long before their deadline (clients that take a task and
+    vanish) would pile up in it until then; when most of it is such, it is
+    rebuilt from the live leases (amortized O(1) a lease).
     ``on_release(client_id)`` is called when a client's live lease resolves (the
     core keeps its set of idle clients with it).
     """
@@ -185,7 +192,7 @@ class LeaseBook:
         #: unresolved tasks (OPEN) and their leases; resolved ones leave (``resolve_task``)
         self.tasks: dict[int, Task] = {}
         self.leases: dict[int, Lease] = {}
-        #: task id -> (ACCEPTED or DROPPED, when), oldest first, for ``retain_s``
+        #: accepted task id -> (ACCEPTED, when), oldest first, for ``retain_s``
         self.outcomes: OrderedDict[int, tuple[TaskState, float]] = OrderedDict()
         self.retain_s = retain_s
         self._unstamped: list[int] = []  # remembered without a time (restored)
@@ -242,7 +249,11 @@ class LeaseBook:
         self._next_lease += 1
         self.leases[lease.lease_id] = lease
         (self._queued if queued else self._by_client)[client_id] = lease.lease_id
-        heapq.heappush(self._deadlines, (deadline, lease.lease_id))
+        heap = self._deadlines
+        heapq.heappush(heap, (deadline, lease.lease_id))
+        if len(heap) > 2 * (len(self._by_client) + len(self._queued)) + 64:
+            heap[:] = [(x.deadline, x.lease_id) for x in self.leases_live()]
+            heapq.heapify(heap)
         task.leases.append(lease.lease_id)
         task.clients.append(client_id)
         task.orphaned_at = None
@@ -320,7 +331,7 @@ class LeaseBook:
 
     def resolve_task(self, task: Task, to: TaskState, now: float) -> list[Lease]:
         """Move a task to ACCEPTED/DROPPED and cancel its other live leases; the task
-        and its leases then leave the book, its outcome stays (``outcome``)."""
+        and its leases then leave the book, an ACCEPTED outcome stays (``outcome``)."""
         task.move(to)
         cancelled = self.live_leases(task)
         for lease in cancelled:
@@ -328,12 +339,13 @@ class LeaseBook:
         del self.tasks[task.task_id]
         for lease_id in task.leases:
             del self.leases[lease_id]
-        self.outcomes[task.task_id] = (to, now)
+        if to is TaskState.ACCEPTED:
+            self.outcomes[task.task_id] = (to, now)
         return cancelled
 
     def outcome(self, task_id: int) -> TaskState | None:
-        """OPEN, or how it resolved (for ``retain_s``), or None: unknown or forgotten
-        (``task_id < next_task_id`` tells the two apart)."""
+        """OPEN, ACCEPTED (for ``retain_s``), or None: dropped, forgotten or never
+        issued (``task_id < next_task_id`` tells the last apart)."""
         task = self.tasks.get(task_id)
         if task is not None:
             return task.state

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.compute import run_task
+from client.compute import ComputeOutput, run_task
 from client.session import Capabilities, ClientSession, ComputeRequest, Finished
 from client.session import Send as ClientSend
 from coordinator import events as ev
@@ -49,6 +49,8 @@ class Loopback:
     outputs: list[ev.Output] = field(default_factory=list)
     #: called with every core output; return value ignored (for assertions)
     on_output: Callable[[ev.Output], Any] | None = None
+    #: per client id, what it uploads instead of its honest result (Byzantine tests)
+    lies: dict[str, Callable[[ComputeOutput], ComputeOutput]] = field(default_factory=dict)
     _heap: list[tuple[float, int, str, tuple[Any, ...]]] = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
 
@@ -181,6 +183,9 @@ class Loopback:
 
     def _compute(self, c: LoopClient, req: ComputeRequest) -> None:
         out = run_task(req.task, req.params, req.data)
+        lie = self.lies.get(c.client_id)
+        if lie is not None:
+            out = lie(out)
         c.computes += 1
         flops = req.task.spec.flops_per_sample() * req.task.steps * req.task.batch
         done = self.now + flops / c.flops

@@ -7,6 +7,12 @@ estimate, cached model version) back. Resume ids are derived from the job seed
 and a counter, so a replay issues the same ids. The record of a client that
 left is kept for resuming until ``forget`` drops it (the core keeps it as long
 as the outcomes of its tasks); a resume id forgotten starts a fresh record.
+
+What a flood of short connections may leave behind is bounded by count, not
+only by time: a client never given a task has nothing to resume (no lease, no
+result, no measured speed), so its record goes when it leaves; and at most
+``max_left`` records of clients that left are kept, the one that left first
+going first (a resumed record is connected again and leaves that queue).
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ class ClientRecord:
     version_sent: int | None = None
     #: exponential moving average of measured FLOP/s
     measured_flops: float | None = None
+    #: replication (coordinator/replication.py): valid results in a row, results that
+    #: went in unchecked, and caught disagreeing
+    trust: int = 0
+    unverified: int = 0
+    excluded: bool = False
 
     def rate(self) -> float:
         return self.measured_flops if self.measured_flops is not None else self.flops
@@ -52,9 +63,13 @@ class ClientRecord:
 
 
 class Registry:
-    __slots__ = ("_by_conn", "_by_resume", "_counter", "_left", "_salt", "_seen")
+    __slots__ = ("_by_conn", "_by_resume", "_counter", "_left", "_salt", "_seen", "max_left")
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, max_left: int | None = None) -> None:
+        if max_left is not None and max_left < 0:
+            raise ValueError(f"max_left: must be >= 0 or None, got {max_left!r}")
+        #: records of clients that left kept for resuming, at most (None: no cap)
+        self.max_left = max_left
         self._by_conn: dict[str, ClientRecord] = {}
         #: connected records, least recently seen first (``touch`` moves to the end)
         self._seen: dict[str, ClientRecord] = {}
@@ -116,12 +131,22 @@ class Registry:
         return iter(self._seen.values())
 
     def leave(self, client_id: str, now: float) -> ClientRecord | None:
+        """The connection is gone; its record stays resumable (see the module
+        docstring for which records do, and for how long)."""
         self._seen.pop(client_id, None)
         rec = self._by_conn.pop(client_id, None)
-        if rec is not None:
-            rec.connected = False
-            rec.version_held = None  # its cache is unknown after a reconnect
-            self._left[rec.resume_id] = now
+        if rec is None:
+            return None
+        rec.connected = False
+        rec.version_held = None  # its cache is unknown after a reconnect
+        if rec.version_sent is None:  # never given a task: nothing to resume
+            del self._by_resume[rec.resume_id]
+            return rec
+        left = self._left
+        left[rec.resume_id] = now
+        if self.max_left is not None:
+            while len(left) > self.max_left:
+                del self._by_resume[left.popitem(last=False)[0]]
         return rec
 
     def forget(self, before: float) -> int:
@@ -135,6 +160,10 @@ class Registry:
             del self._by_resume[resume_id]
             n += 1
         return n
+
+    def lookup(self, resume_id: str) -> ClientRecord | None:
+        """The record a resume id names, connected or not (None: unknown or forgotten)."""
+        return self._by_resume.get(resume_id)
 
     def known(self) -> int:
         """Records kept: connected clients and those that may still resume."""

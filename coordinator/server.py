@@ -577,6 +577,7 @@ class CrowdServer:
             "leases_expired": st.leases_expired,
             "tasks_prefetched": st.tasks_prefetched,
             "tasks_declined": st.declined,
+            "replication": st.replication,
             "data": {
                 "shards": len(core.data.shards) if core is not None else None,
                 "shard_bytes": core.data.total_bytes if core is not None else None,

@@ -102,6 +102,8 @@ class Stats:
     #: acks waiting for a durable checkpoint now, and snapshots taken for them
     acks_held: int = 0
     durable_checkpoints: int = 0
+    #: adaptive replication's counters (``Replicator.summary``), when the job has it on
+    replication: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
     #: (monotonic time, accepted count) samples for the results/s window
     window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
@@ -427,6 +429,8 @@ class CoreService:
                     pass
         st.version = core.version
         st.clients = len(core.conns)
+        if core.verifier.enabled:
+            st.replication = core.verifier.summary()
         if self.ack_durable:
             outputs = [o for o in outputs if not self._hold(o)]
             st.acks_held = len(self._held)

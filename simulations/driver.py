@@ -96,6 +96,8 @@ class _Inline(Executor):
 @dataclass(slots=True)
 class Stats:
     steps: int = 0
+    #: steps of twins' results (replication): compute spent checking, not progress
+    replica_steps: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
     frames_lost: int = 0
@@ -530,7 +532,11 @@ class Simulation:
                     self._close(o)
                 case ev.ResultAccepted():
                     self.stats.results_accepted += 1
-                    self.stats.steps += self.steps_of.pop(str(o.task_id), 0)
+                    steps = self.steps_of.pop(str(o.task_id), 0)
+                    if o.replica:
+                        self.stats.replica_steps += steps
+                    else:
+                        self.stats.steps += steps
                 case ev.ResultRejected():
                     self.stats.results_rejected += 1
                 case ev.LeaseExpired():
@@ -651,6 +657,11 @@ class Simulation:
             "hijacks_sent": s.hijacks_sent,
             "events_run": self.engine.events_run,
         }
+        if self.job.replication.enabled:
+            rep = self.core.verifier.summary()
+            summary |= {"replica_steps": s.replica_steps} | {
+                f"replication_{k}": rep[k] for k in ("agreed", "disagreed", "excluded", "overhead")
+            }
         return RunResult(
             label=self.label,
             point=self.point,

@@ -48,3 +48,16 @@ def test_next_task_id_never_goes_back() -> None:
     assert book.new_task(PLAN, version=0, now=0).task_id == 50
     with pytest.raises(LeaseError, match="reuse"):
         book.next_task_id = 10
+
+
+def test_leases_resolved_long_before_their_deadline_do_not_pile_up_in_the_heap() -> None:
+    book = LeaseBook()
+    keep = book.lease(book.new_task(PLAN, version=0, now=0.0), "keep", now=0.0, deadline=50.0)
+    for i in range(5000):  # each takes a task and vanishes, deadline far ahead
+        t = float(i) * 1e-3
+        lease = book.lease(book.new_task(PLAN, version=0, now=t), f"h{i}", now=t, deadline=t + 60)
+        book.end(lease, LeaseState.LOST, t)
+        book.resolve_task(book.tasks[lease.task_id], TaskState.DROPPED, t)
+        assert len(book._deadlines) <= 2 * 2 + 64  # two live at its largest
+    assert book.outcomes == {}  # a dropped task leaves no outcome
+    assert book.next_deadline() == 50.0 and book.due(70.0) == [keep]

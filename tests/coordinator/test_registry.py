@@ -13,7 +13,7 @@ def test_resume_ids_are_seeded_and_resume_restores_record() -> None:
     assert (
         Registry(8).join("x", name="a", flops=1, resume_id=None, now=0)[0].resume_id != a.resume_id
     )
-    a.rejections = 2
+    a.rejections, a.version_sent = 2, 0  # it was given a task
     # a live record cannot be taken over by a second connection
     b, resumed = r1.join("z", name="b", flops=1e9, resume_id=a.resume_id, now=1.0)
     assert not resumed and b.resume_id != a.resume_id
@@ -39,6 +39,8 @@ def test_speed_estimate() -> None:
 def test_records_of_clients_that_left_are_forgotten_in_leave_order() -> None:
     r = Registry(0)
     recs = [r.join(f"c{i}", name="n", flops=1, resume_id=None, now=0.0)[0] for i in range(4)]
+    for rec in recs:
+        rec.version_sent = 0  # each was given a task
     for t, i in enumerate((2, 0, 3)):  # the core's clock never goes back
         r.leave(f"c{i}", 10.0 + t)
     assert r.known() == 4
@@ -51,3 +53,38 @@ def test_records_of_clients_that_left_are_forgotten_in_leave_order() -> None:
     assert r.known() == 2
     fresh, resumed = r.join("c0b", name="n", flops=1, resume_id=recs[0].resume_id, now=20.0)
     assert not resumed and fresh.resume_id != recs[0].resume_id
+
+
+def test_a_client_never_given_a_task_leaves_nothing_to_resume() -> None:
+    r = Registry(0)
+    idle = r.join("x", name="n", flops=1, resume_id=None, now=0.0)[0]
+    worked = r.join("y", name="n", flops=1, resume_id=None, now=0.0)[0]
+    worked.version_sent = 3
+    r.leave("x", 1.0)
+    r.leave("y", 1.0)
+    assert r.known() == 1
+    back, resumed = r.join("x2", name="n", flops=1, resume_id=idle.resume_id, now=2.0)
+    assert not resumed and back.resume_id != idle.resume_id
+    again, resumed = r.join("y2", name="n", flops=1, resume_id=worked.resume_id, now=2.0)
+    assert resumed and again is worked
+
+
+def test_records_of_clients_that_left_are_capped_first_left_first_forgotten() -> None:
+    r = Registry(0, max_left=3)
+    recs = [r.join(f"c{i}", name="n", flops=1, resume_id=None, now=0.0)[0] for i in range(6)]
+    for rec in recs:
+        rec.version_sent = 0
+    for i in (4, 0, 1, 2):
+        r.leave(f"c{i}", 1.0)  # the time bound is far: only the cap forgets
+    assert r.known() == 2 + 3  # c3, c5 connected; c0, c1, c2 kept; c4 left first, forgotten
+    assert not r.join("c4b", name="n", flops=1, resume_id=recs[4].resume_id, now=2.0)[1]
+    # resuming takes a record out of the queue: c1 is safe while c0 goes next
+    assert r.join("c1b", name="n", flops=1, resume_id=recs[1].resume_id, now=2.0)[1]
+    r.leave("c3", 3.0)
+    r.leave("c5", 3.0)  # c0 makes way (c1 resumed: three were left)
+    assert [
+        r.join(f"{c}b", name="n", flops=1, resume_id=recs[i].resume_id, now=4.0)[1]
+        for i, c in ((0, "c0"), (2, "c2"), (3, "c3"), (5, "c5"))
+    ] == [False, True, True, True]
+    with pytest.raises(ValueError, match="max_left"):
+        Registry(0, max_left=-1)

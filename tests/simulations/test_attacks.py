@@ -96,3 +96,14 @@ def test_a_scenario_mixes_byzantine_players_in(digits) -> None:
 def test_every_attack_runs_in_a_scenario(kind: str, digits) -> None:
     r = Simulation(parse_scenario(_scenario(kind)), dataset=digits).run()
     assert r.summary["results_accepted"] > 0 and r.summary["byzantine"] == 2
+
+
+def test_replication_excludes_sign_flippers_and_no_honest_player(digits) -> None:
+    """A sign flip passes every norm check; a twin of its task shows it up."""
+    d = _scenario("sign_flip")
+    d["job"]["replication"] = {"enabled": True}
+    r = Simulation(parse_scenario(d), dataset=digits).run()
+    s = r.summary
+    assert s["byzantine"] == 2 and s["replication_excluded"] == 2
+    assert s["honest_closes"] == 0 and s["replication_agreed"] > 0
+    assert s["replica_steps"] > 0 and 0 < s["replication_overhead"] < 0.5
