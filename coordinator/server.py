@@ -39,9 +39,7 @@ import asyncio
 import contextlib
 import hmac
 import itertools
-import json
 import logging
-import mimetypes
 import socket
 import threading
 import time
@@ -52,19 +50,16 @@ from typing import Any
 
 import msgpack
 import uvicorn
-from fastapi import FastAPI, Header, HTTPException, Request, Response
-from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.staticfiles import StaticFiles
+from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from client import WEB_ROOT
 from coordinator import events as ev
 from coordinator.admission import Admission, AdmissionLimits, http_protocol
 from coordinator.core import server_limits
-from coordinator.dashboard import Dashboard, estimate_left
+from coordinator.dashboard import Dashboard
 from coordinator.metrics import Metrics
+from coordinator.routes import build_app
 from coordinator.service import CoreService
 from protocol import messages as m
 from protocol.errors import CLOSE_UNSUPPORTED_DATA, ErrorCode, ProtocolError, close_code
@@ -307,7 +302,7 @@ class CrowdServer:
         self._scheduled = False
         self._drained = False
         self._stop_task: asyncio.Future[None] | None = None
-        self.app = CrowdApp(self._build_app(), self._endpoint)
+        self.app = CrowdApp(build_app(self), self._endpoint)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -315,6 +310,11 @@ class CrowdServer:
     def ws_max_size(self) -> int:
         """What uvicorn's ``ws_max_size`` must be: larger frames are refused with 1009."""
         return self.max_message_bytes + ENVELOPE_MARGIN
+
+    @property
+    def draining(self) -> bool:
+        """Stopping: no new connections, the streams end."""
+        return self._drained
 
     def ensure_started(self) -> None:
         """Start the core thread bound to the running loop (first request, or lifespan)."""
@@ -555,134 +555,6 @@ class CrowdServer:
             self._send_error(peer, exc.code, exc.message)
         self._request_close(peer, close_code(exc.code), exc.message)
 
-    # -- HTTP ------------------------------------------------------------------------
-
-    def status(self) -> dict[str, Any]:
-        st = self.service.stats
-        job = self.service.job
-        core = self.service.core
-        return {
-            "job": {
-                "name": job.name,
-                "strategy": job.strategy.name,
-                "widths": list(job.spec.widths),
-                "dataset": job.data.source,
-                "target_accuracy": job.stop.target_accuracy,
-            },
-            "version": st.version,
-            "clients": len(self.peers),
-            "joined_clients": st.clients,
-            "accepted_results": st.accepted,
-            "rejected_results": st.rejected,
-            "leases_expired": st.leases_expired,
-            "tasks_prefetched": st.tasks_prefetched,
-            "tasks_declined": st.declined,
-            "replication": st.replication,
-            "data": {
-                "shards": len(core.data.shards) if core is not None else None,
-                "shard_bytes": core.data.total_bytes if core is not None else None,
-                "ws_fetches": st.data_fetches,
-                "ws_bytes": st.data_bytes,
-                "http_fetches": st.data_http_fetches,
-                "http_bytes": st.data_http_bytes,
-            },
-            "throughput": {"results_per_s": round(st.throughput(), 3)},
-            "last_evaluation": st.last_eval,
-            "finished": st.finished,
-            "paused": st.paused,
-            "checkpoints": {
-                "written": st.checkpoints,
-                "last": st.last_checkpoint,
-                "restored_from": st.restored_from,
-            },
-            "network": {
-                "frames_in": self.net.frames_in,
-                "frames_out": self.net.frames_out,
-                "bytes_in": self.net.bytes_in,
-                "bytes_out": self.net.bytes_out,
-                "refused": self.net.refused,
-                "admission": {
-                    "addresses": len(self.admission.open),
-                    "over_per_address_bound": self.admission.refused_open,
-                    "handshake_timeouts": self.admission.timed_out,
-                    "sessions_too_fast": self.admission.refused_rate,
-                },
-                "slow_consumers_closed": self.net.slow_closed,
-                "max_send_queue_bytes": self.net.max_queued,
-            },
-        }
-
-    def _serve_blob(
-        self, blob: bytes, sha256: str, method: str, range_: str | None, if_none_match: str | None
-    ) -> Response:
-        etag = f'"{sha256}"'
-        headers = {
-            "ETag": etag,
-            "Cache-Control": "public, max-age=31536000, immutable",
-            "Accept-Ranges": "bytes",
-            # A page from another origin (a game embedding the volunteer page, a
-            # tab pointed at this coordinator with ?ws=) fetches shards too; they
-            # are public to anyone who may connect, and named by their hash.
-            "Access-Control-Allow-Origin": "*",
-            "Access-Control-Expose-Headers": "ETag, Content-Range, Content-Length",
-        }
-        if if_none_match is not None and etag in (t.strip() for t in if_none_match.split(",")):
-            return Response(status_code=304, headers=headers)
-        size = len(blob)
-        start, end, status = 0, size, 200
-        if range_ is not None:
-            span = parse_range(range_, size)
-            if span is None:
-                headers["Content-Range"] = f"bytes */{size}"
-                return Response(status_code=416, headers=headers)
-            start, end, status = span[0], span[1], 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        body = b"" if method == "HEAD" else blob[start:end]
-        if method != "HEAD":
-            st = self.service.stats
-            st.data_http_fetches += 1
-            st.data_http_bytes += len(body)
-            self.metrics.http_shard(len(body))
-        headers["Content-Length"] = str(end - start)
-        return Response(
-            content=body, status_code=status, headers=headers, media_type="application/octet-stream"
-        )
-
-    def dashboard_state(self, since_event: int = 0) -> dict[str, Any]:
-        core = self.service.core
-        job = self.service.job
-        st = self.service.stats
-
-        def flops(client_id: str) -> float | None:
-            rec = core.registry.get(client_id) if core is not None else None
-            return None if rec is None else round(rec.rate(), 1)
-
-        state = self.dashboard.snapshot(flops, since_event)
-        hist = self.service.history
-        vps = 0.0  # versions a second over the last half minute of samples
-        recent = hist.throughput[-6:]
-        if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
-            vps = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
-        now = time.time()
-        state["status"] = self.status()
-        state["left"] = estimate_left(
-            now=now,
-            started=now - (time.monotonic() - st.started),
-            version=st.version,
-            max_versions=job.stop.max_versions,
-            max_time_s=job.stop.max_time_s,
-            target_accuracy=job.stop.target_accuracy,
-            evaluations=hist.evaluations,
-            versions_per_s=vps,
-        )
-        state["link"] = job.link.profile
-        return state
-
-    def _admin_if_set(self, authorization: str | None) -> None:
-        """The admin token guards the operator's views only when one is set."""
-        if self.admin_token is not None:
-            self._admin(authorization)
-
     def _readings(self) -> dict[str, Any]:
         """State gauges for /metrics, read at scrape time."""
         st = self.service.stats
@@ -695,177 +567,9 @@ class CrowdServer:
             "pending": core.strategy.pending() if core is not None else None,
         }
 
-    def _admin(self, authorization: str | None) -> None:
-        if self.admin_token is None:
-            raise HTTPException(403, "admin API disabled: start with an admin token")
-        scheme, _, given = (authorization or "").strip().partition(" ")
-        # RFC 7235: the scheme is case-insensitive; a bare token (no scheme) is refused.
-        if scheme.lower() != "bearer" or not given.strip():
-            raise HTTPException(
-                401, "admin API: send 'Authorization: Bearer <token>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )  # fmt: skip
-        if not hmac.compare_digest(given.strip().encode(), self.admin_token.encode()):
-            raise HTTPException(401, "admin token refused", headers={"WWW-Authenticate": "Bearer"})
+    def stop_soon(self) -> None:
+        """Drain and stop, from a request handler (the admin API's stop)."""
 
-    def _build_app(self) -> FastAPI:
-        app = FastAPI(
-            title="crowdgrad coordinator",
-            description="Websocket /ws speaks docs/protocol.md; the rest is JSON.",
-            lifespan=self.lifespan,
-        )
-
-        @app.get("/healthz")
-        async def healthz() -> dict[str, Any]:
-            """Liveness: the core thread is running (503 once it stopped)."""
-            self.ensure_started()
-            if self.service.stopped.is_set():
-                raise HTTPException(503, "coordinator stopped")
-            return {"ok": True, "version": self.service.stats.version}
-
-        @app.get("/api/status")
-        async def status() -> dict[str, Any]:
-            """Job, model version, clients, throughput and the last evaluation."""
-            self.ensure_started()
-            return self.status()
-
-        def shard_response(
-            sha256: str, method: str, range_: str | None, if_none_match: str | None
-        ) -> Response:
-            self.ensure_started()
-            core = self.service.core
-            shard = core.data.by_hash.get(sha256) if core is not None else None
-            if shard is None:
-                raise HTTPException(404, f"no shard {sha256[:80]!r} in this job")
-            return self._serve_blob(shard.blob, sha256, method, range_, if_none_match)
-
-        @app.get("/metrics", response_class=PlainTextResponse)
-        async def metrics() -> Response:
-            """Prometheus exposition format (prometheus-client): results by outcome and
-            reason, leases, clients by kind, frames and bytes by type, the task
-            round-trip histogram, evaluation, checkpoints (docs/operations.md)."""
-            self.ensure_started()
-            return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-        @app.get("/dashboard", include_in_schema=False)
-        async def dashboard_page() -> FileResponse:
-            """The operator's page (client/web/page/dashboard.html); its data needs the
-            admin token when one is set."""
-            return FileResponse(WEB_ROOT / "dashboard.html", media_type="text/html")
-
-        @app.get("/api/dashboard")
-        async def dashboard(
-            since_event: int = 0, authorization: str | None = Header(None)
-        ) -> dict[str, Any]:
-            """Everything the dashboard shows now: status, one row per client (name,
-            kind, FLOP/s, tasks, accepted, rejected by reason, bytes, staleness),
-            events after ``since_event``, and the estimated time left. Needs the admin
-            token when one is set."""
-            self._admin_if_set(authorization)
-            self.ensure_started()
-            return self.dashboard_state(since_event)
-
-        @app.get("/api/dashboard/stream")
-        async def dashboard_stream(
-            request: Request, authorization: str | None = Header(None)
-        ) -> StreamingResponse:
-            """``/api/dashboard`` pushed once a second as server-sent events: each
-            ``update`` carries the new events and history points only."""
-            self._admin_if_set(authorization)
-            self.ensure_started()
-
-            async def updates() -> AsyncIterator[str]:
-                last_event = 0
-                since: dict[str, float | None] = {"evaluations": None, "throughput": None}
-                while not await request.is_disconnected():
-                    state = self.dashboard_state(last_event)
-                    history = {}
-                    for part, last in since.items():  # each series from its own last point
-                        history[part] = self.service.history.to_json(last)[part]
-                        if history[part]["rows"]:
-                            since[part] = history[part]["rows"][-1][0]
-                    state["history"] = history
-                    if state["events"]:
-                        last_event = state["events"][-1]["id"]
-                    yield f"event: update\ndata: {json.dumps(state)}\n\n"
-                    if self._drained:
-                        return
-                    await asyncio.sleep(1.0)
-
-            headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-            return StreamingResponse(updates(), media_type="text/event-stream", headers=headers)
-
-        @app.get("/api/history")
-        async def history(since: float | None = None) -> dict[str, Any]:
-            """The run so far: ``evaluations`` (wall time, version, accuracy, loss at
-            each evaluation) and ``throughput`` (sampled every 5 s: version, accepted
-            and rejected results, clients, results/s, bytes in and out), each as
-            ``{"fields": [...], "rows": [[...], ...]}``. Times are seconds since the
-            epoch; ``since`` returns only later points. Kept in each checkpoint, so a
-            restarted coordinator still has the series from the run's start."""
-            self.ensure_started()
-            return self.service.history.to_json(since)
-
-        @app.get("/data/{sha256}")
-        async def data(
-            sha256: str,
-            range_: str | None = Header(None, alias="range"),
-            if_none_match: str | None = Header(None),
-        ) -> Response:
-            """A shard of the job's data by its sha256 (docs/protocol.md §13): immutable,
-            so cacheable forever; ``Range: bytes=a-b`` gives part of it (206)."""
-            return shard_response(sha256, "GET", range_, if_none_match)
-
-        @app.head("/data/{sha256}")
-        async def data_head(
-            sha256: str,
-            range_: str | None = Header(None, alias="range"),
-            if_none_match: str | None = Header(None),
-        ) -> Response:
-            """The headers of ``GET /data/{sha256}`` alone."""
-            return shard_response(sha256, "HEAD", range_, if_none_match)
-
-        @app.post("/api/admin/checkpoint")
-        async def checkpoint(authorization: str | None = Header(None)) -> dict[str, Any]:
-            """Write a checkpoint now (needs a store)."""
-            self._admin(authorization)
-            self.ensure_started()
-            fut = self.service.checkpoint_now()
-            version = await asyncio.wrap_future(fut)
-            if version is None:
-                raise HTTPException(409, "no checkpoint store: start with --store PATH")
-            return {"version": version}
-
-        @app.post("/api/admin/pause")
-        async def pause(authorization: str | None = Header(None)) -> dict[str, Any]:
-            """Hold client results until resume (heartbeats keep flowing)."""
-            self._admin(authorization)
-            self.service.set_paused(True)
-            return {"paused": True}
-
-        @app.post("/api/admin/resume")
-        async def resume(authorization: str | None = Header(None)) -> dict[str, Any]:
-            self._admin(authorization)
-            self.service.set_paused(False)
-            return {"paused": False}
-
-        @app.post("/api/admin/stop")
-        async def stop(authorization: str | None = Header(None)) -> dict[str, Any]:
-            """Checkpoint, close every client with 1001 and stop the coordinator."""
-            self._admin(authorization)
-            asyncio.get_running_loop().call_soon(self._stop_soon)
-            return {"stopping": True}
-
-        # The volunteer page (client/web): index.html at /, its bundles and the
-        # WebAssembly kernels beside it. Mounted last, so the routes above win.
-        if (WEB_ROOT / "index.html").is_file():
-            # WebAssembly.instantiateStreaming needs this type; not every
-            # system's mime.types has it.
-            mimetypes.add_type("application/wasm", ".wasm")
-            app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="volunteer-page")
-        return app
-
-    def _stop_soon(self) -> None:
         async def go() -> None:
             await self.drain()
             if self.on_stop is not None:
@@ -886,28 +590,6 @@ class _Uvicorn(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.crowd.drain()
         await super().shutdown(sockets)
-
-
-def parse_range(header: str, size: int) -> tuple[int, int] | None:
-    """``[start, end)`` of one ``bytes=`` range (RFC 9110 §14.1.2), None when it is
-    malformed, names several ranges or lies past the end."""
-    unit, _, spec = header.partition("=")
-    if unit.strip().lower() != "bytes" or "," in spec:
-        return None
-    first, dash, last = spec.strip().partition("-")
-    if not dash:
-        return None
-    try:
-        if first == "":  # a suffix: the last N bytes
-            n = int(last)
-            return (max(0, size - n), size) if n > 0 and size > 0 else None
-        start = int(first)
-        end = size if last == "" else min(size, int(last) + 1)
-    except ValueError:
-        return None
-    if start < 0 or start >= size or end <= start:
-        return None
-    return start, end
 
 
 def make_uvicorn(

@@ -44,8 +44,11 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
+    """One browser per test module. Not per session: Playwright's sync API runs an
+    event loop in this thread while it is open, and later tests that call
+    asyncio.run() (tests/e2e) would find it running."""
     path = chromium_path()
     if path is None:
         pytest.skip("no chromium on this machine (Debian: apt-get install chromium)")
