@@ -51,7 +51,7 @@ from compression.distill import teacher_targets
 from coordinator import events as ev
 from coordinator.config import JobConfig
 from coordinator.data import DataCatalog, load_job_data
-from coordinator.downloads import DeltaServer
+from coordinator.downloads import ModelDistribution
 from coordinator.evaluation import Evaluator
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskPlan, TaskState
 from coordinator.reference import reference_norms
@@ -72,7 +72,7 @@ from nn.params import Params
 from nn.spec import INIT_SCHEME
 from protocol import messages as m
 from protocol.checksum import crc32
-from protocol.chunking import Reassembler, chunk_params
+from protocol.chunking import Reassembler
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
 from protocol.limits import LinkLimits, Pacer, RateMeter, negotiate
 from protocol.limits import profile as link_profile
@@ -251,15 +251,19 @@ class Coordinator:
         self.started_at: float | None = None
         self._now = -math.inf
         self._orphans: dict[int, Task] = {}
-        # (frame target, spans) -> (version, transfer, chunks, frames) of the current model
-        self._model_cache: dict[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] = {}
         self._update_codec = int(get_codec(job.codecs.update).id)
         #: offer prefetch (welcome.prefetch) and serve it
         self._prefetch = serves_prefetch(job)
-        self.deltas = (
-            DeltaServer(job.codecs, spec, np.random.default_rng(codec_seq.spawn(1)[0]))
-            if job.codecs.delta is not None
-            else None
+        #: how the model reaches clients: seeded init, full (cached per version and
+        #: link shape) or a delta (coordinator/downloads.py)
+        self.downloads = ModelDistribution(
+            spec=spec,
+            codecs=job.codecs,
+            max_message_bytes=self.limits.max_message_bytes,
+            model=lambda: (self.model.version, self.model.params),
+            snapshot=lambda v: self.verifier.snapshot(v),
+            rng=self.codec_rng,
+            delta_rng=np.random.default_rng(codec_seq.spawn(1)[0]),
         )
         #: Answer each heartbeat with an echo. A driver that echoes on its own IO
         #: thread (the websocket server) turns this off: the core then only notes
@@ -940,14 +944,17 @@ class Coordinator:
         self._orphans.pop(task.task_id, None)
         # A client that builds version 0 from the init seed gets no model at all.
         seeded = conn.seeded_init and rec.version_held is None and task.version == 0
-        if seeded:
-            if self.deltas is not None:  # its later downloads can be deltas from 0
-                self.deltas.served(0, self.model.params)
-            version, transfer, chunks, frames, delta_base = 0, "", [], [], None
-        else:
-            version, transfer, chunks, frames, delta_base = self._download(conn, rec, task.version)
-        send_model = rec.version_held != version and not seeded
-        model_bytes = sum(len(f) for f in frames) if send_model else 0
+        dl, conn.delta_chain = self.downloads.plan(
+            task_version=task.version,
+            held=rec.version_held,
+            seeded=seeded,
+            wants_deltas=conn.deltas,
+            chain=conn.delta_chain,
+            limits=conn.limits,
+            spans=conn.spans,
+        )
+        send_model = dl.kind in ("full", "delta")
+        model_bytes = dl.nbytes
         shard = self.data.shards[task.shard]
         # The first task naming a shard may wait for its transfer (a cold cache).
         data_bytes = 0
@@ -975,7 +982,7 @@ class Coordinator:
         msg = m.Task.trusted(
             task_id=str(task.task_id),
             kind=self._task_kind(task),
-            model_version=version,
+            model_version=dl.version,
             spec=self.spec,
             dataset=self._dataset_name,
             shard=task.shard,
@@ -985,12 +992,12 @@ class Coordinator:
             optimizer=self._optimizer,
             seed=task.seed,
             deadline=float(lease_s),
-            base_version=None if send_model or seeded else version,
-            model_transfer=transfer if send_model else None,
-            num_chunks=len(chunks) if send_model else 0,
+            base_version=dl.version if dl.kind == "none" else None,
+            model_transfer=dl.transfer if send_model else None,
+            num_chunks=len(dl.chunks),
             upload_codec=self.job.codecs.update,
             error_feedback=self.job.codecs.error_feedback,
-            delta_base=delta_base if send_model else None,
+            delta_base=dl.delta_base,
             init_seed=self.job.model.init_seed if seeded else None,
             init_crc=self._v0_crc if seeded else None,
             data=shard.sha256 if conn.data else None,
@@ -998,26 +1005,19 @@ class Coordinator:
             **self._distill_fields(task),
         )
         self._queue(conn, msg)
-        if send_model:
-            for chunk, frame in zip(chunks, frames, strict=True):
-                conn.outbox.append(ev.Send(client_id=conn.client_id, message=chunk, frame=frame))
-        rec.version_held = rec.version_sent = version
-        if seeded:
-            download = "seed"
-        elif not send_model:
-            download = "none"
-        else:
-            download = "full" if delta_base is None else "delta"
+        for chunk, frame in zip(dl.chunks, dl.frames, strict=True):
+            conn.outbox.append(ev.Send(client_id=conn.client_id, message=chunk, frame=frame))
+        rec.version_held = rec.version_sent = dl.version
         out.append(
             ev.TaskLeased(
                 client_id=conn.client_id,
                 task_id=task.task_id,
                 lease_id=lease.lease_id,
-                version=version,
+                version=dl.version,
                 shard=task.shard,
                 deadline=lease.deadline,
                 now=now,
-                download=download,
+                download=dl.kind,
                 download_bytes=model_bytes,
                 queued=queued,
                 replica=replica,
@@ -1068,76 +1068,6 @@ class Coordinator:
             "temperature": self.job.distill.temperature,
             "distill_alpha": self.job.distill.alpha,
         }
-
-    def _download(
-        self, conn: _Conn, rec: ClientRecord, version: int
-    ) -> tuple[int, str, list[m.Chunk], list[bytes], int | None]:
-        """What a client needs for ``version``: the full model, or a delta from the
-        version it holds (coordinator/downloads.py; last item: its base). Only a
-        twin (replication.py) is of an older version: its snapshot goes in full."""
-        v = self.model.version
-        held = rec.version_held
-        if version != v:
-            conn.delta_chain = 0
-            return (*self._model_chunks(conn, version), None)
-        if self.deltas is not None and held != v:
-            self.deltas.served(v, self.model.params)
-            if (
-                conn.deltas
-                and held is not None
-                and conn.delta_chain < self.deltas.max_chain
-                and (
-                    d := self.deltas.delta(
-                        held,
-                        v,
-                        max_message_bytes=conn.limits.max_message_bytes,
-                        target_bytes=conn.limits.frame_bytes,
-                        spans=conn.spans,
-                    )
-                )
-                is not None
-            ):
-                conn.delta_chain += 1
-                return v, d.transfer, d.chunks, d.frames, held
-        if held != v:
-            conn.delta_chain = 0
-        return (*self._model_chunks(conn), None)
-
-    def _model_chunks(
-        self, conn: _Conn, version: int | None = None
-    ) -> tuple[int, str, list[m.Chunk], list[bytes]]:
-        """The current model as chunks and frames, built once per version.
-
-        Frames are sized to the client's link (``LinkLimits.frame_bytes``) and span
-        blocks if it takes that; each (link, spans) pair gets its own copy, and a new
-        version drops the old ones. An older ``version`` (a twin's snapshot, rare) is
-        built each time and not cached.
-        """
-        v = self.model.version
-        key = (conn.limits.frame_bytes, conn.spans)
-        cached = self._model_cache.get(key)
-        if cached is not None and cached[0] == v and version in (None, v):
-            return cached
-        params = self.model.params
-        if version not in (None, v):
-            v = version
-            params = Params.from_flat(self.spec, self.verifier.snapshot(v), copy=False)
-        transfer = f"model-{v}"
-        chunks = chunk_params(
-            params,
-            max_message_bytes=min(conn.limits.max_message_bytes, self.limits.max_message_bytes),
-            codec=self.job.codecs.model,
-            transfer=transfer,
-            rng=self.codec_rng,
-            target_bytes=key[0],
-            spans=conn.spans,
-        )
-        entry = (v, transfer, chunks, [m.encode(c) for c in chunks])
-        if v == self.model.version:
-            cache = {k: e for k, e in self._model_cache.items() if e[0] == v}  # drop old ones
-            cache[key] = entry
-            self._model_cache = cache
-        return entry
 
     # -- model steps, evaluation, stop ---------------------------------------------
 

@@ -1,4 +1,7 @@
-"""Model deltas for downloads: send ``current − held`` instead of the whole model.
+"""Model distribution: how a task's model reaches its client (seeded init, the
+full model chunked once per version and link, or a delta), in one place.
+
+Deltas: send ``current − held`` instead of the whole model.
 
 A client that already holds version ``h`` (the core knows: it sent it, on the
 same connection, and the lease did not expire) needs only ``current − h``,
@@ -19,6 +22,7 @@ gives up encoding a delta once for every client that holds the same version.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +33,7 @@ from nn.params import Params
 from nn.spec import ModelSpec
 from protocol import messages as m
 from protocol.chunking import chunk_params
+from protocol.limits import LinkLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +104,134 @@ class DeltaServer:
         d = Delta(held, version, transfer, chunks, [m.encode(c) for c in chunks])
         self._cache[key] = d
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class Download:
+    """How a task's model reaches its client, decided once (``ModelDistribution.plan``).
+
+    ``kind``: ``seed`` (the client builds version 0 from the init seed), ``none``
+    (it holds ``version``), ``full`` or ``delta`` (``chunks``/``frames`` follow;
+    a delta adds to ``delta_base``, the version the client holds).
+    """
+
+    kind: str
+    version: int
+    transfer: str = ""
+    chunks: tuple[m.Chunk, ...] = ()
+    frames: tuple[bytes, ...] = ()
+    delta_base: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(f) for f in self.frames)
+
+
+class ModelDistribution:
+    """Everything about getting the model to clients, in one place: seeded init,
+    the full model (chunked once per version and link shape), deltas from what a
+    client holds, the delta chain bound, and twins' older snapshots.
+
+    ``model()`` returns ``(version, params)`` now; ``snapshot(v)`` an older
+    version's flat parameters (replication's twins). Per-connection state (the
+    delta chain) lives on the connection and is passed in and out.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: ModelSpec,
+        codecs: CodecSection,
+        max_message_bytes: int,
+        model: Callable[[], tuple[int, Params]],
+        snapshot: Callable[[int], np.ndarray],
+        rng: np.random.Generator,
+        delta_rng: np.random.Generator,
+    ) -> None:
+        self.spec = spec
+        self.codec = codecs.model
+        self.max_message_bytes = max_message_bytes
+        self.model = model
+        self.snapshot = snapshot
+        self.rng = rng
+        self.deltas = DeltaServer(codecs, spec, delta_rng) if codecs.delta is not None else None
+        # (frame target, spans) -> (version, transfer, chunks, frames) of the current model
+        self._cache: dict[tuple[int, bool], tuple[int, str, list[m.Chunk], list[bytes]]] = {}
+
+    def plan(
+        self,
+        *,
+        task_version: int,
+        held: int | None,
+        seeded: bool,
+        wants_deltas: bool,
+        chain: int,
+        limits: LinkLimits,
+        spans: bool,
+    ) -> tuple[Download, int]:
+        """The download for a task of ``task_version`` to a client holding ``held``,
+        and the client's delta chain after it. ``seeded``: it builds version 0 itself."""
+        v, params = self.model()
+        if seeded:
+            if self.deltas is not None:  # its later downloads can be deltas from 0
+                self.deltas.served(0, params)
+            return Download("seed", 0), chain
+        if task_version != v:  # a twin's older version: its snapshot, in full
+            version, transfer, chunks, frames = self.chunks(limits, spans, task_version)
+            return self._full(held, version, transfer, chunks, frames), 0
+        if self.deltas is not None and held != v:
+            self.deltas.served(v, params)
+            if wants_deltas and held is not None and chain < self.deltas.max_chain:
+                d = self.deltas.delta(
+                    held, v, max_message_bytes=limits.max_message_bytes,
+                    target_bytes=limits.frame_bytes, spans=spans,
+                )  # fmt: skip
+                if d is not None:
+                    return Download(
+                        "delta", v, d.transfer, tuple(d.chunks), tuple(d.frames), held
+                    ), chain + 1
+        version, transfer, chunks, frames = self.chunks(limits, spans)
+        return self._full(held, version, transfer, chunks, frames), (chain if held == v else 0)
+
+    @staticmethod
+    def _full(
+        held: int | None, version: int, transfer: str, chunks: list[m.Chunk], frames: list[bytes]
+    ) -> Download:
+        if held == version:
+            return Download("none", version)
+        return Download("full", version, transfer, tuple(chunks), tuple(frames))
+
+    def chunks(
+        self, limits: LinkLimits, spans: bool, version: int | None = None
+    ) -> tuple[int, str, list[m.Chunk], list[bytes]]:
+        """The current model (or an older ``version``) as chunks and frames.
+
+        Frames are sized to the client's link (``LinkLimits.frame_bytes``) and span
+        blocks if it takes that; each (link, spans) pair gets its own copy, built
+        once per version, and a new version drops the old ones. An older version (a
+        twin's snapshot, rare) is built each time and not cached.
+        """
+        v, params = self.model()
+        key = (limits.frame_bytes, spans)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == v and version in (None, v):
+            return cached
+        if version not in (None, v):
+            v = version
+            params = Params.from_flat(self.spec, self.snapshot(v), copy=False)
+        transfer = f"model-{v}"
+        chunks = chunk_params(
+            params,
+            max_message_bytes=min(limits.max_message_bytes, self.max_message_bytes),
+            codec=self.codec,
+            transfer=transfer,
+            rng=self.rng,
+            target_bytes=key[0],
+            spans=spans,
+        )
+        entry = (v, transfer, chunks, [m.encode(c) for c in chunks])
+        if v == self.model()[0]:
+            cache = {k: e for k, e in self._cache.items() if e[0] == v}  # drop old ones
+            cache[key] = entry
+            self._cache = cache
+        return entry

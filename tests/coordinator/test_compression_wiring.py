@@ -251,10 +251,10 @@ def test_loopback_clients_track_the_model_through_deltas() -> None:
     # version 0 was built by the clients from the init seed: nothing sent
     assert all(o.download_bytes == 0 for o in leased if o.download == "seed")
     assert any(o.download == "seed" for o in leased)
-    assert core.deltas is not None
+    assert core.downloads.deltas is not None
     checked = 0
     for c in lb.clients.values():
-        snap = core.deltas.history.get(c.session.model_version)
+        snap = core.downloads.deltas.history.get(c.session.model_version)
         if snap is not None:
             np.testing.assert_allclose(c.session.model.data, snap, atol=1e-5)
             checked += 1

@@ -511,7 +511,7 @@ def test_spans_are_negotiated_per_client() -> None:
     # version drops the old ones (docs: Coordinator._model_chunks)
     v = core.model.version
     assert v == 1 and task_of(out, "a").model_version == v  # "a" got version 1 at once
-    assert {k[1]: e[0] for k, e in core._model_cache.items()} == {True: v}
+    assert {k[1]: e[0] for k, e in core.downloads._cache.items()} == {True: v}
     core.connect("c", hello("c"), 1.5)
     core.connect("d", hello("d", spans=True), 1.6)
-    assert {k[1]: e[0] for k, e in core._model_cache.items()} == {False: v, True: v}
+    assert {k[1]: e[0] for k, e in core.downloads._cache.items()} == {False: v, True: v}
