@@ -79,6 +79,7 @@ from protocol.errors import ProtocolError, client_close_code
 from protocol.feedback import feedback_chunks
 from protocol.limits import LinkLimits, Pacer
 from protocol.shardfile import ShardData, ShardError, decode_shard, sha256_hex
+from protocol.states import advance_clock, checked_move
 
 #: the task seed's generator stream for stochastic rounding (docs/protocol.md §12.1)
 ROUNDING_STREAM = 1
@@ -751,11 +752,7 @@ class ClientSession:
             self._last_sent = now
 
     def _move(self, to: Phase) -> None:
-        if to not in TRANSITIONS[self.phase]:
-            raise ValueError(f"client session: {self.phase.value} -> {to.value} not allowed")
-        self.phase = to
+        self.phase = checked_move("client session", TRANSITIONS, self.phase, to)
 
     def _advance(self, now: float) -> None:
-        if now < self._now:
-            raise ValueError(f"time went backwards: {now} < {self._now}")
-        self._now = float(now)
+        self._now = advance_clock("client session", self._now, now)

@@ -76,6 +76,7 @@ from protocol.chunking import Reassembler
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
 from protocol.limits import LinkLimits, Pacer, RateMeter, negotiate
 from protocol.limits import profile as link_profile
+from protocol.states import advance_clock
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +465,7 @@ class Coordinator:
             oldest = next(self.registry.least_recently_seen(), None)
             if oldest is not None:
                 times.append(oldest.last_seen + self.job.lease.heartbeat_timeout_s + 1e-9)
-            deadline = getattr(self.strategy, "deadline", None)
+            deadline = self.strategy.next_deadline()
             if deadline is not None:
                 times.append(deadline)
             if self._cooling:
@@ -1124,11 +1125,7 @@ class Coordinator:
     # -- connections and pacing ----------------------------------------------------
 
     def _advance(self, now: float) -> None:
-        if not isinstance(now, int | float) or math.isnan(now):
-            raise ValueError(f"now must be a number, got {now!r}")
-        if now < self._now:
-            raise ValueError(f"time went backwards: {now} < {self._now}")
-        self._now = float(now)
+        self._now = advance_clock("coordinator", self._now, now)
 
     def _finished_bye(self, client_id: str) -> list[ev.Output]:
         """``bye`` with reason ``finished`` (do not reconnect) and why, then close 1000."""

@@ -47,6 +47,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from protocol.states import checked_move
+
 
 class TaskState(enum.Enum):
     OPEN = "open"
@@ -130,9 +132,9 @@ class Task:
     clients: list[str] = field(default_factory=list)
 
     def move(self, to: TaskState) -> None:
-        if to not in TASK_TRANSITIONS[self.state]:
-            raise LeaseError(f"task {self.task_id}: {self.state.value} -> {to.value} not allowed")
-        self.state = to
+        self.state = checked_move(
+            f"task {self.task_id}", TASK_TRANSITIONS, self.state, to, LeaseError
+        )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -152,9 +154,9 @@ class Lease:
         return self.state is LeaseState.LEASED
 
     def move(self, to: LeaseState, now: float) -> None:
-        if to not in LEASE_TRANSITIONS[self.state]:
-            raise LeaseError(f"lease {self.lease_id}: {self.state.value} -> {to.value} not allowed")
-        self.state = to
+        self.state = checked_move(
+            f"lease {self.lease_id}", LEASE_TRANSITIONS, self.state, to, LeaseError
+        )
         self.resolved_at = now
 
 

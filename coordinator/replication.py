@@ -81,6 +81,7 @@ from coordinator.strategies.base import ModelState, Outcome
 from nn.data import Dataset
 from nn.params import Params
 from protocol import messages as m
+from protocol.states import checked_move
 
 
 class UnitState(enum.Enum):
@@ -136,9 +137,9 @@ class Unit:
     held: Copy | None = None
 
     def move(self, to: UnitState) -> None:
-        if to not in UNIT_TRANSITIONS[self.state]:
-            raise RuntimeError(f"unit {self.primary.task_id}: {self.state.value} -> {to.value}")
-        self.state = to
+        self.state = checked_move(
+            f"unit {self.primary.task_id}", UNIT_TRANSITIONS, self.state, to, RuntimeError
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.states import advance_clock
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -125,7 +126,7 @@ class TokenBucket:
 
     def refill(self, now: float) -> None:
         if now < self.t:
-            raise ValueError(f"pacer: time went backwards ({now} < {self.t})")
+            advance_clock("token bucket", self.t, now)  # raises, naming it
         if self.rate == math.inf:
             self.level = self.capacity
         elif self.t != -math.inf:

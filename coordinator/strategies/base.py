@@ -151,6 +151,11 @@ class Strategy(ABC):
         """Accepted results not yet merged into the model (buffers, open rounds)."""
         return 0
 
+    def next_deadline(self) -> float | None:
+        """When ``on_tick`` next has something to do (a round's deadline); None: never
+        by itself. The core's ``next_wakeup`` takes the minimum of every timer owner's."""
+        return None
+
     # -- helpers ----------------------------------------------------------------
 
     def new_plan(self, *, round: int | None = None) -> TaskPlan:

@@ -32,6 +32,7 @@ import numpy as np
 from coordinator.leases import Task, TaskPlan, TaskState
 from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.base import ClientView, Outcome, StepReport, Strategy
+from protocol.states import checked_move
 
 
 class RoundPhase(enum.Enum):
@@ -65,9 +66,9 @@ class RoundStrategy(Strategy):
         """The way to move the params given the round's updates (in task-id order)."""
 
     def _move(self, to: RoundPhase) -> None:
-        if to not in ROUND_TRANSITIONS[self.phase]:
-            raise RuntimeError(f"round {self.round}: {self.phase.value} -> {to.value}")
-        self.phase = to
+        self.phase = checked_move(
+            f"round {self.round}", ROUND_TRANSITIONS, self.phase, to, RuntimeError
+        )
 
     def _open(self, client: ClientView, now: float) -> None:
         self._move(RoundPhase.COLLECTING)
@@ -156,6 +157,9 @@ class RoundStrategy(Strategy):
 
     def pending(self) -> int:
         return len(self.results)
+
+    def next_deadline(self) -> float | None:
+        return self.deadline if self.phase is RoundPhase.COLLECTING else None
 
     def state_dict(self) -> dict[str, Any]:
         return {
