@@ -62,7 +62,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +77,7 @@ from protocol.chunking import Reassembler, chunk_params
 from protocol.errors import ProtocolError, client_close_code
 from protocol.feedback import feedback_chunks
 from protocol.limits import LinkLimits, Pacer
+from protocol.outbox import PacedOutbox
 from protocol.shardfile import ShardData, ShardError, decode_shard, sha256_hex
 from protocol.states import advance_clock, checked_move
 
@@ -266,8 +266,8 @@ class ClientSession:
         self._download_started = 0.0
         self._delta_base: int | None = None
         self.feedback: ErrorFeedback | None = None
-        self._pacer: Pacer | None = None
-        self._outbox: deque[Send] = deque()
+        #: frames waiting for the link; its pacer comes with welcome's limits
+        self._outbox: PacedOutbox[Send] = PacedOutbox()
         self._hb_seq = 0
         self._hello_sent = -math.inf
         self._last_sent = -math.inf
@@ -279,8 +279,7 @@ class ClientSession:
         """A connection is open: say hello (with the resume token after a reconnect)."""
         self._advance(now)
         self._move(Phase.HELLO_SENT)
-        self._outbox.clear()
-        self._pacer = None
+        self._outbox = PacedOutbox()
         hello = m.Hello(
             client=self.name,
             platform=self.caps.platform,
@@ -522,8 +521,8 @@ class ClientSession:
     def next_wakeup(self) -> float | None:
         if self.phase is not Phase.READY:
             return None
-        if self._outbox and self._pacer is not None:
-            return self._pacer.next_send_time(len(self._outbox[0].frame), self._now)
+        if self._outbox and self._outbox.pacer is not None:
+            return self._outbox.next_send_time(self._now)
         return self._last_sent + self.heartbeat_interval
 
     # -- internals -----------------------------------------------------------------
@@ -535,7 +534,7 @@ class ClientSession:
         self._move(Phase.READY)
         self.resume_token = msg.resume_token or self.resume_token
         self.limits = msg.limits
-        self._pacer = Pacer(msg.limits)
+        self._outbox.pacer = Pacer(msg.limits)
         self.heartbeat_interval = msg.heartbeat_interval
         self.server_spans = msg.spans and self.caps.spans
         self.server_prefetch = msg.prefetch and self.caps.prefetch
@@ -741,14 +740,13 @@ class ClientSession:
             self._queue(msg)
 
     def _queue(self, msg: m.Message) -> None:
-        self._outbox.append(Send(message=msg, frame=m.encode(msg)))
+        frame = m.encode(msg)
+        self._outbox.push(Send(message=msg, frame=frame), len(frame))
 
     def _flush(self, now: float, out: list[Action]) -> None:
-        while self._outbox:
-            send = self._outbox[0]
-            if self._pacer is not None and not self._pacer.try_consume(len(send.frame), now):
-                return
-            out.append(self._outbox.popleft())
+        before = len(out)
+        self._outbox.flush(now, out)  # type: ignore[arg-type]
+        if len(out) > before:
             self._last_sent = now
 
     def _move(self, to: Phase) -> None:

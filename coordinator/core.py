@@ -39,7 +39,6 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +75,7 @@ from protocol.chunking import Reassembler
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
 from protocol.limits import LinkLimits, Pacer, RateMeter, negotiate
 from protocol.limits import profile as link_profile
+from protocol.outbox import PacedOutbox
 from protocol.states import advance_clock
 
 log = logging.getLogger(__name__)
@@ -95,9 +95,9 @@ class _Conn:
 
     client_id: str
     limits: LinkLimits
-    pacer: Pacer
+    #: frames waiting for the link, released by the granted limits' pacer
+    outbox: PacedOutbox[ev.Send]
     meter: RateMeter
-    outbox: deque[ev.Send] = field(default_factory=deque)
     uploads: dict[str, _Upload] = field(default_factory=dict)
     #: the client applies model deltas in the job's delta codec (from hello)
     deltas: bool = False
@@ -328,7 +328,7 @@ class Coordinator:
             resume_id=hello.resume,
             now=now,
         )
-        conn = _Conn(client_id, limits, Pacer(limits), RateMeter(limits))
+        conn = _Conn(client_id, limits, PacedOutbox(Pacer(limits)), RateMeter(limits))
         conn.deltas = (
             hello.deltas
             and self.job.codecs.delta is not None
@@ -660,7 +660,9 @@ class Coordinator:
             )
         frames = self.data.frames(msg.data, msg.offset, conn.limits.frame_bytes)
         for data, frame in frames:
-            conn.outbox.append(ev.Send(client_id=conn.client_id, message=data, frame=frame))
+            conn.outbox.push(
+                ev.Send(client_id=conn.client_id, message=data, frame=frame), len(frame)
+            )
         self._dirty.add(conn.client_id)
         out.append(
             ev.DataServed(
@@ -1007,7 +1009,9 @@ class Coordinator:
         )
         self._queue(conn, msg)
         for chunk, frame in zip(dl.chunks, dl.frames, strict=True):
-            conn.outbox.append(ev.Send(client_id=conn.client_id, message=chunk, frame=frame))
+            conn.outbox.push(
+                ev.Send(client_id=conn.client_id, message=chunk, frame=frame), len(frame)
+            )
         rec.version_held = rec.version_sent = dl.version
         out.append(
             ev.TaskLeased(
@@ -1171,15 +1175,12 @@ class Coordinator:
     def _queue(self, conn: _Conn, msg: m.Message) -> None:
         """Append to the outbox (the only way, bar frames queued right behind one:
         it marks the connection for the next flush)."""
-        conn.outbox.append(ev.Send(client_id=conn.client_id, message=msg, frame=m.encode(msg)))
+        frame = m.encode(msg)
+        conn.outbox.push(ev.Send(client_id=conn.client_id, message=msg, frame=frame), len(frame))
         self._dirty.add(conn.client_id)
 
     def _flush(self, conn: _Conn, now: float, out: list[ev.Output]) -> None:
-        while conn.outbox:
-            send = conn.outbox[0]
-            if not conn.pacer.try_consume(len(send.frame), now):
-                return
-            out.append(conn.outbox.popleft())
+        conn.outbox.flush(now, out)  # type: ignore[arg-type]
 
     def _flush_all(self, now: float, out: list[ev.Output]) -> None:
         """Flush, in join order, the connections with new frames or a head now due."""
@@ -1195,8 +1196,8 @@ class Coordinator:
         for client_id in sorted(todo, key=self._order.__getitem__):
             conn = self.conns[client_id]
             self._flush(conn, now, out)
-            if conn.outbox:
-                t = conn.pacer.next_send_time(len(conn.outbox[0].frame), max(now, 0.0))
+            t = conn.outbox.next_send_time(max(now, 0.0))
+            if t is not None:
                 ready[client_id] = t
                 heapq.heappush(heap, (t, self._order[client_id], client_id))
             else:
