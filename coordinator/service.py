@@ -285,6 +285,12 @@ class CoreService:
                 )
         self.store = store
 
+    @property
+    def resume_version(self) -> int | None:
+        """The checkpoint version ``prepare`` found to carry on from (None: a fresh
+        start), so a driver can say "resumed from checkpoint N" before it serves."""
+        return None if self._resume is None else self._resume.version
+
     def _make_core(self) -> Coordinator:
         if self._store_path is None:
             return Coordinator(self.job, seed=self._seed, dataset=self._dataset)

@@ -13,13 +13,15 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+local"
 
-__all__ = ["__version__", "serve"]
+from nn.spec import ModelSpec
+
+__all__ = ["ModelSpec", "ServeResult", "__version__", "serve"]
 
 
 def __getattr__(name: str) -> object:
     # ``serve`` pulls in the server stack; import it only when asked for.
-    if name == "serve":
-        from crowdgrad.api import serve
+    if name in ("serve", "ServeResult"):
+        from crowdgrad import api
 
-        return serve
+        return getattr(api, name)
     raise AttributeError(f"module 'crowdgrad' has no attribute {name!r}")

@@ -2,7 +2,9 @@
 
 Distils into a smaller architecture, prunes (whole neurons or single weights,
 then fine-tunes) and quantizes to int8, in that order; writes the result and a
-JSON report of size, accuracy and per-sample latency before and after.
+JSON report of size, accuracy and per-sample latency before and after. The
+result exports to ONNX or safetensors with ``crowdgrad checkpoint export
+--model`` (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -97,5 +99,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"size ÷{report['size_ratio']:.1f}, accuracy {report['accuracy_delta']:+.4f}, "
         f"latency ×{1 / report['latency_ratio']:.2f}; report: {report_path}"
+    )
+    console.print(
+        f"To run it outside crowdgrad: crowdgrad checkpoint export --model {out} "
+        f"--out {out.with_suffix('.onnx')} (or .safetensors; docs/formats.md)",
+        markup=False,
+        highlight=False,
     )
     return 0

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
+import errno
 import os
+import queue
 import signal
 import socket
 import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from coordinator.admission import AdmissionLimits
 from coordinator.config import STRATEGY_NAMES, JobConfig, load_job
+from coordinator.console import ConsoleLog
 from coordinator.data import load_job_data
 from coordinator.server import CrowdServer, bind, join_url, make_uvicorn
 from coordinator.service import CoreService, FreshStartRefused
@@ -35,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("coordinator", help="serve a training job to clients", description=__doc__)
     p.add_argument("--job", help="job file (TOML); flags below override its fields")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all)")
-    p.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
+    p.add_argument("--port", type=port_number, default=8765, help="port (0: any free one)")
     p.add_argument("--strategy", choices=STRATEGY_NAMES)
     p.add_argument("--widths", help="model widths, e.g. 64,128,10")
     p.add_argument("--dataset", help="dataset name (nn.data.load_dataset)")
@@ -113,6 +120,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 to 65535 (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 0 to 65535 (0: any free one), got {text!r}"
+        )
+    return port
+
+
+def check_store_path(store: str) -> None:
+    """Refuse a --store the coordinator could not write, before anything is served:
+    SQLite opens a read-only file without complaint and fails at the first
+    checkpoint, and it keeps its -wal and -shm files beside the store."""
+    path = Path(store)
+    parent = path.parent
+    if path.is_dir():
+        raise UsageError(
+            f"--store: {path} is a directory; give a file name, e.g. {path / 'run.db'}"
+        )
+    if not parent.is_dir():
+        raise UsageError(
+            f"--store: directory {parent} does not exist; create it first (mkdir -p {parent})"
+        )
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        raise UsageError(
+            f"--store: {path} is not writable, and the coordinator writes its checkpoints "
+            "there; read it with 'crowdgrad checkpoint', or copy it somewhere writable"
+        )
+    if not os.access(parent, os.W_OK):
+        raise UsageError(
+            f"--store: directory {parent} is not writable (read-only, or not yours); the "
+            "store and SQLite's -wal and -shm files beside it must be"
+        )
+
+
 def job_from_args(args: argparse.Namespace) -> JobConfig:
     """The job file (or the default job) with the flags applied on top."""
     job = load_job(args.job) if args.job else JobConfig()
@@ -149,6 +195,50 @@ def public_urls(host: str, port: int, *, tls: bool = False) -> list[str]:
     return urls
 
 
+class ConsolePrinter:
+    """``emit`` for ConsoleLog: hands each line to a writer thread and returns at once.
+
+    ConsoleLog runs on the core thread; a stdout that blocks (a full pipe nobody
+    reads, a paused pager) must never stall training, so lines wait in a bounded
+    queue and, past ``queue_lines``, are dropped and counted instead.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        stamp: Callable[[], str] | None = None,
+        queue_lines: int = 1000,
+    ) -> None:
+        self.console = console
+        self.stamp = stamp or (lambda: f"{dt.datetime.now():%H:%M:%S}")
+        self.dropped = 0
+        self._lines: queue.Queue[str] = queue.Queue(maxsize=queue_lines)
+        threading.Thread(target=self._write, name="crowdgrad-console", daemon=True).start()
+
+    def _write(self) -> None:
+        while True:
+            text = self._lines.get()
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            self._lines.task_done()
+
+    def __call__(self, text: str) -> None:
+        try:
+            if self.dropped:
+                note = f"({self.dropped} console lines dropped: the output was blocked)"
+                self._lines.put_nowait(f"{self.stamp()}  {note}")
+                self.dropped = 0
+            self._lines.put_nowait(f"{self.stamp()}  {text}")
+        except queue.Full:
+            self.dropped += 1
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout``) until every queued line is written."""
+        deadline = time.monotonic() + timeout
+        while self._lines.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
 def _ignore(signum: int, frame: object) -> None:
     return None
 
@@ -158,10 +248,21 @@ def run(args: argparse.Namespace) -> int:
     job = job_from_args(args)
     try:
         sock = bind(args.host, args.port)
-    except OSError as exc:
-        raise UsageError(f"--host/--port: cannot bind {args.host}:{args.port}: {exc}") from None
+    except (OSError, OverflowError) as exc:
+        hint = ""
+        if getattr(exc, "errno", None) == errno.EADDRINUSE:
+            hint = " (is another coordinator running? choose another --port, or 0 for any free one)"
+        raise UsageError(
+            f"--host/--port: cannot bind {args.host}:{args.port}: {exc}{hint}"
+        ) from None
     if args.durable_interval <= 0:
         raise UsageError(f"--durable-interval must be > 0, got {args.durable_interval}")
+    if args.store is not None:
+        try:
+            check_store_path(args.store)
+        except UsageError:
+            sock.close()
+            raise
     try:  # before anything is printed: a bad data file is an error, not a traceback later
         dataset = load_job_data(job)
     except ValueError as exc:
@@ -208,6 +309,9 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise UsageError(f"--ssl-certfile/--ssl-keyfile: {exc}") from None
     port = sock.getsockname()[1]
+    say = ConsolePrinter(console)
+    console_log = ConsoleLog(say)
+    service.add_sink(console_log)
     console.print(
         f"[bold]crowdgrad coordinator[/]: job {job.name!r}, {job.strategy.name}, model "
         f"{list(job.spec.widths)} on {job.data.source} ({dataset.X_train.shape[0]} training "
@@ -215,8 +319,20 @@ def run(args: argparse.Namespace) -> int:
     )
     for url in public_urls(args.host, port, tls=tls):
         console.print(f"  join with:  [bold cyan]crowdgrad client {url}[/]")
-    scheme = "https" if tls else "http"
-    console.print(f"  status:     {scheme}://{args.host}:{port}/api/status   docs: /docs")
+    # the page URLs, as join_url shows the websocket one
+    http = join_url(args.host, port, tls=tls).replace("ws", "http", 1).removesuffix("/ws")
+    console.print(f"  dashboard:  [bold cyan]{http}/dashboard[/]")
+    console.print(f"  volunteers: {http}/  (a browser joins from this page)")
+    console.print(f"  status:     {http}/api/status  {http}/metrics  {http}/docs", soft_wrap=True)
+    if args.store is not None:
+        resumed = service.resume_version
+        if resumed is None:
+            console.print(f"  store:      {args.store} (no checkpoint yet: starting from model v0)")
+        else:
+            console.print(
+                f"  store:      {args.store}: [bold]resumed from checkpoint {resumed}[/] "
+                f"(model v{resumed})"
+            )
     if args.join_token:
         console.print("  join token required (--token on the client)")
     if not args.keep_running:
@@ -234,6 +350,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    console_log.flush()
+    say.flush()
     fin = service.stats.finished
     if fin is not None:
         acc = fin["accuracy"]

@@ -1,9 +1,13 @@
-"""``crowdgrad plan``: predict each strategy's speedup before renting any players.
+"""``crowdgrad plan``: predict how much faster N volunteers train than one machine.
 
-Two ways in: measured ``--t-grad``/``--t-comm`` (seed 001's estimator verbatim),
-or a model plus a link profile and compute rates, from which both are derived.
-``--scenario`` also runs the simulator on a scenario file and puts its measured
-times beside the estimate.
+Before renting any players: for each strategy, the predicted wall time of a run
+and its speedup over one machine doing every step itself. Two ways in: measured
+``--t-grad`` (one mini-batch gradient on a client) and ``--t-comm`` (one transfer
+of the weights), or a model plus a link profile and compute rates, from which
+both are derived (simulations/plan.py has the formulas, after the data-parallel
+estimator of seed 001). ``--scenario`` also runs the simulator on a scenario
+file and puts its measured times beside the estimate. Below the table the
+command says in words what the numbers mean and what would raise the speedup.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from simulations.scenario import (
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
-        help="estimate each strategy's speedup (seed 001's t_grad/t_comm estimator)",
+        help="predict each strategy's time and speedup over one machine",
         description=__doc__,
     )
     p.add_argument("--t-grad", type=float, help="measured seconds for one mini-batch gradient")
@@ -200,8 +204,57 @@ def run(args: argparse.Namespace) -> int:
     for col in ("clients", "strategy", "seconds", "speedup"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in rows:
-        table.add_row(
-            str(r["workers"]), r["strategy"], f"{r['seconds']:.4g}", f"{r['speedup']:.2f}x"
-        )
-    Console().print(table)
+        table.add_row(str(r["workers"]), r["strategy"], f"{r['seconds']:.4g}", speedup_text(r))
+    console = Console()
+    console.print(table)
+    for line in explain(rows, args):
+        console.print(line, markup=False, highlight=False)
     return 0
+
+
+def speedup_text(row: dict[str, Any]) -> str:
+    """``2.31x``; small ones keep two significant digits (``0.0013x``), never ``0.00x``."""
+    x = row.get("speedup")
+    if x is None:
+        return "—"
+    return f"{x:.2f}x" if x >= 0.01 else f"{x:.2g}x"
+
+
+def explain(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """What the table says, in words: its columns, the two inputs, and what a
+    speedup below 1 means and what would raise it."""
+    first = rows[0]
+    t_grad, t_comm = first["t_grad"], first["t_comm"]
+    steps = "the scenario's" if getattr(args, "scenario", None) else f"{args.steps}"
+    lines = [
+        "",
+        "How to read it: 'linear' is one machine doing every mini-batch step itself, the "
+        "baseline; 'seconds' is the predicted wall time of the whole run "
+        f"({steps} mini-batch steps in total); 'speedup' is linear's seconds divided by "
+        "the row's (2x: twice as fast as one machine).",
+        f"Inputs: t_grad = {t_grad:.3g} s for one mini-batch gradient on a client, t_comm = "
+        f"{t_comm:.3g} s to send the model's weights once over a client's link.",
+    ]
+    crowd = [r for r in rows if r["strategy"] != "linear" and r.get("speedup") is not None]
+    if not crowd:
+        return lines
+    best = max(crowd, key=lambda r: r["speedup"])
+    if best["speedup"] >= 1:
+        lines.append(
+            f"The crowd beats one machine: best here {best['strategy']} with {best['workers']} "
+            f"clients at {speedup_text(best)}."
+        )
+        return lines
+    ratio = t_comm / t_grad if t_grad > 0 else float("inf")
+    lines.append(
+        "Every speedup here is below 1: the crowd would finish later than one machine alone. "
+        f"Sending the model once takes as long as {ratio:,.0f} gradient steps, so the links, "
+        "not the compute, set the pace."
+    )
+    lines.append(
+        "What raises it: more local steps per exchange (--tau, decentral strategies), smaller "
+        "updates (--bytes-per-param 1 for int8; top-k codecs send less still), faster links "
+        "(--profile lan, or a smaller --t-comm), more compute per byte sent (a larger --batch), "
+        "and --prefetch (decentral-async fetches while it computes)."
+    )
+    return lines

@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--list", action="store_true", help="list the shipped scenarios")
+    p.add_argument(
+        "--list", action="store_true", help="list the shipped scenarios and what each shows"
+    )
     p.set_defaults(func=run)
 
 
@@ -59,7 +61,7 @@ def _override(data: dict[str, Any], assignment: str) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if args.list:
-        sys.stdout.write("\n".join(shipped()) + "\n")
+        sys.stdout.write(scenario_list())
         return 0
     if not args.scenario or not args.out:
         raise UsageError("need a SCENARIO and -o DIR (or --list)")
@@ -94,4 +96,42 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         console.print(f"wrote {out}/results.json, timeseries.csv, summary.md and plots")
     sys.stdout.write((out / "summary.md").read_text(encoding="utf-8"))
+    sys.stdout.write(how_to_read(runs))
     return 0
+
+
+def scenario_list() -> str:
+    """``--list``: each shipped scenario with its description and how many runs it makes."""
+    rows = []
+    for name in shipped():
+        path = resolve(name)
+        data = load_raw(path)
+        runs = len(expand_sweep(data, source=str(path))) if "sweep" in data else 1
+        sweep = f" [--sweep: {runs} runs]" if runs > 1 else ""
+        rows.append((name, f"{data.get('description', '')}{sweep}"))
+    width = max(len(n) for n, _ in rows)
+    lines = ["Shipped scenarios (crowdgrad simulate NAME -o DIR; docs/simulations.md):"]
+    lines += [f"  {n:<{width}}  {d}" for n, d in rows]
+    return "\n".join(lines) + "\n"
+
+
+def how_to_read(runs: list[Any]) -> str:
+    """The summary table's columns and its speedup, in words."""
+    text = (
+        "\nHow to read it: 'virtual s' is simulated time, not how long this command took; "
+        "'steps' are mini-batch steps by all players together and 'versions' the model "
+        "versions they made; 'linear s' is one machine doing the same steps alone, and "
+        "'speedup' is linear s divided by virtual s (2x: the players finished in half the "
+        "time). 'mode' numerics trains for real, cost times the schedule without numerics; "
+        "'seed s' and 'seed speedup' are the published figures for the same setting.\n"
+    )
+    speedups = [r.summary.get("speedup") for r in runs]
+    if any(s is not None and s < 1 for s in speedups):
+        text += (
+            "A speedup below 1 means the players took longer than one machine would: sending "
+            "models and updates over their links costs more time than their compute saves. "
+            "It rises with more local steps per exchange (strategy.tau), smaller updates "
+            "(codecs.update, e.g. topk:0.01+int8), faster links (link.profile), bigger "
+            "batches, and prefetch; crowdgrad plan estimates each in seconds.\n"
+        )
+    return text

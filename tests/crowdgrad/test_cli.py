@@ -53,3 +53,54 @@ def test_bad_arguments_exit_2_naming_the_argument(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "error" in err and needle in err
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_bad_port_is_a_usage_error(port, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["coordinator", "--port", port])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"argument --port: must be a whole number from 0 to 65535 (0: any free one), got '{port}'"
+        in err
+    )
+
+
+def test_a_port_in_use_says_what_to_do(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["coordinator", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot bind 127.0.0.1:{port}" in err and "choose another --port" in err
+
+
+def test_a_store_the_coordinator_cannot_write_is_refused_before_the_banner(
+    tmp_path, capsys, monkeypatch
+):
+    def fails(store, needle):
+        assert main(["coordinator", "--port", "0", "--store", str(store)]) == 2
+        out = capsys.readouterr()
+        assert "join with" not in out.out
+        assert out.err.startswith("crowdgrad coordinator: error: --store: ")
+        assert needle in out.err
+
+    fails(tmp_path / "nodir" / "run.db", f"directory {tmp_path / 'nodir'} does not exist")
+    fails(tmp_path, "is a directory; give a file name")
+    store = tmp_path / "run.db"
+    store.write_bytes(b"")
+    import os
+
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if str(p) == str(store) else real(p, mode)
+    )
+    fails(store, f"{store} is not writable, and the coordinator writes its checkpoints there")
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode)
+    )
+    fails(tmp_path / "new.db", f"directory {tmp_path} is not writable")

@@ -21,8 +21,27 @@ def test_simulate_smoke_writes_its_report(tmp_path, capsys):
 
 def test_simulate_list_names_the_shipped_scenarios(capsys):
     assert main(["simulate", "--list"]) == 0
-    names = capsys.readouterr().out.split()
-    assert {"smoke", "digits-time-to-target", "scale-700"} <= set(names)
+    out = capsys.readouterr().out
+    assert {"smoke", "digits-time-to-target", "scale-700"} <= set(out.split())
+    smoke = next(line for line in out.splitlines() if line.split()[:1] == ["smoke"])
+    assert "Four players, digits, roblox links" in smoke
+    assert "[--sweep: 9 runs]" in out  # digits-time-to-target's grid
+
+
+def test_simulate_explains_its_columns_and_a_speedup_below_one():
+    from types import SimpleNamespace
+
+    from crowdgrad.commands.simulate import how_to_read
+
+    fast, slow = (
+        SimpleNamespace(summary={"speedup": 3.0}),
+        SimpleNamespace(summary={"speedup": 0.4}),
+    )
+    assert "'virtual s' is simulated time" in how_to_read([fast])
+    assert "below 1" not in how_to_read([fast])
+    assert "A speedup below 1 means the players took longer than one machine" in how_to_read(
+        [fast, slow]
+    )
 
 
 def test_simulate_without_output_dir_is_a_usage_error(capsys):
@@ -57,7 +76,14 @@ def test_plan_prefetch_hides_the_transfers(capsys):
 
 def test_plan_table_prints(capsys):
     assert main(["plan", "--preset", "large", "--profile", "roblox", "--workers", "8"]) == 0
-    assert "decentral-async" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "decentral-async" in out and "0.00x" not in out
+    assert "'linear' is one machine doing every mini-batch step itself" in out
+    assert "Every speedup here is below 1: the crowd would finish later than one machine" in out
+    assert "What raises it: more local steps per exchange (--tau" in out
+    argv = ["plan", "--preset", "large", "--profile", "lan", "--tau", "50", "--steps", "1000"]
+    assert main(argv) == 0
+    assert "The crowd beats one machine" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize(

@@ -91,3 +91,21 @@ def test_verify_fails_on_corruption_and_errors_name_the_problem(
     assert "--version is required" in capsys.readouterr().err
     assert main(["checkpoint", "show", "--store", str(store_path), "--version", "9"]) == 2
     assert "no checkpoint v9" in capsys.readouterr().err
+
+
+def test_show_is_a_summary_and_restore_a_sentence(
+    store_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoint", "show", "--store", str(store_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"Checkpoint v2 in {store_path}, written 2023-11-14 22:13:22 UTC")
+    assert "10-16-16-16-10" in lines[1] and "890 parameters" in lines[1]
+    assert any("no evaluation stored" in line for line in lines)
+    assert len(lines) < 10 and "{" not in "".join(lines)
+    assert main(["checkpoint", "show", "--store", str(store_path), "--full"]) == 0
+    assert json.loads(capsys.readouterr().out)["optimizer"]["m"] == "array float32 [4]"
+    assert main(["checkpoint", "restore", "--store", str(store_path), "--version", "1"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"Restored checkpoint v1 of {store_path} as its newest checkpoint, v3")
+    assert main(["checkpoint", "list"]) == 2
+    assert "list: --store FILE is required" in capsys.readouterr().err
