@@ -89,6 +89,11 @@ DECLINE_BACKOFF_S = 1.0
 DECLINE_BACKOFF_MAX_S = 60.0
 
 
+#: Task ids skipped on a restore: more than a coordinator issues between two
+#: checkpoints (docs/coordinator.md, "Tasks and leases").
+RESTORE_TASK_ID_GAP = 1 << 20
+
+
 @dataclass(slots=True)
 class _Conn:
     """Per-connection state: granted limits, outbound queue, uploads in flight."""
@@ -516,7 +521,11 @@ class Coordinator:
         core.strategy.load_state_dict(state["strategy"])
         core.book.remember_accepted(int(t) for t in state["accepted_tasks"])
         core.accepted_results = int(state["accepted_results"])
-        core.book.next_task_id = int(state["next_task_id"])
+        # Ids issued after this checkpoint and before the crash are in clients'
+        # hands; skip them, so a result resent for one of them is answered stale
+        # instead of matching a new task of another version (a counted rejection
+        # that closed honest clients after a few crashes).
+        core.book.next_task_id = int(state["next_task_id"]) + RESTORE_TASK_ID_GAP
         core.validator.norms.extend(float(x) for x in state["norms"])
         if "replication" in state:
             core.verifier.load_state_dict(state["replication"])

@@ -360,6 +360,26 @@ def test_checkpoints_stop_and_restore() -> None:
     assert (task.task_id, False, "duplicate") in acks(out, "c")
 
 
+def test_a_result_for_a_task_issued_after_the_last_checkpoint_is_stale_after_a_crash() -> None:
+    """A crash loses the tasks issued after the checkpoint; their ids must not come
+    back as new tasks, or a client's resent result would be refused ``version``
+    (counted: a few crashes closed honest clients, tests/e2e/test_crash_durability)."""
+    core = make_core()
+    first = task_of(core.connect("a", hello("a"), 0.0), "a")
+    state = core.state_dict()  # the checkpoint
+    out = deliver(core, "a", result_messages(first), 1.0)  # ...then more work, then a crash
+    lost = task_of(out, "a")
+    again = Coordinator.restore(core.job, state, seed=0, dataset=digits())
+    fresh = task_of(again.connect("a2", hello("a2"), 2.0), "a2")
+    assert int(fresh.task_id) != int(lost.task_id)
+    out = deliver(again, "a2", result_messages(lost), 3.0)
+    assert (lost.task_id, False, "stale") in acks(out, "a2")
+    assert not only(out, ev.ResultRejected) or all(
+        r.reason == "stale" for r in only(out, ev.ResultRejected)
+    )
+    assert again.registry.get("a2").rejections == 0
+
+
 def test_time_going_backwards_is_the_callers_bug() -> None:
     core = make_core()
     core.tick(5.0)

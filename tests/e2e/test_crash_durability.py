@@ -67,7 +67,7 @@ def _coordinator(store: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "crowdgrad", "coordinator", *args],
             cwd=ROOT,
             env=ENV,
-            stdout=subprocess.DEVNULL,
+            stdout=err,  # its console says what it refused and why
             stderr=err,
         )
 
@@ -125,7 +125,7 @@ def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
             cwd=ROOT,
             env=ENV,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=(tmp_path / f"client{i}.log").open("ab"),
         )
         for i, p in enumerate(logs)
     ]
@@ -137,8 +137,12 @@ def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
             newest = _check_store(store, seen, newest, _acked(logs))
             coord = _coordinator(store, port, err)
             _wait_ready(coord, port)
-        for c in clients:
-            assert c.poll() is None, "a client died"
+        for i, c in enumerate(clients):
+            why = (tmp_path / f"client{i}.log").read_text(errors="replace")[-2000:]
+            if c.poll() is not None:  # what the coordinator said about it
+                said = err.read_text(errors="replace").splitlines()
+                why += "\n".join(ln for ln in said if "reject" in ln or "refus" in ln)[-3000:]
+            assert c.poll() is None, f"a client died: {why}"
     finally:
         if coord.poll() is None:
             coord.send_signal(signal.SIGKILL)
