@@ -675,14 +675,18 @@ class BackgroundServer:
     def _run(self) -> None:
         asyncio.run(self.server.serve(sockets=[self.sock]))
 
-    def start(self, timeout: float = 30.0) -> BackgroundServer:
+    def start(self, timeout: float = 300.0) -> BackgroundServer:
+        """Serve on the thread; return once it listens. Starting builds the core,
+        which on a cold numba cache compiles its kernels first (over 30 s on a busy
+        2-core machine), hence the generous bound: it is a safety net, not a goal."""
         self._thread.start()
-        deadline = timeout
-        while not self.server.started and self._thread.is_alive() and deadline > 0:
+        deadline = time.monotonic() + timeout
+        while not self.server.started and self._thread.is_alive():
+            if time.monotonic() > deadline:
+                break
             self._thread.join(0.01)
-            deadline -= 0.01
         if not self.server.started:
-            raise RuntimeError("coordinator server did not start")
+            raise RuntimeError(f"coordinator server did not start within {timeout:g} s")
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
