@@ -1,5 +1,6 @@
-"""crowdgrad client package: the desktop client (Python) and the browser client
-(``web/``: JavaScript in a Web Worker, built into ``web/static``)."""
+"""crowdgrad client package: the desktop client (Python), the in-game client
+(``ingame``: a game calls it once per frame) and the browser client (``web/``:
+JavaScript in a Web Worker, built into ``web/static``)."""
 
 from pathlib import Path
 

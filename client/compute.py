@@ -19,6 +19,9 @@ states every formula used here).
   toward the task's ``teacher_logits`` (rows aligned with ``indices``).
 - ``evaluate``: loss and accuracy of the base params on all of the task's rows;
   no update.
+
+:class:`SlicedTask` computes the same update a few steps at a time, for drivers
+that must yield between pieces (a duty cycle, a game's frame budget).
 """
 
 from __future__ import annotations
@@ -87,15 +90,23 @@ def task_rows(task: m.Task, data: Dataset | ShardData | None) -> tuple[np.ndarra
     return ds.X_train, ds.y_train
 
 
-def run_task(task: m.Task, base: Params, data: Dataset | ShardData | None = None) -> ComputeOutput:
-    """Compute the task's update from ``base`` (left untouched). ``data``: the
-    task's shard (``task.data``), or the named dataset (loaded when None)."""
+def task_samples(
+    task: m.Task, data: Dataset | ShardData | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows a task computes on: ``task_rows`` narrowed by ``task.indices``."""
     X, y = task_rows(task, data)
     if task.indices is not None:
         idx = task.indices.astype(np.int64)
         if idx.size == 0 or int(idx.max()) >= X.shape[0]:
             raise ValueError(f"task {task.task_id}: shard indices out of range 0..{X.shape[0]}")
         X, y = X[idx], y[idx]
+    return X, y
+
+
+def run_task(task: m.Task, base: Params, data: Dataset | ShardData | None = None) -> ComputeOutput:
+    """Compute the task's update from ``base`` (left untouched). ``data``: the
+    task's shard (``task.data``), or the named dataset (loaded when None)."""
+    X, y = task_samples(task, data)
     if task.kind == "evaluate":
         r = evaluate(base, X, y)
         return ComputeOutput(
@@ -129,3 +140,104 @@ def run_task(task: m.Task, base: Params, data: Dataset | ShardData | None = None
             update=delta, loss=metrics.loss, samples=metrics.samples, steps=metrics.steps
         )
     raise ValueError(f"task {task.task_id}: kind {task.kind!r} is not computed by this client")
+
+
+class _InOrder:
+    """Stands in for the rng inside ``train_steps``: its one "permutation" keeps the
+    rows in the order given (a piece's batches, drawn up front)."""
+
+    def permutation(self, n: int) -> np.ndarray:
+        return np.arange(n)
+
+
+class SlicedTask:
+    """A task computed a few optimizer steps at a time, for drivers that must yield
+    between pieces: the desktop client's duty cycle, a game's frame budget.
+
+    ``train`` and ``distill`` tasks slice per step (one mini-batch, the finest
+    unit the compiled loop has): the whole task's batches are drawn up front
+    exactly as :func:`run_task` draws them, and each piece trains on its rows in
+    order, so the update is run_task's bit for bit however it is cut. Other kinds
+    (``gradient``, ``evaluate``) are a single piece that :meth:`run` computes whole.
+
+    Call ``run(n)`` until ``finished``, then ``output()``; ``base`` is read, never
+    written (the local copy is this object's).
+    """
+
+    def __init__(self, task: m.Task, base: Params, data: Dataset | ShardData | None = None) -> None:
+        self.task = task
+        self._base = base
+        self._data = data
+        #: pieces in all (steps for train and distill, else 1) and pieces run
+        self.steps = task.steps if task.kind in ("train", "distill") else 1
+        self.done = 0
+        self._whole: ComputeOutput | None = None
+        if task.kind not in ("train", "distill"):
+            return
+        X, y = task_samples(task, data)
+        if task.kind == "distill" and (
+            task.teacher_logits is None or task.teacher_logits.shape[0] != X.shape[0]
+        ):
+            raise ValueError(f"task {task.task_id}: teacher_logits do not match the samples")
+        self._rows = batch_indices(X.shape[0], task.steps, task.batch, sampling_rng(task))
+        self._X, self._y = X, y
+        self._teacher = (
+            None if task.teacher_logits is None else task.teacher_logits.astype(np.float32)
+        )
+        self._local = base.copy()
+        opt = Optimizer.from_dict(task.optimizer) if task.optimizer else Optimizer()
+        self._state = OptState.init(opt, base.spec)
+        self._samples = 0
+        self._loss_sum = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.steps
+
+    @property
+    def step_flops(self) -> float:
+        """FLOPs of one piece (what a driver sizes its slices by)."""
+        t = self.task
+        if t.kind in ("train", "distill"):
+            return t.spec.flops_per_sample(train=True) * t.batch
+        return t.spec.flops_per_sample(train=t.kind == "gradient") * t.steps * t.batch
+
+    def run(self, n: int) -> int:
+        """Compute up to ``n`` more pieces; returns how many ran."""
+        n = min(int(n), self.steps - self.done)
+        if n <= 0:
+            return 0
+        t = self.task
+        if t.kind not in ("train", "distill"):
+            self._whole = run_task(t, self._base, self._data)
+            self.done = 1
+            return 1
+        part = self._rows[self.done * t.batch : (self.done + n) * t.batch]
+        if t.kind == "train":
+            met = train_steps(
+                self._local, self._state, self._X[part], self._y[part], n, t.batch, _InOrder()
+            )
+        else:
+            assert self._teacher is not None
+            met = distill_steps(
+                self._local, self._state, self._X[part], self._teacher[part], self._y[part],
+                steps=n, batch=t.batch, temperature=t.temperature, alpha=t.distill_alpha,
+                rng=_InOrder(),
+            )  # fmt: skip
+        self.done += n
+        self._samples += met.samples
+        self._loss_sum += met.loss * n
+        return n
+
+    def output(self) -> ComputeOutput:
+        """The finished task's result (what ``run_task`` returns for it)."""
+        if not self.finished:
+            raise ValueError(f"task {self.task.task_id}: {self.done} of {self.steps} pieces run")
+        if self._whole is not None:
+            return self._whole
+        return ComputeOutput(
+            update=self._local.data - self._base.data,
+            loss=self._loss_sum / self.done if self.done else float("nan"),
+            samples=self._samples,
+            steps=self.done,
+        )

@@ -4,9 +4,12 @@ Theory of operation. The event loop owns the socket and the session: every
 session call happens on it, with ``now = time.monotonic()``. A ComputeRequest
 runs on a one-thread executor (the numba kernels release the GIL), so
 heartbeats keep flowing while a task computes; its result comes back to the
-loop through the future's callback. With ``cpu_share < 1`` a train task runs in
-slices of about ``slice_s`` seconds with a sleep of ``(1 - S) / S`` × the slice
-between them, so a game or desktop beside it keeps its frame rate.
+loop through the future's callback. The compute thread runs at idle priority
+(``--priority idle``, the default: client.priority), so it takes only CPU that
+nothing else wants and a game beside it keeps its frames; the IO thread stays
+at normal priority, so heartbeats keep flowing. With ``cpu_share < 1`` a train
+task also runs in slices of about ``slice_s`` seconds with a sleep of
+``(1 - S) / S`` × the slice between them, for people who want their fans quiet.
 
 The connection is retried with exponential backoff and full jitter (AWS
 architecture blog, "Exponential Backoff And Jitter"); the session keeps its
@@ -41,21 +44,21 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import numpy as np
+import numba
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from client.compute import ComputeOutput, run_task, sampling_rng, task_rows
+from client import priority as prio
+from client.compute import ComputeOutput, SlicedTask, run_task
 from client.datacache import DiskCache, MemoryCache, ShardCache, default_cache_dir
 from client.flops import measure_flops
 from client.session import Capabilities, ClientSession, Close, ComputeRequest, Finished, Send
 from compression import codecs
 from nn.data import Dataset
-from nn.optim import Optimizer, OptState
 from nn.spec import INIT_SCHEME
-from nn.train import batch_indices, train_steps
 from protocol import messages as m
 from protocol.errors import CLOSE_CODES, ErrorCode, ProtocolError
 
@@ -68,14 +71,6 @@ FATAL_CLOSE_CODES = frozenset(
 )
 #: Largest frame accepted from a coordinator (the "unlimited" profile + envelope).
 MAX_FRAME_BYTES = 256 * 1024 * 1024 + 64 * 1024
-
-
-class _InOrder:
-    """Stands in for the rng inside train_steps: its one "permutation" keeps the
-    rows in the order given (the slice's batches, drawn up front)."""
-
-    def permutation(self, n: int) -> np.ndarray:
-        return np.arange(n)
 
 
 class FatalClose(Exception):
@@ -115,7 +110,13 @@ class DesktopClient:
         cache: bool = True,
         fetch_data: bool = True,
         ca: str | os.PathLike[str] | None = None,
+        priority: prio.Priority | str = prio.Priority.IDLE,
+        lower_pools: bool = False,
     ) -> None:
+        """``priority``: of the compute thread (``idle``: only CPU nothing else
+        wants). ``lower_pools``: also lower the BLAS and numba threads native code
+        started (client.priority); only for a process this client owns (the CLI),
+        never inside someone else's."""
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
         if not backoff_base > 0 or backoff_cap < backoff_base:
@@ -126,6 +127,11 @@ class DesktopClient:
         self.name = name or f"{socket.gethostname()[:40]}-{os.getpid()}"
         self.token = token
         self.cpu_share = float(cpu_share)
+        try:
+            self.priority = prio.Priority(priority)
+        except ValueError:
+            raise ValueError(f"priority: expected normal or idle, got {priority!r}") from None
+        self.lower_pools = lower_pools
         self.data = data
         self.flops = flops
         self.seed = seed if seed is not None else os.getpid()
@@ -156,7 +162,11 @@ class DesktopClient:
         self.stats = ClientStats()
         self.session: ClientSession | None = None
         self._jitter = random.Random(self.seed)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-compute")
+        self._pool = ThreadPoolExecutor(
+            1,
+            thread_name_prefix="crowdgrad-compute",
+            initializer=partial(self._init_compute_thread, numba.get_num_threads()),
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._kick: asyncio.Event | None = None
@@ -406,46 +416,31 @@ class DesktopClient:
         if session is not None and session.phase.value == "ready":
             self._do(session.prefetch(time.monotonic(), req.request_id))
 
+    def _init_compute_thread(self, threads: int) -> None:
+        """The compute thread's first act. numba's thread count is per thread (a new
+        one starts at ``NUMBA_NUM_THREADS``, every core): take the count of the
+        thread that made the client (``--threads``); then lower the priority, before
+        numba's pool starts, so that the pool inherits it."""
+        numba.set_num_threads(threads)
+        prio.apply(self.priority, pools=self.lower_pools)
+
     def _compute(self, req: ComputeRequest) -> ComputeOutput | None:
         """On the worker thread. Whole task at full share; slices below it."""
         task = req.task
         data = req.data if task.data is not None else self.data
         if self.cpu_share >= 1.0 or task.kind != "train":
             return run_task(task, req.params, data)
-        X, y = task_rows(task, data)
-        if task.indices is not None:
-            idx = task.indices.astype(np.int64)
-            if idx.size == 0 or int(idx.max()) >= X.shape[0]:
-                raise ValueError(f"task {task.task_id}: shard indices out of range")
-            X, y = X[idx], y[idx]
-        # Draw the whole task's batches up front exactly as run_task does, then feed
-        # each slice its rows in order: the update is the same as at full speed.
-        rows = batch_indices(X.shape[0], task.steps, task.batch, sampling_rng(task))
-        local = req.params.copy()
-        opt = Optimizer.from_dict(task.optimizer) if task.optimizer else Optimizer()
-        state = OptState.init(opt, local.spec)
-        per_step = task.spec.flops_per_sample() * task.batch
-        k = max(1, int(self.slice_s * float(self.flops or 1e9) / per_step))
-        done, samples, loss_sum = 0, 0, 0.0
+        # The same update as at full speed (SlicedTask draws every batch up front).
+        sliced = SlicedTask(task, req.params, data)
+        k = max(1, int(self.slice_s * float(self.flops or 1e9) / sliced.step_flops))
         pause = (1.0 - self.cpu_share) / self.cpu_share
-        while done < task.steps:
+        while not sliced.finished:
             if self.session is None or self.session.computing != req.request_id:
                 return None  # superseded or abandoned
-            n = min(k, task.steps - done)
-            part = rows[done * task.batch : (done + n) * task.batch]
             t0 = time.perf_counter()
-            met = train_steps(local, state, X[part], y[part], n, task.batch, _InOrder())  # type: ignore[arg-type]
-            spent = time.perf_counter() - t0
-            done += n
-            samples += met.samples
-            loss_sum += met.loss * n
-            time.sleep(spent * pause)
-        return ComputeOutput(
-            update=local.data - req.params.data,
-            loss=loss_sum / max(done, 1),
-            samples=samples,
-            steps=done,
-        )
+            sliced.run(k)
+            time.sleep((time.perf_counter() - t0) * pause)
+        return sliced.output()
 
 
 # -- command line ----------------------------------------------------------------------
@@ -460,6 +455,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="fraction of one core to use, in (0, 1] (default 1: as fast as possible)",
+    )
+    p.add_argument(
+        "--priority",
+        choices=[p.value for p in prio.Priority],
+        default=prio.Priority.IDLE.value,
+        help="of the compute threads: idle (default: SCHED_IDLE on Linux, the lowest "
+        "class elsewhere; only CPU nothing else wants) or normal",
     )
     p.add_argument("--flops", type=float, help="skip the start-up measurement; report this")
     p.add_argument("--seed", type=int, help="seeds update codecs and jitter (default: pid)")
@@ -521,6 +523,8 @@ def client_from_args(args: argparse.Namespace) -> DesktopClient:
         cache=args.cache,
         fetch_data=args.fetch_data,
         ca=args.ca,
+        priority=args.priority,
+        lower_pools=True,
     )
 
 

@@ -43,7 +43,7 @@ class _Client:
         self.sim = sim
         self.index = index
         self.rng = sim.engine.rng(f"player/{index}")
-        self.flops = max(1.0, sim.scenario.clients.compute.sample(self.rng))
+        self.flops = max(1.0, sim.scenario.clients.sample_flops(self.rng))
         self.link: Link | None = None
         self.session = 0
         self.held = -1  # model version held

@@ -126,7 +126,7 @@ class Player:
         self.sim = sim
         self.index = index
         self.rng = sim.engine.rng(f"player/{index}")
-        self.flops = max(1.0, sim.scenario.clients.compute.sample(self.rng))
+        self.flops = max(1.0, sim.scenario.clients.sample_flops(self.rng))
         codecs = tuple(sorted({sim.job.codecs.model, sim.job.codecs.update}))
         cache = MemoryCache()  # a player's shards outlive its reconnects
         if sim.scenario.clients.warm_data:

@@ -270,7 +270,7 @@ def summary_markdown(runs: Sequence[RunResult]) -> str:
         lines += [
             "",
             "Compute rates assumed: a player "
-            f"{_rate(sc['clients']['compute'])}, one machine (linear) "
+            f"{_rate(sc['clients']['compute'])}{_frame(sc['clients'])}, one machine (linear) "
             f"{sc['server']['compute'] / 1e9:.3g} GFLOP/s. Speedup is against that "
             "machine doing every step itself. Seed figures: seed 004, tables 4.4, 4.6, "
             "4.7 and 4.8.",
@@ -283,6 +283,16 @@ def summary_markdown(runs: Sequence[RunResult]) -> str:
                 "accuracy.",
             ]
     return "\n".join(lines) + "\n"
+
+
+def _frame(clients: dict[str, Any]) -> str:
+    """The rate's qualifier when players compute inside a game's frame budget."""
+    if clients.get("frame_budget_ms") is None:
+        return ""
+    return (
+        f" inside a game at {clients['frame_budget_ms']:g} ms of each frame at "
+        f"{clients['frame_hz']:g} Hz (x {clients['frame_share']:.3g})"
+    )
 
 
 def _rate(d: dict[str, Any]) -> str:

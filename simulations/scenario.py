@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -51,6 +52,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from coordinator.config import JobConfig, JobConfigError, parse_job
@@ -86,6 +88,14 @@ COMPUTE_PROFILES: dict[str, Distribution] = {
     "browser-hidden": LogNormal(median=2.59e10 / 4, sigma=0.5),
     "desktop": LogNormal(median=3.9e10, sigma=0.5),
 }
+
+#: Milliseconds of each frame's budget the in-game client does not train in: the
+#: network work inside the budget, a call per piece, and the end of the frame
+#: where the next step no longer fits. ``benchmarks/frame_budget.py`` measured
+#: 0.074, 0.185 and 0.431 of the desktop client's steps/s at 2, 4 and 8 ms a
+#: 60 Hz frame ([64, 512, 512, 10], batch 16, ~0.5 ms a step): (budget - 0.8) x
+#: 60 / 1000 gives 0.072, 0.192, 0.432 (docs/performance.md, "The frame budget").
+FRAME_OVERHEAD_MS = 0.8
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
@@ -141,6 +151,37 @@ class ClientsSection(_Section):
         description="players start with every data shard cached (returning players); "
         "otherwise each fetches a shard over its link the first time a task names it",
     )
+    frame_budget_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="players compute inside their game's loop, this many ms a frame "
+        "(client.ingame); unset: at the compute rate as given",
+    )
+    frame_hz: float = Field(default=60.0, gt=0, description="the game's frames per second")
+
+    @model_validator(mode="after")
+    def _budget_fits_a_frame(self) -> ClientsSection:
+        if self.frame_budget_ms is not None and self.frame_budget_ms > 1000.0 / self.frame_hz:
+            raise ValueError(
+                f"frame_budget_ms {self.frame_budget_ms:g} exceeds the frame "
+                f"({1000.0 / self.frame_hz:.3g} ms at frame_hz {self.frame_hz:g})"
+            )
+        return self
+
+    @property
+    def frame_share(self) -> float:
+        """What a player's compute rate is multiplied by: the share of each frame
+        it trains in, ``(frame_budget_ms - FRAME_OVERHEAD_MS) x frame_hz / 1000``
+        (at least a tenth of the budget's share); 1 without a frame budget."""
+        if self.frame_budget_ms is None:
+            return 1.0
+        train_ms = max(self.frame_budget_ms - FRAME_OVERHEAD_MS, 0.1 * self.frame_budget_ms)
+        return train_ms * self.frame_hz / 1000.0
+
+    def sample_flops(self, rng: np.random.Generator) -> float:
+        """One player's FLOP/s while it has a task: its machine's rate (``compute``)
+        times ``frame_share``."""
+        return self.compute.sample(rng) * self.frame_share
 
     @field_validator("compute", "latency", mode="before")
     @classmethod
@@ -225,6 +266,10 @@ class Scenario(_Section):
             "prefetch": c.prefetch,
             "warm_data": c.warm_data,
         }
+        if c.frame_budget_ms is not None:
+            d["clients"]["frame_budget_ms"] = c.frame_budget_ms
+            d["clients"]["frame_hz"] = c.frame_hz
+            d["clients"]["frame_share"] = c.frame_share
         if c.attack is not None:
             d["clients"]["attack"] = c.attack.model_dump()
         return d

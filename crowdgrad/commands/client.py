@@ -1,8 +1,9 @@
 """``crowdgrad client URL``: lend this machine's CPU to a coordinator.
 
-Measures this machine's FLOP/s, joins, computes tasks on a worker thread
-(``--cpu-share`` duty-cycles it), reconnects with backoff and resumes its
-session. Ctrl-C finishes (or abandons) the task in hand, says bye and exits 0.
+Measures this machine's FLOP/s, joins, computes tasks on a worker thread at
+idle priority (``--priority``; ``--cpu-share`` duty-cycles it too), reconnects
+with backoff and resumes its session. Ctrl-C finishes (or abandons) the task in
+hand, says bye and exits 0.
 """
 
 from __future__ import annotations

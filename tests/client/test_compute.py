@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from client.compute import dataset_ref, load_ref, run_task
+from client.compute import SlicedTask, dataset_ref, load_ref, run_task
 from nn.data import load_dataset, shard
 from nn.rng import Xoshiro128ss
 from nn.spec import ModelSpec
@@ -79,3 +79,48 @@ def test_batches_come_from_the_portable_generator() -> None:
     loss, grad = compute_gradient(base, X[rows], y[rows])
     out = run_task(task, base)
     assert out.loss == loss and np.array_equal(out.update, grad.data)
+
+
+def _steps_task(steps: int, opt: dict) -> m.Task:
+    task = make_task("train")
+    fields = {f: getattr(task, f) for f in task.SCHEMA}
+    return m.Task(**{**fields, "steps": steps, "optimizer": opt})
+
+
+@pytest.mark.parametrize("cuts", [[1] * 7, [3, 3, 1], [2, 100]])
+@pytest.mark.parametrize(
+    "opt", [{"kind": "sgd", "lr": 0.1, "momentum": 0.9}, {"kind": "adam", "lr": 0.01}]
+)
+def test_a_sliced_task_is_run_task_bit_for_bit(cuts: list[int], opt: dict) -> None:
+    """However a train task is cut (the frame budget cuts it per step), its update
+    is the whole task's: the batches are drawn up front as run_task draws them."""
+    task = _steps_task(7, opt)
+    base = SPEC.init_params(0)
+    snapshot = base.data.copy()
+    whole = run_task(task, base)
+    sliced = SlicedTask(task, base)
+    ran = [sliced.run(n) for n in cuts]
+    assert sum(ran) == 7 and sliced.finished and sliced.run(5) == 0
+    out = sliced.output()
+    np.testing.assert_array_equal(out.update, whole.update)
+    assert (out.steps, out.samples) == (whole.steps, whole.samples)
+    assert out.loss == pytest.approx(whole.loss, rel=1e-6)
+    np.testing.assert_array_equal(base.data, snapshot)
+
+
+def test_a_sliced_task_refuses_its_output_before_the_end() -> None:
+    sliced = SlicedTask(_steps_task(4, {"kind": "sgd", "lr": 0.1}), SPEC.init_params(0))
+    sliced.run(3)
+    with pytest.raises(ValueError, match="3 of 4 pieces"):
+        sliced.output()
+
+
+@pytest.mark.parametrize("kind", ["gradient", "evaluate"])
+def test_gradient_and_evaluate_are_one_piece(kind: str) -> None:
+    task = make_task(kind)
+    base = SPEC.init_params(0)
+    sliced = SlicedTask(task, base)
+    assert sliced.steps == 1 and sliced.run(10) == 1 and sliced.finished
+    whole = run_task(task, base)
+    np.testing.assert_array_equal(sliced.output().update, whole.update)
+    assert sliced.output().metrics == whole.metrics

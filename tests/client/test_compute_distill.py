@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.compute import run_task
+from client.compute import SlicedTask, run_task
 from compression.distill import distill_steps, teacher_targets
 from nn.data import load_dataset
 from nn.optim import Optimizer, OptState
@@ -76,3 +76,13 @@ def test_distill_task_without_logits_is_refused() -> None:
                 "teacher_logits": task.teacher_logits[:-1],
             }
         )
+
+
+def test_a_sliced_distill_task_is_run_task_bit_for_bit() -> None:
+    data = load_dataset("digits", seed=0)
+    task = distill_task(data, alpha=0.6)
+    base = STUDENT.init_params(1)
+    sliced = SlicedTask(task, base, data)
+    while not sliced.finished:
+        sliced.run(2)
+    np.testing.assert_array_equal(sliced.output().update, run_task(task, base, data).update)

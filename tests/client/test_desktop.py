@@ -36,6 +36,7 @@ def _task(steps: int = 12) -> m.Task:
         ({"cpu_share": 0.0}, "cpu_share"),
         ({"cpu_share": 1.5}, "cpu_share"),
         ({"backoff_base": 0.0}, "backoff"),
+        ({"priority": "realtime"}, "priority"),
     ],
 )
 def test_bad_arguments_are_named(kw: dict, what: str) -> None:
@@ -97,3 +98,43 @@ def test_prefetch_flag_reaches_the_session() -> None:
     add_arguments(p)
     assert client_from_args(p.parse_args(["ws://x/ws"])).prefetch is True
     assert client_from_args(p.parse_args(["ws://x/ws", "--no-prefetch"])).prefetch is False
+
+
+def test_priority_flag_defaults_to_idle_and_reaches_the_compute_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+    import os
+    import sys
+
+    from client import priority
+    from client.desktop import add_arguments, client_from_args
+    from client.priority import Priority
+
+    pools: list[bool] = []
+    monkeypatch.setattr(priority, "lower_native_pools", lambda: pools.append(True) or [])
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    idle = client_from_args(p.parse_args(["ws://x/ws"]))
+    assert idle.priority is Priority.IDLE and idle.lower_pools
+    normal = client_from_args(p.parse_args(["ws://x/ws", "--priority", "normal"]))
+    assert normal.priority is Priority.NORMAL
+    if sys.platform.startswith("linux"):
+        policy = idle._pool.submit(os.sched_getscheduler, 0).result()
+        assert policy in (os.SCHED_IDLE, os.sched_getscheduler(0))  # SCHED_IDLE or nice 19
+        assert normal._pool.submit(os.sched_getscheduler, 0).result() == os.sched_getscheduler(0)
+    for c in (idle, normal):
+        c._pool.shutdown()
+    assert pools == ([True] if sys.platform.startswith("linux") else [])  # the CLI owns its process
+
+
+def test_the_compute_thread_keeps_the_processes_thread_count() -> None:
+    """numba counts threads per thread: a fresh one would use every core."""
+    import numba
+
+    client = DesktopClient("ws://127.0.0.1:1/ws", priority="normal")
+    try:
+        assert client._pool.submit(numba.get_num_threads).result() == numba.get_num_threads()
+    finally:
+        client._pool.shutdown()

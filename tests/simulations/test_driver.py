@@ -308,3 +308,18 @@ def test_players_pay_for_shards_on_their_links_unless_their_cache_is_warm(digits
     assert all(p.client.data_bytes == 0 for p in warm_sim.players)
     assert warm.summary["bytes_down"] < cold.summary["bytes_down"]
     assert warm.summary["reason"] == cold.summary["reason"] == "target_accuracy"
+
+
+def test_players_inside_a_frame_budget_compute_at_its_share(digits):
+    """clients.frame_budget_ms scales each player's drawn rate, in both modes."""
+    from simulations.costmodel import CostSimulation
+
+    full = Simulation(small(), dataset=digits)
+    framed = Simulation(small(frame_budget_ms=4.0), dataset=digits)
+    share = framed.scenario.clients.frame_share
+    assert 0 < share < 0.25
+    for a, b in zip(full.players, framed.players, strict=True):
+        assert b.flops == pytest.approx(a.flops * share)
+    cost = CostSimulation(small(frame_budget_ms=4.0))
+    for a, b in zip(full.players, cost.clients, strict=True):
+        assert b.flops == pytest.approx(a.flops * share)

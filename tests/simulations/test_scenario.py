@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from simulations.distributions import Fixed, LogNormal
@@ -131,3 +132,21 @@ def test_named_compute_profiles_calibrated_from_the_browser_benchmark():
     assert COMPUTE_PROFILES["browser-hidden"].mean < COMPUTE_PROFILES["browser"].mean
     with pytest.raises(ScenarioError, match=r"clients\.compute.*unknown compute profile 'gpu'"):
         parse_scenario({"clients": {"compute": "gpu"}})
+
+
+def test_a_frame_budget_scales_each_players_rate():
+    """clients.frame_budget_ms: players compute inside their game's loop, in all but
+    the measured per-frame overhead of their budget."""
+    from simulations.scenario import FRAME_OVERHEAD_MS
+
+    plain = parse_scenario({"clients": {"compute": 4e9}})
+    assert plain.clients.frame_share == 1.0 and "frame_budget_ms" not in plain.to_dict()["clients"]
+    s = parse_scenario({"clients": {"compute": 4e9, "frame_budget_ms": 4, "frame_hz": 50}})
+    share = (4 - FRAME_OVERHEAD_MS) * 50 / 1000
+    assert s.clients.frame_share == pytest.approx(share)
+    assert s.clients.sample_flops(np.random.default_rng(0)) == pytest.approx(4e9 * share)
+    assert s.to_dict()["clients"]["frame_share"] == s.clients.frame_share
+    tiny = parse_scenario({"clients": {"frame_budget_ms": 0.5}})  # below the overhead
+    assert tiny.clients.frame_share == pytest.approx(0.1 * 0.5 * 60 / 1000)
+    with pytest.raises(ScenarioError, match="exceeds the frame"):
+        parse_scenario({"clients": {"frame_budget_ms": 20}})  # 60 Hz: 16.7 ms a frame
