@@ -59,14 +59,17 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=0.2)
     ap.add_argument("--players", type=int, default=64)
     ap.add_argument("--attacks", default=",".join(ATTACKS))
-    ap.add_argument("--aggregation", choices=("fedasync", "fedbuff"), default="fedasync")
-    ap.add_argument("--aggregator", default="mean")
+    ap.add_argument("--aggregation", choices=("fedasync", "fedbuff"), default=None)
+    ap.add_argument("--aggregator", default=None)
+    ap.add_argument("--window", type=int, default=None, help="FedAsync's strategy.window")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     raw = load_raw(resolve("attacks-digits-64"))
     raw["clients"]["count"] = args.players
-    raw["job"]["strategy"]["aggregation"] = args.aggregation
-    raw["job"]["strategy"]["aggregator"] = args.aggregator
+    # unset options keep the job's defaults (coordinator/config.py)
+    for key in ("aggregation", "aggregator", "window"):
+        if getattr(args, key) is not None:
+            raw["job"]["strategy"][key] = getattr(args, key)
     ds = load_dataset("digits", seed=0)
     rows = [run(raw, None, 0.0, ds)]
     clean = rows[0]
@@ -81,7 +84,7 @@ def main() -> None:
         return
     title = (
         f"{args.players} players on digits, {args.fraction:.0%} Byzantine, "
-        f"{args.aggregation}/{args.aggregator}"
+        f"{args.aggregation or 'default'}/{args.aggregator or 'default'}"
     )
     table = Table(title=title)
     for col in ("attack", "accuracy", "vs clean", "t to 0.90", "x clean", "honest closed"):

@@ -1,8 +1,16 @@
-"""Train-step throughput: crowdgrad's numba core vs the numpy reference vs PyTorch CPU.
+"""Train-step throughput: crowdgrad's numba core vs JAX, PyTorch and the numpy reference.
 
 Every contender trains the same widths (ReLU hidden layers, MSE, plain SGD,
 float32) at the same batch size with the same thread count (2 by default:
-numba, both BLAS libraries via threadpoolctl, and torch). Contenders alternate
+numba, every BLAS library loaded (threadpoolctl), torch's intra-op pool and
+XLA's Eigen pool). The like-for-like peer is ``jax``: the whole loop of SGD
+steps compiled as one call (``jax.jit`` over ``jax.lax.scan``), as crowdgrad's
+``train_loop`` is. ``torch`` is the usual Python-driven autograd step, one
+call per step, and ``torch-manual`` a hand-written forward/backward with no
+autograd (``torch.no_grad``, ``addmm``), which shows how much of torch's
+figure is Python and autograd overhead. Anchors run at their own defaults:
+they are imported before crowdgrad bounds GNU OpenMP's spin (nn.threads), so
+torch's bundled libgomp keeps its default wait policy. Contenders alternate
 within one run, several rounds each, and each figure is the median of its
 rounds, so a noisy neighbour hits all of them alike; the ratios are the result.
 The machine's float32 GEMM rate (numpy matmul) is the anchor for the
@@ -18,8 +26,8 @@ multi-threaded BLAS on whole layers, for comparison.
     python benchmarks/nn_core.py --shapes     # one-core sgemm rate of each step GEMM
     python benchmarks/nn_core.py --phases large:128   # where one step's time goes
 
-torch is the ``bench`` extra (``pip install -e '.[bench]'``); without it the
-torch column is empty.
+torch and jax are the ``bench`` extra (``pip install -e '.[bench]'``); without
+them their columns are empty.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextlib
 import functools
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,11 +46,25 @@ from pathlib import Path
 
 import numpy as np
 
+# XLA reads its thread flags when jax first initialises: --threads is applied
+# to it here, before anything imports jax.
+if "--threads" in sys.argv[:-1]:
+    _n = sys.argv[sys.argv.index("--threads") + 1]
+    if _n == "1":
+        os.environ.setdefault(
+            "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        )
+
+# The anchors load first, at their own defaults (torch's bundled libgomp reads
+# the OpenMP wait policy once, when it loads); then crowdgrad bounds the spin of
+# the libgomp numba uses (nn.threads), as the library does for itself.
+with contextlib.suppress(ImportError):
+    import torch  # noqa: F401
+with contextlib.suppress(ImportError):
+    import jax  # noqa: F401
+
 from nn.threads import bound_omp_spin
 
-# The same OpenMP wait policy for every contender, set before any OpenMP runtime
-# loads: nn.kernels bounds the spin (see nn.threads), and torch, imported first,
-# would load the shared libgomp with the default spin count for both.
 bound_omp_spin()
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -215,9 +238,13 @@ class Contender:
         self.steps = 1
 
     def calibrate(self, target_s: float) -> None:
-        self.run(1)  # warm-up: compile, allocate, fault pages in
+        """Find the step count that takes about ``target_s``. Each count runs twice
+        and the second is timed, and the chosen count runs once before any
+        measurement: jax compiles a program per scan length, and that compile
+        must count in neither the calibration nor the rate."""
         steps = 1
         while True:
+            self.run(steps)
             t = time.perf_counter()
             self.run(steps)
             dt = time.perf_counter() - t
@@ -225,6 +252,7 @@ class Contender:
                 break
             steps *= 4
         self.steps = max(1, int(steps * target_s / max(dt, 1e-9)))
+        self.run(self.steps)
 
     def measure(self) -> None:
         time.sleep(SETTLE_S)
@@ -300,6 +328,83 @@ def torch_contender(widths, X, Y, batch: int) -> Contender | None:
     return Contender("torch", run)
 
 
+def torch_manual_contender(widths, X, Y, batch: int) -> Contender | None:
+    """The same step written out by hand: no autograd, no optimizer object."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    from nn.spec import ModelSpec
+
+    params = ModelSpec(widths=widths, loss="mse").init_params(0)
+    Ws = [torch.from_numpy(W.copy()) for W in params.W]
+    bs = [torch.from_numpy(b.copy()) for b in params.b]
+    Xt, Yt = torch.from_numpy(X), torch.from_numpy(Y)
+    n, lr, L = len(X) - batch + 1, 1e-3, len(Ws)
+
+    @torch.no_grad()
+    def run(steps: int) -> None:
+        for s in range(steps):
+            r0 = (s * batch) % n
+            acts = [Xt[r0 : r0 + batch]]
+            for l in range(L):
+                z = torch.addmm(bs[l], acts[-1], Ws[l].t())
+                acts.append(z.relu_() if l < L - 1 else z)
+            d = (acts[-1] - Yt[r0 : r0 + batch]).mul_(2.0 / acts[-1].numel())
+            for l in range(L - 1, -1, -1):
+                if l < L - 1:
+                    d.mul_(acts[l + 1] > 0)
+                nxt = d @ Ws[l] if l else None
+                Ws[l].addmm_(d.t(), acts[l], alpha=-lr)
+                bs[l].sub_(d.sum(0), alpha=lr)
+                d = nxt
+
+    return Contender("torch-manual", run)
+
+
+def jax_contender(widths, X, Y, batch: int) -> Contender | None:
+    """The whole loop as one XLA program: ``jit`` over ``lax.scan`` of SGD steps."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    from nn.spec import ModelSpec
+
+    spec = ModelSpec(widths=widths, loss="mse").init_params(0)
+    params = [(jnp.asarray(W), jnp.asarray(b)) for W, b in zip(spec.W, spec.b, strict=True)]
+    Xj, Yj = jnp.asarray(X), jnp.asarray(Y)
+    n, lr = len(X) - batch + 1, 1e-3
+
+    def loss(p, x, y):
+        h = x
+        for i, (W, b) in enumerate(p):
+            h = h @ W.T + b
+            if i < len(p) - 1:
+                h = jax.nn.relu(h)
+        return jnp.mean((h - y) ** 2)
+
+    grad = jax.grad(loss)
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def loop(p, starts):
+        def body(p, r0):
+            x = jax.lax.dynamic_slice_in_dim(Xj, r0, batch)
+            y = jax.lax.dynamic_slice_in_dim(Yj, r0, batch)
+            g = grad(p, x, y)
+            return jax.tree.map(lambda a, da: a - lr * da, p, g), None
+
+        return jax.lax.scan(body, p, starts)[0]
+
+    state = {"p": params}
+
+    def run(steps: int) -> None:
+        starts = jnp.asarray((np.arange(steps) * batch) % n, dtype=jnp.int32)
+        state["p"] = jax.block_until_ready(loop(state["p"], starts))
+
+    return Contender("jax", run)
+
+
 def bench_config(preset: str, batch: int, rounds: int, target_s: float) -> dict:
     from nn.spec import PRESETS, ModelSpec
 
@@ -312,7 +417,9 @@ def bench_config(preset: str, batch: int, rounds: int, target_s: float) -> dict:
         for c in (
             crowdgrad_contender(widths, X, Y, batch),
             crowdgrad_contender(widths, X, Y, batch, whole=True),
+            jax_contender(widths, X, Y, batch),
             torch_contender(widths, X, Y, batch),
+            torch_manual_contender(widths, X, Y, batch),
             numpy_contender(widths, X, Y, batch),
         )
         if c is not None
@@ -328,25 +435,33 @@ def bench_config(preset: str, batch: int, rounds: int, target_s: float) -> dict:
     rates = {c.name: c.rate for c in contenders}
     gflops = statistics.median(anchor)
     flops = ModelSpec(widths=widths).flops_per_sample() * batch
-    cg, th = rates["crowdgrad"], rates.get("torch")
+    cg, th, jx = rates["crowdgrad"], rates.get("torch"), rates.get("jax")
+    tm = rates.get("torch-manual")
     return {
         "preset": preset,
         "batch": batch,
         "gemm_gflops": gflops,
         "crowdgrad_steps_s": cg,
         "whole_steps_s": rates["whole"],
+        "jax_steps_s": jx,
         "torch_steps_s": th,
+        "torch_manual_steps_s": tm,
         "numpy_steps_s": rates["numpy"],
+        "ratio_vs_jax": cg / jx if jx else None,
         "ratio_vs_torch": cg / th if th else None,
+        "ratio_vs_torch_manual": cg / tm if tm else None,
         "crowdgrad_gemm_fraction": cg * flops / (gflops * 1e9),
         "whole_gemm_fraction": rates["whole"] * flops / (gflops * 1e9),
         "torch_gemm_fraction": th * flops / (gflops * 1e9) if th else None,
+        "jax_gemm_fraction": jx * flops / (gflops * 1e9) if jx else None,
     }
 
 
 def set_threads(n: int) -> None:
     import numba
     from threadpoolctl import threadpool_limits
+
+    import nn.blas  # noqa: F401  scipy's OpenBLAS must be loaded to be limited
 
     numba.set_num_threads(n)
     threadpool_limits(limits=n)
@@ -406,23 +521,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"threads": args.threads, "rows": rows}))
         return 0
-    print(f"threads: {args.threads}; train steps/s, median of {args.rounds} rounds; % of the")
-    print("GEMM-bound rate = 6·params·batch FLOPs at the 2048² float32 matmul rate (GEMM column)")
-    print(
-        f"{'preset':8} {'batch':>5} {'crowdgrad':>10} {'whole':>9} {'torch':>9} "
-        f"{'numpy':>9} {'ratio':>6} {'GEMM':>6} {'cg %':>6} {'whl %':>6} {'torch %':>7}"
-    )
+    print(f"threads: {args.threads}; train steps/s, median of {args.rounds} rounds; x jax =")
+    print("crowdgrad / jax (the compiled-loop peer); % = share of the GEMM-bound rate,")
+    print("6·params·batch FLOPs at the 2048² float32 matmul rate (GEMM column)")
+    cols = ("crowdgrad", "whole", "jax", "torch", "torch-man", "numpy")
+    head = "".join(f"{c:>10}" for c in cols)
+    print(f"{'preset':8} {'batch':>5}{head} {'x jax':>6} {'x torch':>7} {'GEMM':>6} "
+          f"{'cg %':>6} {'jax %':>6}")  # fmt: skip
     nan = float("nan")
+    keys = ("crowdgrad", "whole", "jax", "torch", "torch_manual", "numpy")
     for r in rows:
-        th = r["torch_steps_s"]
+        vals = "".join(f"{r[k + '_steps_s'] or nan:10.1f}" for k in keys)
         print(
-            f"{r['preset']:8} {r['batch']:5d} {r['crowdgrad_steps_s']:10.1f} "
-            f"{r['whole_steps_s']:9.1f} "
-            f"{th if th else nan:9.1f} {r['numpy_steps_s']:9.1f} "
-            f"{r['ratio_vs_torch'] or nan:6.2f} {r['gemm_gflops']:6.0f} "
-            f"{100 * r['crowdgrad_gemm_fraction']:5.1f}% "
-            f"{100 * r['whole_gemm_fraction']:5.1f}% "
-            f"{100 * (r['torch_gemm_fraction'] or nan):6.1f}%"
+            f"{r['preset']:8} {r['batch']:5d}{vals} "
+            f"{r['ratio_vs_jax'] or nan:6.2f} {r['ratio_vs_torch'] or nan:7.2f} "
+            f"{r['gemm_gflops']:6.0f} {100 * r['crowdgrad_gemm_fraction']:5.1f}% "
+            f"{100 * (r['jax_gemm_fraction'] or nan):5.1f}%"
         )
     return 0
 

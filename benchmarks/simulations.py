@@ -15,9 +15,14 @@ steps, seed-table rates (2.4e8 FLOP/s for players and for the linear machine),
 under ``lan`` links (the seed's setting) and under ``roblox`` links with fp32,
 with ``topk:0.01+int8`` uploads plus error feedback, and with delta downloads
 in the same codec; then ``lan`` for 800 steps (whole waves of tasks), and
-``--topk F,...`` adds the 800-step roblox row with sparser top-k both ways. Each
-row reports the last evaluation's loss beside the speedup. The linear anchor
-is the same run's modelled single machine (steps x FLOP/step / rate). Players
+``--topk F,...`` adds the 800-step roblox row with sparser top-k both ways.
+Two speedups per row. ``speedup`` counts steps per unit of time: the crowd's
+steps done by the modelled single machine (steps x FLOP/step / rate) over the
+crowd's time, whatever loss either reaches. ``speedup_at_equal_loss`` is the
+one ML means: the single machine, trained by the same numerics at that rate,
+is run until its held-out loss reaches the crowd's final loss, and its time to
+it is divided by the crowd's; its loss after the crowd's step count is reported
+too (a lossy codec or stale updates make the crowd's steps worth less). Players
 prefetch their next task while they compute (docs/protocol.md §3.12) unless
 ``--no-prefetch``.
 
@@ -38,7 +43,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 from nn.threads import set_threads  # noqa: E402
-from simulations.driver import Simulation  # noqa: E402
+from simulations.driver import Simulation, linear_steps_to_loss  # noqa: E402
 from simulations.scenario import load_raw, parse_scenario, resolve  # noqa: E402
 
 HOUR = 3600.0
@@ -121,6 +126,28 @@ def _large(
     }
 
 
+def equal_loss(sim: Simulation, s: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Speedup as ML means it: the single machine's time to the crowd's final loss
+    over the crowd's time to it. The single machine is the same numerics (same
+    init, optimizer, batch; the whole training set; evaluated every tau steps on
+    the same held-out rows) at the linear anchor's rate, trained until it reaches
+    that loss or 20x the crowd's steps; its loss after the crowd's step count is
+    reported beside it."""
+    crowd_loss, crowd_s = s["loss"], s["seconds"]
+    if crowd_loss is None or not crowd_s:
+        return {"speedup_at_equal_loss": None}
+    job, sc = sim.job, sim.scenario
+    step_s = job.spec.flops_per_sample(train=True) * job.data.batch / sc.server.compute
+    need, curve = linear_steps_to_loss(job, sim.dataset, crowd_loss, max_steps=20 * steps)
+    same = next((loss for done, loss in curve if done >= steps), None)
+    return {
+        "single_loss_at_same_steps": same,
+        "single_steps_to_crowd_loss": need,
+        "single_seconds_to_crowd_loss": None if need is None else need * step_s,
+        "speedup_at_equal_loss": None if need is None else need * step_s / crowd_s,
+    }
+
+
 def speedup(
     fractions: tuple[float, ...] = (), *, prefetch: bool = True, warm_data: bool = False
 ) -> list[dict[str, Any]]:
@@ -160,7 +187,8 @@ def speedup(
         try:
             sc = parse_scenario(_large(link, codecs, steps, prefetch, warm_data))
             t0 = time.perf_counter()
-            s = Simulation(sc).run().summary
+            sim = Simulation(sc)
+            s = sim.run().summary
         except Exception as exc:  # a codec not wired end to end yet: say so, go on
             row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
@@ -176,6 +204,7 @@ def speedup(
             loss=s["loss"],
             tasks_prefetched=s["tasks_prefetched"],
         )
+        row.update(equal_loss(sim, s, steps))
         rows.append(row)
     return rows
 

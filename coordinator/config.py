@@ -130,6 +130,11 @@ class StalenessSection(_Section):
     b: int = Field(default=4, ge=0)
 
 
+#: "auto" windows: this many deltas, while they fit in this many bytes
+WINDOW_AUTO = 16
+WINDOW_AUTO_BYTES = 256 << 20
+
+
 class StrategySection(_Section):
     """Scheduling method and its hyperparameters; unused keys of other methods are ignored."""
 
@@ -153,11 +158,32 @@ class StrategySection(_Section):
     aggregation: Literal["fedasync", "fedbuff"] = "fedasync"
     alpha: float = Field(default=0.6, gt=0, le=1, description="FedAsync mixing weight")
     buffer_k: int = Field(default=4, ge=1, description="FedBuff deltas per outer step")
+    # FedAsync: each arrival steps by the robust combination of the newest deltas
+    # (robust.SlidingWindow); "auto" is 16 while the window fits in
+    # WINDOW_AUTO_BYTES, 1 (each delta alone, no protection) is classic FedAsync
+    window: int | Literal["auto"] = Field(
+        default=1, description="FedAsync: deltas combined per step, or 'auto'"
+    )
+    window_aggregator: Literal["mean", "median", "trimmed_mean", "krum", "centered_clip"] = (
+        "centered_clip"
+    )
     # how a round's results or a FedBuff buffer combine (coordinator/strategies/robust.py)
     aggregator: Literal["mean", "median", "trimmed_mean", "krum", "centered_clip"] = "mean"
     byzantine_fraction: float = Field(
         default=0.2, ge=0, lt=0.5, description="share of updates a robust aggregator survives"
     )
+
+    @model_validator(mode="after")
+    def _window_in_range(self) -> StrategySection:
+        if self.window != "auto" and not 1 <= self.window <= 64:
+            raise ValueError(f"window must be 'auto' or 1..64, got {self.window}")
+        return self
+
+    def window_for(self, num_params: int) -> int:
+        """The FedAsync window for a model of ``num_params`` float32 values."""
+        if self.window != "auto":
+            return self.window
+        return max(1, min(WINDOW_AUTO, WINDOW_AUTO_BYTES // (4 * max(num_params, 1))))
 
 
 class LinkSection(_Section):

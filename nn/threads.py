@@ -59,6 +59,10 @@ def set_threads(n: int | None = None) -> int:
     n = default_threads() if n is None else int(n)
     if n < 1:
         raise ValueError(f"threads: expected an integer >= 1, got {n}")
+    # threadpoolctl limits only the libraries loaded now: load scipy's OpenBLAS
+    # (the sgemm the kernels call, nn.blas) first, or it keeps one thread per core
+    import scipy.linalg.cython_blas  # noqa: F401
+
     _limiter = threadpool_limits(limits=n)
     import numba  # local: importing nn must stay cheap (no numba at import)
 

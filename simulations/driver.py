@@ -38,7 +38,7 @@ import gc
 import logging
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -671,13 +671,14 @@ class Simulation:
         )
 
 
-def linear_steps_to_target(
-    job: Any, dataset: Dataset, target: float, *, max_steps: int = 20_000
-) -> int | None:
-    """Mini-batch steps one machine needs to reach ``target`` test accuracy, or None.
+def linear_evaluations(
+    job: Any, dataset: Dataset, *, max_steps: int = 20_000
+) -> Iterator[tuple[int, Any]]:
+    """One machine training the job alone: ``(steps done, evaluation)`` every tau steps.
 
     The same model, optimizer and batch as the job's clients, trained on the whole
-    training set, evaluated as often as the job's coordinator would (every tau steps).
+    training set, evaluated on the coordinator's held-out rows as often as the
+    job's coordinator would (every tau steps), up to ``max_steps``.
     """
     spec = job.spec
     params = spec.init_params(job.model.init_seed)
@@ -685,14 +686,37 @@ def linear_steps_to_target(
     opt = Optimizer.from_dict({"kind": s.client_optimizer, "lr": s.lr, "momentum": s.momentum})
     state = OptState.init(opt, spec)
     rng = np.random.default_rng(job.data.seed)
+    n = job.eval.max_samples or dataset.X_test.shape[0]
     every = max(1, s.tau)
     done = 0
     while done < max_steps:
         train_steps(params, state, dataset.X_train, dataset.y_train, every, job.data.batch, rng)
         done += every
-        if evaluate(params, dataset.X_test, dataset.y_test).accuracy >= target:
+        yield done, evaluate(params, dataset.X_test[:n], dataset.y_test[:n])
+
+
+def linear_steps_to_target(
+    job: Any, dataset: Dataset, target: float, *, max_steps: int = 20_000
+) -> int | None:
+    """Mini-batch steps one machine needs to reach ``target`` test accuracy, or None."""
+    for done, r in linear_evaluations(job, dataset, max_steps=max_steps):
+        if r.accuracy >= target:
             return done
     return None
+
+
+def linear_steps_to_loss(
+    job: Any, dataset: Dataset, loss: float, *, max_steps: int = 20_000
+) -> tuple[int | None, list[tuple[int, float]]]:
+    """Steps one machine needs to bring the held-out loss to ``loss`` (None if it
+    does not within ``max_steps``), and its loss curve ``[(steps, loss), ...]``:
+    speedup in ML is time to the same loss, so the crowd's final loss is the bar."""
+    curve: list[tuple[int, float]] = []
+    for done, r in linear_evaluations(job, dataset, max_steps=max_steps):
+        curve.append((done, float(r.loss)))
+        if r.loss <= loss:
+            return done, curve
+    return None, curve
 
 
 def run_scenario(

@@ -1,21 +1,29 @@
 """decentral-async (the default): clients take tau local steps and send deltas.
 
 A client trains from the version it holds and returns ``delta = local - base``.
-``fedasync`` merges each delta at once, ``params += alpha · f(s) · delta``
-(FedAsync); ``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and
+``fedasync`` takes one step per delta, ``params += alpha · step`` (FedAsync),
+where ``step`` is ``f(s) · delta`` itself with ``window = 1`` or, by default,
+the robust combination (``window_aggregator``) of the newest ``window``
+staleness-weighted deltas (robust.SlidingWindow): one result is still one
+version, but a bad delta meets honest ones before it moves the model. ``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and
 takes one outer step on their mean (FedBuff). A delta older than
 ``max_staleness`` versions is refused as stale.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
+from coordinator.config import WINDOW_AUTO, WINDOW_AUTO_BYTES
 from coordinator.leases import Task, TaskPlan
 from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.base import ClientView, Outcome, Strategy
+from coordinator.strategies.robust import SlidingWindow
+
+log = logging.getLogger(__name__)
 
 
 class DecentralAsync(Strategy):
@@ -30,6 +38,20 @@ class DecentralAsync(Strategy):
             kind=c.outer_optimizer, lr=c.outer_lr, momentum=c.outer_momentum
         )
         self.buffer: list[np.ndarray] = []
+        #: FedAsync's last ``window`` deltas (window > 1 only)
+        size = self.model.params.data.size
+        k = c.window_for(size)
+        self.recent = (
+            SlidingWindow(k, size, c.window_aggregator, byzantine_fraction=c.byzantine_fraction)
+            if c.aggregation == "fedasync" and k > 1
+            else None
+        )
+        if c.aggregation == "fedasync" and c.window == "auto" and k < WINDOW_AUTO:
+            log.warning(
+                "FedAsync window %d, not %d: %d deltas of %.0f MB exceed %d MB; "
+                "set strategy.window to choose (1 = no protection from a bad delta)",
+                k, WINDOW_AUTO, WINDOW_AUTO, 4 * size / 1e6, WINDOW_AUTO_BYTES >> 20,
+            )  # fmt: skip
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
         return self.new_plan()
@@ -40,7 +62,7 @@ class DecentralAsync(Strategy):
             return Outcome(accepted=False, staleness=s, reason="stale")
         w = self.scale(s)
         if self.config.aggregation == "fedasync":
-            self.model.params.data += np.float32(self.config.alpha * w) * update
+            self.model.params.data += np.float32(self.config.alpha) * self._merged(w, update)
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
         self.buffer.append((np.float32(w) * update).astype(np.float32))
         if len(self.buffer) < self.config.buffer_k:
@@ -51,6 +73,15 @@ class DecentralAsync(Strategy):
         self.outer.step(self.model.params.data, combined)
         return Outcome(accepted=True, staleness=s, step=self.step_version(merged))
 
+    def _merged(self, w: float, update: np.ndarray) -> np.ndarray:
+        """The step one arrival takes: the delta itself, or with ``window > 1`` the
+        aggregator's combination of the last ``window`` (staleness-weighted)
+        deltas. Each delta then counts in ``window`` steps at about ``1/window``
+        weight, so the total moved matches FedAsync's, but one bad delta is
+        combined with honest ones before it touches the model."""
+        scaled = (np.float32(w) * update).astype(np.float32)
+        return scaled if self.recent is None else self.recent.push(scaled)
+
     def pending(self) -> int:
         return len(self.buffer)
 
@@ -59,9 +90,12 @@ class DecentralAsync(Strategy):
             **super().state_dict(),
             "outer": self.outer.state_dict(),
             "buffer": [b.copy() for b in self.buffer],
+            "recent": None if self.recent is None else self.recent.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.outer.load_state_dict(state["outer"])
         self.buffer = [np.array(b, dtype=np.float32) for b in state["buffer"]]
+        if self.recent is not None and state.get("recent") is not None:
+            self.recent.load_state_dict(state["recent"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from numba import njit
 
 from coordinator.strategies.aggregate import weighted_mean
 
@@ -104,3 +105,95 @@ def aggregate(
     if rule is None:
         raise ValueError(f"aggregator: unknown {name!r}; expected one of {AGGREGATORS}")
     return rule()
+
+
+class SlidingWindow:
+    """FedAsync's last ``k`` deltas and their combination, one step per arrival.
+
+    A single async update cannot be outvoted, so with ``window > 1`` each arrival
+    steps by the aggregator's combination of the newest ``k`` deltas instead of
+    by its own delta. With ``centered_clip`` the centre is carried from one
+    arrival to the next (as in Karimireddy, He & Jaggi's CClip with momentum):
+    the clipping iterations start from the previous centre rather than a
+    coordinate median, so a step costs a few passes over ``k × size`` float32
+    values (tens of ms for 2 M parameters, not the median's seconds). Other
+    aggregators combine the window from scratch.
+    """
+
+    __slots__ = ("aggregator", "byzantine_fraction", "centre", "count", "iters", "rows")
+
+    def __init__(
+        self, k: int, size: int, aggregator: str, *, byzantine_fraction: float = 0.2
+    ) -> None:
+        if aggregator not in AGGREGATORS:
+            raise ValueError(f"aggregator: unknown {aggregator!r}; expected one of {AGGREGATORS}")
+        self.rows = np.zeros((k, size), np.float32)
+        self.count = 0
+        self.centre: np.ndarray | None = None
+        self.aggregator = aggregator
+        self.byzantine_fraction = byzantine_fraction
+        self.iters = 3
+
+    def push(self, delta: np.ndarray) -> np.ndarray:
+        """Add ``delta`` (dropping the oldest) and return the step to take now."""
+        k = self.rows.shape[0]
+        self.rows[self.count % k] = delta
+        self.count += 1
+        X = self.rows[: min(self.count, k)]
+        if self.aggregator != "centered_clip":
+            return aggregate(self.aggregator, list(X), byzantine_fraction=self.byzantine_fraction)
+        v = (X[0] if self.centre is None else self.centre).copy()
+        dist = np.empty(len(X), np.float64)
+        scale = np.empty(len(X), np.float32)
+        acc = np.empty_like(v)
+        for _ in range(self.iters):
+            _distances(X, v, dist)
+            tau = float(np.median(dist))
+            if tau <= 0:
+                break
+            scale[:] = np.minimum(1.0, tau / np.maximum(dist, 1e-30))
+            _clip_step(X, v, scale, acc)
+        self.centre = v
+        return v.copy()
+
+    def state_dict(self) -> dict:
+        return {
+            "rows": self.rows.copy(),
+            "count": self.count,
+            "centre": None if self.centre is None else self.centre.copy(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rows[...] = np.asarray(state["rows"], np.float32)
+        self.count = int(state["count"])
+        c = state["centre"]
+        self.centre = None if c is None else np.array(c, dtype=np.float32)
+
+
+@njit(cache=True, nogil=True)
+def _distances(X: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = ‖X[i] − v‖`` accumulated in float64, without a ``X − v`` copy."""
+    for i in range(X.shape[0]):
+        acc = 0.0
+        for j in range(X.shape[1]):
+            d = np.float64(X[i, j] - v[j])
+            acc += d * d
+        out[i] = np.sqrt(acc)
+
+
+@njit(cache=True, nogil=True)
+def _clip_step(X: np.ndarray, v: np.ndarray, scale: np.ndarray, acc: np.ndarray) -> None:
+    """``v += mean_i(scale[i] · (X[i] − v))``: rows read in order, no copy of ``X``."""
+    n, m = X.shape
+    total = np.float32(0.0)
+    for i in range(n):
+        total += scale[i]
+    for j in range(m):
+        acc[j] = -total * v[j]
+    for i in range(n):
+        s = scale[i]
+        for j in range(m):
+            acc[j] += s * X[i, j]
+    inv = np.float32(1.0 / n)
+    for j in range(m):
+        v[j] += acc[j] * inv

@@ -2,8 +2,11 @@
 
 SCENARIO is a TOML file or the name of a shipped one (``crowdgrad simulate
 --list``). Without ``--sweep`` the scenario runs once as written (its
-``[sweep]`` table ignored); with it, every point of the grid runs. ``--set
-key=value`` overrides a field by its dotted path (value parsed as TOML).
+``[sweep]`` table ignored); with it, every point of the grid runs, one after
+the other or, with ``--ray [ADDRESS]``, as Ray tasks on a local Ray started
+for the run (``--ray-cpus``) or on a cluster (simulations/distributed.py; the
+results are byte-identical). ``--set key=value`` overrides a field by its
+dotted path (value parsed as TOML).
 Writes results.json, timeseries.csv, accuracy/bytes/clients PNGs and summary.md.
 """
 
@@ -15,10 +18,10 @@ import tomllib
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from crowdgrad.cli import UsageError
-from simulations.driver import run_scenario
+from simulations.distributed import run_point, run_points_on_ray
 from simulations.report import write_report
 from simulations.scenario import expand_sweep, load_raw, resolve, shipped
 
@@ -32,6 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", action="store_true", help="run every point of the [sweep] grid")
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field"
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the points as Ray tasks: on a local Ray, or on the cluster at ADDRESS",
+    )
+    p.add_argument(
+        "--ray-cpus", type=int, default=None, metavar="N", help="CPUs of the local Ray (all)"
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -71,7 +84,28 @@ def run(args: argparse.Namespace) -> int:
         _override(data, a)
     if not args.sweep:
         data.pop("sweep", None)
+    if args.ray_cpus is not None and args.ray_cpus < 1:
+        raise UsageError(f"--ray-cpus: expected an integer >= 1, got {args.ray_cpus}")
+    if args.ray_cpus is not None and args.ray not in (None, "local"):
+        raise UsageError("--ray-cpus sizes a local Ray; a cluster has its own CPUs")
     points = expand_sweep(data, source=str(path))
+    labels = [
+        ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()) or scenario.name
+        for point, scenario in points
+    ]
+    if args.ray is not None:
+        runs = _run_on_ray(args, points, labels, console)
+    else:
+        runs = _run_in_turn(args, points, labels, console)
+    out = write_report(runs, args.out, plots=not args.no_plots)
+    if not args.quiet:
+        console.print(f"wrote {out}/results.json, timeseries.csv, summary.md and plots")
+    sys.stdout.write((out / "summary.md").read_text(encoding="utf-8"))
+    sys.stdout.write(how_to_read(runs))
+    return 0
+
+
+def _run_in_turn(args: argparse.Namespace, points, labels, console: Console) -> list[Any]:
     runs = []
     with Progress(
         TextColumn("{task.description}"),
@@ -81,23 +115,41 @@ def run(args: argparse.Namespace) -> int:
         console=console,
         disable=args.quiet,
     ) as progress:
-        for i, (point, scenario) in enumerate(points):
-            label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items()) or scenario.name
+        for i, ((point, scenario), label) in enumerate(zip(points, labels, strict=True)):
             task = progress.add_task(f"[{i + 1}/{len(points)}] {label}", total=1.0, t=0.0)
 
             def tick(now: float, horizon: float, task: Any = task) -> None:
                 frac = now / horizon if horizon and horizon != float("inf") else 0.0
                 progress.update(task, completed=min(1.0, frac), t=now)
 
-            result = run_scenario(scenario, label=label, point=point, progress=tick)
+            runs.append(run_point(scenario, label, point, threads=args.threads, progress=tick))
             progress.update(task, completed=1.0)
-            runs.append(result)
-    out = write_report(runs, args.out, plots=not args.no_plots)
+    return runs
+
+
+def _run_on_ray(args: argparse.Namespace, points, labels, console: Console) -> list[Any]:
+    where = "a local Ray" if args.ray == "local" else f"the Ray cluster at {args.ray}"
     if not args.quiet:
-        console.print(f"wrote {out}/results.json, timeseries.csv, summary.md and plots")
-    sys.stdout.write((out / "summary.md").read_text(encoding="utf-8"))
-    sys.stdout.write(how_to_read(runs))
-    return 0
+        console.print(f"running {len(points)} scenario(s) on {where}")
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=args.quiet,
+    ) as progress:
+        task = progress.add_task("scenarios finished", total=len(points))
+        try:
+            return run_points_on_ray(
+                [(label, point, sc) for (point, sc), label in zip(points, labels, strict=True)],
+                address=None if args.ray == "local" else args.ray,
+                num_cpus=args.ray_cpus,
+                threads=args.threads,
+                on_done=lambda i, r: progress.advance(task),
+            )
+        except (RuntimeError, ConnectionError) as exc:
+            raise UsageError(str(exc)) from exc
 
 
 def scenario_list() -> str:

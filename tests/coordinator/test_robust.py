@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from coordinator.strategies.aggregate import weighted_mean
 from coordinator.strategies.robust import (
     AGGREGATORS,
+    SlidingWindow,
     aggregate,
     byzantine_count,
     centered_clip,
@@ -77,3 +78,53 @@ def test_krum_averages_the_honest_cluster_and_clip_is_order_free() -> None:
     a = centered_clip(good + evil)
     b = centered_clip(evil + good[::-1])
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _arrivals(rng: np.random.Generator, n: int, bad_every: int | None, dim: int = 50):
+    """A stream of honest deltas around one centre, every ``bad_every``-th scaled ×−10."""
+    centre = rng.normal(size=dim).astype(np.float32)
+    out = []
+    for i in range(n):
+        d = centre + 0.3 * rng.normal(size=dim).astype(np.float32)
+        out.append((-10.0 * d).astype(np.float32) if bad_every and i % bad_every == 3 else d)
+    return centre, out
+
+
+@pytest.mark.parametrize("rule", ["centered_clip", "median"])
+def test_a_sliding_window_outvotes_a_fifth_of_bad_arrivals(rule: str) -> None:
+    """FedAsync with window 8: the steps taken sum to about the honest deltas' sum,
+    where stepping by each delta alone (window 1) is dragged backwards."""
+    rng = np.random.default_rng(3)
+    centre, deltas = _arrivals(rng, 200, bad_every=5)
+    window = SlidingWindow(8, 50, rule)
+    total = sum(window.push(d) for d in deltas)
+    alone = sum(deltas)
+    honest = 200 * centre
+    cos = float(total @ honest / np.linalg.norm(total) / np.linalg.norm(honest))
+    assert cos > 0.99 and 0.6 < np.linalg.norm(total) / np.linalg.norm(honest) < 1.2
+    assert float(alone @ honest) < 0  # the plain sum points the wrong way
+
+
+def test_a_sliding_window_without_attackers_moves_as_far_as_the_deltas() -> None:
+    rng = np.random.default_rng(4)
+    _, deltas = _arrivals(rng, 200, bad_every=None)
+    for rule in ("mean", "centered_clip"):
+        window = SlidingWindow(8, 50, rule)
+        total = sum(window.push(d) for d in deltas)
+        assert np.linalg.norm(total - sum(deltas)) < 0.05 * np.linalg.norm(sum(deltas)), rule
+    one = SlidingWindow(8, 50, "centered_clip")
+    np.testing.assert_array_equal(one.push(deltas[0]), deltas[0])  # nothing to outvote yet
+
+
+def test_a_sliding_window_resumes_bitwise_from_its_state() -> None:
+    rng = np.random.default_rng(5)
+    _, deltas = _arrivals(rng, 40, bad_every=4)
+    a = SlidingWindow(8, 50, "centered_clip")
+    for d in deltas[:17]:
+        a.push(d)
+    b = SlidingWindow(8, 50, "centered_clip")
+    b.load_state_dict(a.state_dict())
+    for d in deltas[17:]:
+        np.testing.assert_array_equal(a.push(d), b.push(d))
+    with pytest.raises(ValueError, match="unknown 'avg'"):
+        SlidingWindow(8, 50, "avg")
