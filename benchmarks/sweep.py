@@ -3,9 +3,10 @@ Ray tasks on a local Ray of 1 and of 2 CPUs, in one invocation.
 
 The grid is the shipped ``smoke`` scenario made a little bigger (16 players on
 digits in 8 shards, roblox links, to 0.95: about 1 s of work each) over
-``--points`` seeds: points of similar size, as a latency or dropout sweep has. Throughput is points per wall second from the first point
-handed out to the last result back; the Ray figures include starting the local
-Ray (its start is reported apart too) but not importing crowdgrad. Every Ray
+``--points`` seeds: points of similar size, as a latency or dropout sweep
+has. Throughput is points per wall second from the first point handed out
+to the last result back; the Ray figures include starting the local Ray (its
+start is reported apart too) but not importing crowdgrad. Every Ray
 result is compared with the sequential one, field by field and series by
 series, so a speedup that changed a number would be caught.
 

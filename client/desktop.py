@@ -24,6 +24,12 @@ coordinator that does not decode is answered with ``error`` and a close with
 
 Stopping (Ctrl-C, SIGTERM): the task in hand is finished if that takes at most
 ``stop_grace`` seconds, else abandoned; then ``bye`` and close 1000; exit 0.
+
+What the person sees goes through a reporter (client.report): a sentence when it
+joins, a progress line, a sentence for each connection problem (fatal ones, which
+retrying cannot fix, end the client with exit code 2) and a summary when it
+leaves. Failures retried with backoff are said when they change, and every tenth
+attempt.
 """
 
 from __future__ import annotations
@@ -55,10 +61,22 @@ from client import priority as prio
 from client.compute import ComputeOutput, SlicedTask, run_task
 from client.datacache import DiskCache, MemoryCache, ShardCache, default_cache_dir
 from client.flops import measure_flops
+from client.report import (
+    Failure,
+    LogReporter,
+    Reporter,
+    Tally,
+    close_failure,
+    connect_failure,
+    joined_sentence,
+    model_sentence,
+    progress_line,
+    summary,
+)
 from client.session import Capabilities, ClientSession, Close, ComputeRequest, Finished, Send
 from compression import codecs
 from nn.data import Dataset
-from nn.spec import INIT_SCHEME
+from nn.spec import INIT_SCHEME, ModelSpec
 from protocol import messages as m
 from protocol.errors import CLOSE_CODES, ErrorCode, ProtocolError
 
@@ -74,7 +92,7 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024 + 64 * 1024
 
 
 class FatalClose(Exception):
-    """The coordinator refused us for a reason retrying cannot fix."""
+    """The coordinator refused us for a reason retrying cannot fix (the sentence)."""
 
 
 @dataclass(slots=True)
@@ -112,11 +130,14 @@ class DesktopClient:
         ca: str | os.PathLike[str] | None = None,
         priority: prio.Priority | str = prio.Priority.IDLE,
         lower_pools: bool = False,
+        reporter: Reporter | None = None,
+        platform_name: str | None = None,
     ) -> None:
         """``priority``: of the compute thread (``idle``: only CPU nothing else
         wants). ``lower_pools``: also lower the BLAS and numba threads native code
         started (client.priority); only for a process this client owns (the CLI),
-        never inside someone else's."""
+        never inside someone else's. ``reporter``: where the sentences for a
+        person go (default: the log, client.report.LogReporter)."""
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
         if not backoff_base > 0 or backoff_cap < backoff_base:
@@ -132,6 +153,8 @@ class DesktopClient:
         except ValueError:
             raise ValueError(f"priority: expected normal or idle, got {priority!r}") from None
         self.lower_pools = lower_pools
+        #: ``hello.platform`` (default: this OS); an edge coordinator says so here
+        self.platform_name = platform_name
         self.data = data
         self.flops = flops
         self.seed = seed if seed is not None else os.getpid()
@@ -160,6 +183,12 @@ class DesktopClient:
             except (OSError, ssl.SSLError) as exc:
                 raise ValueError(f"--ca {ca}: {exc}") from None
         self.stats = ClientStats()
+        self.reporter: Reporter = reporter if reporter is not None else LogReporter()
+        self.tally = Tally(started=time.monotonic())
+        #: why the client left (the summary's first words), once it has
+        self.left: str | None = None
+        self._last_problem: str | None = None
+        self._spec: ModelSpec | None = None
         self.session: ClientSession | None = None
         self._jitter = random.Random(self.seed)
         self._pool = ThreadPoolExecutor(
@@ -176,25 +205,28 @@ class DesktopClient:
 
     # -- public --------------------------------------------------------------------
 
-    def request_stop(self) -> None:
-        """Finish or abandon the task, say bye, exit (callable from any thread)."""
+    def request_stop(self, why: str = "stopped") -> None:
+        """Finish or abandon the task, say bye, exit (callable from any thread);
+        ``why`` goes into the summary."""
         loop = self._loop
         if loop is not None and self._stop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._stop.set)
+                loop.call_soon_threadsafe(self._stop_now, why)
 
     async def run(self) -> int:
         """Connect, train until the job ends or ``request_stop``; 0 ok, 1 gave up, 2 refused."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._kick = asyncio.Event()
+        progress = asyncio.create_task(self._progress())
+        code = 1
         try:
             if self.flops is None:
                 self.flops = await self._loop.run_in_executor(self._pool, measure_flops)
             caps = Capabilities(
                 flops=float(self.flops),
                 cores=max(1, min(4096, os.cpu_count() or 1)),
-                platform=platform.platform()[:64],
+                platform=(self.platform_name or platform.platform())[:64],
                 codecs=tuple(n for n in codecs.names() if len(n) <= 32)[:32],
                 seeded_init=self.seeded_init,
                 init_schemes=(INIT_SCHEME,) if self.seeded_init else (),
@@ -202,9 +234,52 @@ class DesktopClient:
                 data=self.fetch_data,
             )
             self.session = ClientSession(self.name[:64], caps, seed=self.seed, cache=self.cache)
-            return await self._connect_loop()
+            code = await self._connect_loop()
+            return code
         finally:
+            progress.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
+            self._say_goodbye(code)
+
+    def _stop_now(self, why: str) -> None:
+        assert self._stop is not None
+        if not self._stop.is_set():
+            self.left = self.left or why
+            self._stop.set()
+
+    def _say_goodbye(self, code: int) -> None:
+        """The summary (or, for a client that never joined, why it did not)."""
+        why = self.left or ("stopped" if code == 0 else "stopped on an error")
+        if self.tally.joined_at is None and code != 0:
+            if why != self._last_problem:  # a fatal problem was said already
+                self.reporter.problem(why)
+            return
+        self.reporter.say(summary(self._snapshot(), why, time.monotonic()))
+
+    def _snapshot(self) -> Tally:
+        """The tally with what the session counts brought up to date."""
+        if self.session is not None:
+            self.tally.declined = self.session.declined
+        return self.tally
+
+    async def _progress(self) -> None:
+        interval = self.reporter.progress_interval
+        if not interval > 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            if self.tally.joined_at is not None:
+                self.reporter.progress(progress_line(self._snapshot(), time.monotonic()))
+
+    def _problem(self, failure: Failure, attempt: int, delay: float | None = None) -> None:
+        """Say a failure when it differs from the last one said, or every tenth attempt."""
+        if failure.text == self._last_problem and attempt % 10:
+            return
+        self._last_problem = failure.text
+        if delay is None:
+            self.reporter.problem(failure.text)
+        else:
+            self.reporter.problem(f"{failure.text}; trying again in {delay:.1f} s")
 
     # -- connections ---------------------------------------------------------------
 
@@ -213,6 +288,7 @@ class DesktopClient:
         attempt = 0
         while not self._stop.is_set():
             welcomed_before = self.stats.welcomed
+            failure: Failure | None = None
             try:
                 tls = {} if self.ssl is None else {"ssl": self.ssl}  # wss: system store
                 async with connect(
@@ -220,21 +296,13 @@ class DesktopClient:
                 ) as ws:
                     self.stats.connects += 1
                     await self._serve(ws)
+                if not self._finished and not self._stop.is_set():  # the coordinator closed it
+                    failure = close_failure(*(self.stats.last_close or (None, "")))
             except FatalClose as exc:
-                log.error("coordinator refused this client: %s", exc)
-                return 2
-            except ssl.SSLCertVerificationError as exc:  # before OSError: it is one
-                log.warning(
-                    "connection to %s: certificate not trusted (%s); for a coordinator "
-                    "with its own certificate pass --ca PEM",
-                    self.url,
-                    exc,
-                )
-            except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as exc:
-                log.info("connection to %s failed: %s", self.url, exc)
-            except InvalidURI as exc:
-                log.error("%s", exc)
-                return 2
+                failure = Failure(str(exc), fatal=True)
+            except (InvalidURI, OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as exc:
+                log.debug("connection to %s failed", self.url, exc_info=True)
+                failure = connect_failure(exc, self.url, joined=self.stats.welcomed > 0)
             finally:
                 self._ws = None
                 if self.session is not None and self.session.phase.value in (
@@ -244,13 +312,20 @@ class DesktopClient:
                     self.session.connection_lost(time.monotonic())
             if self._finished:
                 return 0
+            if failure is not None and failure.fatal:
+                self.left = failure.text
+                self._problem(failure, 0)
+                return 2
             if self.stats.welcomed > welcomed_before:
                 attempt = 0
             attempt += 1
             if self.max_attempts is not None and attempt > self.max_attempts:
-                log.error("gave up after %d attempts", attempt - 1)
+                last = f" ({failure.text})" if failure is not None else ""
+                self.left = f"gave up after {attempt} attempts{last}"
                 return 1
             delay = self._jitter.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
+            if failure is not None and not self._stop.is_set():
+                self._problem(failure, attempt, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
         return 0
@@ -276,12 +351,13 @@ class DesktopClient:
             if close is not None:
                 self.stats.last_close = (close, ws.close_reason or "")
                 if close in FATAL_CLOSE_CODES:
-                    raise FatalClose(f"close {close}: {ws.close_reason}")
+                    raise FatalClose(close_failure(close, ws.close_reason or "").text)
 
     async def _read(self, ws: ClientConnection) -> None:
         async for frame in ws:
             session = self.session
             assert session is not None
+            self.tally.bytes_down += len(frame)
             try:
                 if isinstance(frame, str):
                     raise ProtocolError(ErrorCode.MALFORMED, "a text frame (binary only)")
@@ -300,9 +376,37 @@ class DesktopClient:
             if isinstance(msg, m.Welcome):
                 self.stats.welcomed += 1
             self._do(session.receive(msg, time.monotonic()))
+            self._note(msg)
             if self._finished:
                 await ws.close(1000, "job finished")
                 return
+
+    def _note(self, msg: m.Message) -> None:
+        """Count a message from the coordinator; say a join and a new model."""
+        t = self.tally
+        match msg:
+            case m.Welcome():
+                t.joins += 1
+                if t.joined_at is None:
+                    t.joined_at = time.monotonic()
+                self._last_problem = None
+                self.reporter.say(
+                    joined_sentence(
+                        self.url,
+                        msg,
+                        name=self.name,
+                        cpu_share=self.cpu_share,
+                        priority=self.priority.value,
+                        again=t.joins > 1,
+                    )
+                )
+            case m.Task():
+                t.version = msg.model_version
+                if msg.spec != self._spec:
+                    self._spec = msg.spec
+                    self.reporter.say(model_sentence(msg))
+            case m.Ack():
+                t.ack(msg)
 
     async def _tick(self) -> None:
         assert self.session is not None and self._kick is not None
@@ -347,6 +451,10 @@ class DesktopClient:
                 case Finished():
                     log.info("job finished: %s", a.reason)
                     self._finished = True
+                    if self.session is not None and self.session.bye is not None:
+                        self.left = f"the job finished ({a.reason})"
+                    else:
+                        self.left = f"this client cannot take part: {a.reason}"
                 case Close():
                     ws = self._ws
                     if ws is not None:
@@ -367,6 +475,7 @@ class DesktopClient:
 
     async def _send(self, ws: ClientConnection, frame: bytes) -> None:
         # ws.send keeps the order of calls: frames queue in its write buffer.
+        self.tally.bytes_up += len(frame)
         with contextlib.suppress(ConnectionClosed):
             await ws.send(frame)
 
@@ -396,6 +505,7 @@ class DesktopClient:
             if out is None:  # superseded while sliced
                 return
             self.stats.computed += 1
+            self.tally.tasks += 1
             self._do(
                 session.compute_done(
                     req.request_id,
@@ -499,6 +609,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "coordinator's) instead of the system's",
     )
     p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="say only what went wrong (no join, progress or summary lines)",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between progress lines (default: 1 on a terminal, where the line "
+        "updates in place, else 30; 0: none)",
+    )
+    p.add_argument(
         "--no-data-fetch",
         dest="fetch_data",
         action="store_false",
@@ -507,7 +630,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def client_from_args(args: argparse.Namespace) -> DesktopClient:
+def client_from_args(args: argparse.Namespace, reporter: Reporter | None = None) -> DesktopClient:
     return DesktopClient(
         args.url,
         name=args.name,
@@ -525,15 +648,16 @@ def client_from_args(args: argparse.Namespace) -> DesktopClient:
         ca=args.ca,
         priority=args.priority,
         lower_pools=True,
+        reporter=reporter,
     )
 
 
 async def run_until_signal(client: DesktopClient) -> int:
     """Run ``client`` with SIGINT/SIGTERM wired to a graceful stop."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig, why in ((signal.SIGINT, "stopped (Ctrl-C)"), (signal.SIGTERM, "stopped (SIGTERM)")):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, client.request_stop)
+            loop.add_signal_handler(sig, client.request_stop, why)
     return await client.run()
 
 
@@ -544,12 +668,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from crowdgrad.commands.client import run  # the CLI's console (rich)
+
     try:
-        client = client_from_args(args)
+        return run(args)
     except ValueError as exc:
         log.error("client: %s", exc)
         return 2
-    return asyncio.run(run_until_signal(client))
 
 
 if __name__ == "__main__":

@@ -35,9 +35,14 @@ cache (hundreds of ms: call :meth:`InGameClient.warm_up` at a loading screen; it
 also holds numba and BLAS to one thread, the game's), resolving the
 coordinator's name (once, at construction), and decoding a task's model as it
 arrives (~1 ms for a MB). Encoding a finished result (0.5-2 ms for a MB) waits
-for the next frame when this one has no room left for it. Only ``ws://`` is
-spoken: a ``wss://`` coordinator needs a TLS proxy beside the game, or the
-desktop client.
+for the next frame when this one has no room left for it.
+
+TLS: a ``wss://`` URL speaks TLS through ``ssl.SSLObject`` on memory BIOs (the
+sans-IO TLS of the standard library: ciphertext moves through the same
+non-blocking socket, nothing blocks), trusting the system's store or, with
+``ca``, a coordinator's own certificate (the desktop client's ``--ca``). A
+certificate that is not trusted ends the client (``exit_code`` 2): retrying
+cannot fix it.
 """
 
 from __future__ import annotations
@@ -48,9 +53,11 @@ import enum
 import errno
 import logging
 import math
+import os
 import random
 import select
 import socket
+import ssl
 import statistics
 import time
 from collections import deque
@@ -103,6 +110,9 @@ ASSUMED_FRAME_SHARE = 0.25
 DEFAULT_FLOPS = 1e9
 #: Pieces whose median is the per-piece estimate
 ESTIMATE_WINDOW = 7
+#: The close code a link reports when the coordinator's TLS certificate is not
+#: trusted: 1015, "TLS handshake failure" (RFC 6455 §7.4.1; never on the wire).
+TLS_UNTRUSTED = 1015
 
 
 class LinkState(enum.Enum):
@@ -136,14 +146,9 @@ class Link(Protocol):
 
 
 def resolve(url: str) -> tuple[int, Any]:
-    """``(family, sockaddr)`` of a ``ws://`` URL's host: the one blocking call (DNS),
-    made once so that reconnects need none."""
+    """``(family, sockaddr)`` of a ``ws://`` or ``wss://`` URL's host: the one
+    blocking call (DNS), made once so that reconnects need none."""
     uri = parse_uri(url)
-    if uri.secure:
-        raise ValueError(
-            f"{url}: the in-game client speaks ws:// only (put a TLS proxy beside the game, "
-            "or use the desktop client for wss://)"
-        )
     infos = socket.getaddrinfo(uri.host, uri.port, type=socket.SOCK_STREAM)
     if not infos:
         raise ValueError(f"{url}: {uri.host} does not resolve")
@@ -154,12 +159,29 @@ def resolve(url: str) -> tuple[int, Any]:
 class WebSocketLink:
     """A websocket over a non-blocking TCP socket, driven by the ``websockets``
     library's sans-IO ``ClientProtocol`` (RFC 6455 framing, masking, ping/pong,
-    the closing handshake): this class only moves bytes."""
+    the closing handshake): this class only moves bytes. For ``wss://`` the bytes
+    pass through an ``ssl.SSLObject`` on memory BIOs (``tls``: the context; None:
+    the system's store)."""
 
     def __init__(
-        self, url: str, address: tuple[int, Any], *, max_size: int = MAX_FRAME_BYTES
+        self,
+        url: str,
+        address: tuple[int, Any],
+        *,
+        max_size: int = MAX_FRAME_BYTES,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self._proto = ClientProtocol(parse_uri(url), max_size=max_size)
+        uri = parse_uri(url)
+        self._proto = ClientProtocol(uri, max_size=max_size)
+        #: TLS in memory: ciphertext in from the socket, out to it; None for ws://
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls_up = self._tls_closed = False
+        #: websocket bytes waiting for the TLS handshake to end
+        self._plain = bytearray()
+        if uri.secure:
+            ctx = tls if tls is not None else ssl.create_default_context()
+            self._tls = ctx.wrap_bio(self._tls_in, self._tls_out, server_hostname=uri.host)
         family, addr = address
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setblocking(False)
@@ -199,8 +221,12 @@ class WebSocketLink:
                 self.abort()
                 return []
             self._tcp_up = True
+            if self._tls is not None:
+                self._handshake()  # the ClientHello, for the _write below
         self._write()
         eof = self._read()
+        if self._state is LinkState.CLOSED:  # the TLS handshake failed
+            return []
         frames = self._events()
         self._write()
         if eof or self._proto.state is State.CLOSED:
@@ -234,23 +260,76 @@ class WebSocketLink:
     # -- internals -------------------------------------------------------------------
 
     def _read(self) -> bool:
-        """Feed what the socket holds to the protocol; True at end of stream."""
-        got = 0
+        """Feed what the socket holds to the protocol (through TLS for wss://);
+        True at end of stream."""
+        got, eof = 0, False
         while got < MAX_READ_PER_POLL:
             try:
                 data = self._sock.recv(256 * 1024)
             except (BlockingIOError, InterruptedError):
-                return False
+                break
             except OSError as exc:
                 log.info("connection lost: %s", exc)
-                self._proto.receive_eof()
+                eof = True
+                break
+            if not data:
+                eof = True
+                break
+            got += len(data)
+            if self._tls is None:
+                self._proto.receive_data(data)
+            else:
+                self._tls_in.write(data)
+        if self._tls is not None:
+            if eof:
+                self._tls_in.write_eof()
+            eof = self._tls_read() or eof
+        if eof and self._state is not LinkState.CLOSED:
+            self._proto.receive_eof()
+        return eof
+
+    def _handshake(self) -> bool:
+        """Advance the TLS handshake; True once it is done. A failure aborts the
+        link (an untrusted certificate with close code ``TLS_UNTRUSTED``)."""
+        assert self._tls is not None
+        try:
+            self._tls.do_handshake()
+        except ssl.SSLWantReadError:
+            return False
+        except ssl.SSLCertVerificationError as exc:
+            log.warning(
+                "the coordinator's TLS certificate is not trusted (%s); for a "
+                "coordinator with its own certificate pass ca=PEM",
+                exc.verify_message,
+            )
+            self._close_code = TLS_UNTRUSTED
+            self.abort()
+            return False
+        except (ssl.SSLError, OSError) as exc:
+            log.info("TLS handshake failed: %s", exc)
+            self.abort()
+            return False
+        self._tls_up = True
+        return True
+
+    def _tls_read(self) -> bool:
+        """Decrypt what came in and feed it to the protocol; True when TLS ended."""
+        assert self._tls is not None
+        if not self._tls_up and not self._handshake():
+            return self._state is LinkState.CLOSED
+        while True:
+            try:
+                data = self._tls.read(256 * 1024)
+            except ssl.SSLWantReadError:
+                return False
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return True
+            except ssl.SSLError as exc:
+                log.info("TLS error: %s", exc)
                 return True
             if not data:
-                self._proto.receive_eof()
                 return True
-            got += len(data)
             self._proto.receive_data(data)
-        return False
 
     def _events(self) -> list[bytes | str]:
         frames: list[bytes | str] = []
@@ -284,11 +363,27 @@ class WebSocketLink:
             frames.append(data.decode("utf-8", "replace") if self._text else data)
 
     def _write(self) -> None:
+        tls = self._tls
         for chunk in self._proto.data_to_send():
-            if chunk:
-                self._out += chunk
-            else:  # the protocol's end-of-stream marker
+            if not chunk:  # the protocol's end-of-stream marker
                 self._eof_pending = True
+            elif tls is None:
+                self._out += chunk
+            else:
+                self._plain += chunk
+        if tls is not None and self._tls_up:
+            try:
+                while self._plain:
+                    del self._plain[: tls.write(self._plain)]
+                if self._eof_pending and not self._tls_closed:
+                    self._tls_closed = True
+                    tls.unwrap()  # close_notify; the server's answer is not awaited
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError as exc:
+                log.info("TLS error while sending: %s", exc)
+        if tls is not None:
+            self._out += self._tls_out.read()
         while self._out:
             try:
                 n = self._sock.send(self._out)
@@ -300,7 +395,7 @@ class WebSocketLink:
                 self._finish()
                 return
             del self._out[:n]
-        if self._eof_pending:
+        if self._eof_pending and not self._plain:  # (TLS: not before the handshake)
             self._eof_pending = False
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_WR)
@@ -346,7 +441,9 @@ class InGameClient:
     for ``url`` (default: :class:`WebSocketLink`). ``flops``: this machine's
     training FLOP/s at full speed (default: measured by :meth:`warm_up`, else
     ``DEFAULT_FLOPS``); hello advertises ``ASSUMED_FRAME_SHARE`` of it until the
-    coordinator has measured this client's own pace.
+    coordinator has measured this client's own pace. ``ca``: for a ``wss://``
+    URL, trust these CA certificates (a self-signed coordinator's) instead of the
+    system's store.
     """
 
     def __init__(
@@ -366,6 +463,7 @@ class InGameClient:
         backoff_base: float = 0.25,
         backoff_cap: float = 30.0,
         stop_grace: float = 3.0,
+        ca: str | os.PathLike[str] | None = None,
     ) -> None:
         if flops is not None and not flops > 0:
             raise ValueError(f"flops: must be > 0, got {flops!r}")
@@ -379,11 +477,21 @@ class InGameClient:
         self.data = data
         self.stop_grace = stop_grace
         self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
+        tls: ssl.SSLContext | None = None
+        if ca is not None:
+            if not url.startswith("wss://"):
+                raise ValueError(f"ca: {url} is not a wss:// URL")
+            try:
+                tls = ssl.create_default_context(cafile=os.fspath(ca))
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"ca {ca}: {exc}") from None
+        elif url.startswith("wss://"):
+            tls = ssl.create_default_context()
         if link is None:
             address = resolve(url)
 
             def link(u: str) -> Link:
-                return WebSocketLink(u, address)
+                return WebSocketLink(u, address, tls=tls)
 
         self._make_link = link
         self._clock = clock
@@ -542,6 +650,10 @@ class InGameClient:
         if self.session.phase in (Phase.HELLO_SENT, Phase.READY):
             self.session.connection_lost(now)
         code = link.close_code
+        if code == TLS_UNTRUSTED:
+            self.finished, self.exit_code = "refused: TLS certificate not trusted", 2
+            self._job = self._result = None
+            return
         if code in FATAL_CLOSE_CODES:
             log.error("coordinator refused this client: close %s", code)
             self.finished, self.exit_code = f"refused: close {code}", 2

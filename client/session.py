@@ -47,6 +47,9 @@ Rules:
   any other ``bye`` is followed by a close and the driver may reconnect.
 - Every close this client sends for an error uses ``4000 + code``
   (``protocol.errors.client_close_code``): a browser can send no other.
+- A heartbeat echoes the server's last heartbeat ``time`` with ``held``, the
+  seconds since it came, so the server measures its round trip too (§3.7); a
+  new connection echoes nothing until the server's first heartbeat.
 - With ``task.error_feedback`` the session keeps, per chunk of rows, what the
   upload codec dropped and adds it to the same rows of its next result
   (compression.feedback); the residual outlives tasks and reconnects.
@@ -62,6 +65,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,6 +260,8 @@ class ClientSession:
         self.computing: int | None = None
         #: finished results awaiting their ack, oldest first, by task id
         self.unacked: dict[str, _Pending] = {}
+        #: task ids of the newest results the server acked as accepted
+        self.accepted: deque[str] = deque(maxlen=MAX_UNACKED)
         self.rtt: float | None = None
         #: seconds the last model download took, task frame to last chunk
         self.last_download_s: float | None = None
@@ -269,6 +275,10 @@ class ClientSession:
         #: frames waiting for the link; its pacer comes with welcome's limits
         self._outbox: PacedOutbox[Send] = PacedOutbox()
         self._hb_seq = 0
+        #: the server's last heartbeat ``time`` and when it came (this clock): the
+        #: next heartbeat echoes it with ``held``, so the server measures its RTT
+        self._peer_time: float | None = None
+        self._peer_time_at = 0.0
         self._hello_sent = -math.inf
         self._last_sent = -math.inf
         self._now = -math.inf
@@ -280,6 +290,7 @@ class ClientSession:
         self._advance(now)
         self._move(Phase.HELLO_SENT)
         self._outbox = PacedOutbox()
+        self._peer_time = None  # this server may run another clock than the last
         hello = m.Hello(
             client=self.name,
             platform=self.caps.platform,
@@ -315,9 +326,12 @@ class ClientSession:
                 self._on_data(message, out)
             case m.Ack():
                 self.unacked.pop(message.task_id, None)
-                if not message.accepted:
+                if message.accepted:
+                    self.accepted.append(message.task_id)
+                else:
                     log.info("result %s refused: %s", message.task_id, message.reason)
             case m.Heartbeat():
+                self._peer_time, self._peer_time_at = message.time, now
                 if message.echo is not None:
                     self.rtt = max(0.0, now - message.echo)
             case m.Bye() if message.finished:
@@ -514,7 +528,9 @@ class ClientSession:
             and now >= self._last_sent + self.heartbeat_interval
         ):
             self._hb_seq += 1
-            self._queue(m.Heartbeat(seq=self._hb_seq, time=now))
+            peer = self._peer_time
+            held = None if peer is None else max(0.0, now - self._peer_time_at)
+            self._queue(m.Heartbeat(seq=self._hb_seq, time=now, echo=peer, held=held))
         self._flush(now, out)
         return out
 

@@ -20,6 +20,7 @@ from coordinator.config import JobConfig
 from nn.data import Dataset, load_dataset, shard
 from nn.datafile import check_against, load_file
 from protocol import messages as m
+from protocol.errors import ErrorCode, ProtocolError
 from protocol.shardfile import encode_shard, sha256_hex
 
 #: Bytes of a ``data`` frame besides its payload, rounded up (type, a 64-digit
@@ -71,6 +72,20 @@ class DataCatalog:
     @property
     def total_bytes(self) -> int:
         return sum(len(s.blob) for s in self.shards)
+
+    def serve(self, msg: m.Fetch, frame_bytes: int) -> tuple[list[tuple[m.Data, bytes]], int]:
+        """A client's ``fetch`` (docs/protocol.md §13.1): the frames that answer it
+        and the shard bytes they carry; a shard it cannot name or an offset past
+        its end is the peer's fault (``ProtocolError``)."""
+        blob = self.by_hash.get(msg.data)
+        if blob is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_TASK, f"fetch.data {msg.data}: no such shard")
+        if msg.offset >= len(blob.blob):
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"fetch.offset: expected < {len(blob.blob)} (the shard's size), got {msg.offset}",
+            )
+        return self.frames(msg.data, msg.offset, frame_bytes), len(blob.blob) - msg.offset
 
     def frames(self, sha256: str, offset: int, frame_bytes: int) -> list[tuple[m.Data, bytes]]:
         """The ``data`` frames carrying the shard from ``offset`` on, each at most

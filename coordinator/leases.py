@@ -130,6 +130,9 @@ class Task:
     leases: list[int] = field(default_factory=list)
     #: clients that held a lease on it, so a reissue goes to someone else
     clients: list[str] = field(default_factory=list)
+    #: rows of its shard, from the coordinator's own catalog (never a count a
+    #: client claims): what a mean of results weights it by (FedAvg); None: unknown
+    rows: int | None = None
 
     def move(self, to: TaskState) -> None:
         self.state = checked_move(
@@ -158,6 +161,15 @@ class Lease:
             f"lease {self.lease_id}", LEASE_TRANSITIONS, self.state, to, LeaseError
         )
         self.resolved_at = now
+
+
+def lease_seconds(
+    *, compute_s: float, nbytes: int, bytes_per_s: float, min_s: float, slack: float
+) -> float:
+    """How long a lease lasts: ``slack`` times the predicted compute time plus
+    the transfer of ``nbytes`` at ``bytes_per_s``, and at least ``min_s``."""
+    predicted = compute_s + nbytes / min(bytes_per_s, 1e12)
+    return max(min_s, slack * predicted)
 
 
 class LeaseBook:
@@ -205,7 +217,9 @@ class LeaseBook:
         self._next_lease = 1
         self.on_release = on_release
 
-    def new_task(self, plan: TaskPlan, *, version: int, now: float) -> Task:
+    def new_task(
+        self, plan: TaskPlan, *, version: int, now: float, rows: int | None = None
+    ) -> Task:
         task = Task(
             task_id=self._next_task,
             kind=plan.kind,
@@ -216,6 +230,7 @@ class LeaseBook:
             batch=plan.batch,
             round=plan.round,
             created_at=now,
+            rows=rows,
         )
         self._next_task += 1
         self.tasks[task.task_id] = task

@@ -3,7 +3,7 @@
 Theory of operation. ``Metrics`` is a sink of the core's outputs (it sees every
 event and every frame the core sends, on the core thread) plus a few calls from
 the network thread for what never reaches the core (frames in, heartbeat
-echoes, shards by HTTP). Counters are prometheus-client's, which are
+echoes and their round-trip times, shards by HTTP). Counters are prometheus-client's, which are
 thread-safe; each ``Metrics`` has its own ``CollectorRegistry``, so several
 coordinators in one process (tests, a host app) never share a series. Gauges that
 are a reading of state (model version, clients, queued bytes) are read at scrape
@@ -32,6 +32,11 @@ BROWSER_CLIENT = "crowdgrad-web/"
 #: large model on a 50 kB/s link.
 ROUND_TRIP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: Heartbeat round trip: loopback to a congested mobile link.
+RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#: An RTT above this is not one (an echo of another server's clock, a lying
+#: client): not observed.
+MAX_RTT_S = 600.0
 
 
 def client_kind(name: str) -> str:
@@ -116,6 +121,11 @@ class Metrics:
         self.loss = Gauge(
             "crowdgrad_last_evaluation_loss", "Loss at the last evaluation.", registry=r
         )
+        self.heartbeat_rtt_seconds = Histogram(
+            "crowdgrad_heartbeat_rtt_seconds",
+            "Round-trip time to clients, from their heartbeats' echo (docs/protocol.md §3.7).",
+            buckets=RTT_BUCKETS, registry=r,
+        )  # fmt: skip
         self.checkpoint_seconds = Histogram(
             "crowdgrad_checkpoint_seconds", "Writing one checkpoint, snapshot to commit.",
             buckets=DURATION_BUCKETS, registry=r,
@@ -184,6 +194,12 @@ class Metrics:
     def frame_out(self, message_type: str, nbytes: int) -> None:
         self.frames.labels("out", message_type).inc()
         self.bytes.labels("out", message_type).inc(nbytes)
+
+    def heartbeat_rtt(self, seconds: float) -> None:
+        """A client's heartbeat echoed ours: ``seconds`` = now − echo − held. One
+        outside [0, MAX_RTT_S] says nothing true about the link and is dropped."""
+        if 0.0 <= seconds <= MAX_RTT_S:
+            self.heartbeat_rtt_seconds.observe(seconds)
 
     def http_shard(self, nbytes: int) -> None:
         self.shard_bytes.labels("http").inc(nbytes)

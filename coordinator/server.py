@@ -524,6 +524,8 @@ class CrowdServer:
                     # busy core. The core still sees it (last_seen, rate limits) but
                     # does not echo it (echo_heartbeats is off).
                     now = time.monotonic()
+                    if msg.echo is not None and msg.held is not None:  # §3.7
+                        self.metrics.heartbeat_rtt(now - msg.echo - msg.held)
                     echo = heartbeat_echo(msg.seq, now, msg.time)
                     self.metrics.frame_out("heartbeat", len(echo))
                     self._enqueue(peer, echo)

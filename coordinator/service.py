@@ -104,6 +104,8 @@ class Stats:
     durable_checkpoints: int = 0
     #: adaptive replication's counters (``Replicator.summary``), when the job has it on
     replication: dict[str, Any] | None = None
+    #: an edge's standing against its root (coordinator/upstream.py), when it is one
+    upstream: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
     #: (monotonic time, accepted count) samples for the results/s window
     window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
@@ -236,6 +238,14 @@ class CoreService:
         """Run ``fn(core)`` on the core thread (admin commands, inspection)."""
         fut: Future[Any] = Future()
         self._inbox.put(("call", fn, fut))
+        return fut
+
+    def act(self, fn: Callable[[Coordinator, float], tuple[Any, list[ev.Output]]]) -> Future[Any]:
+        """Run ``fn(core, now)`` on the core thread, for actions that move the model
+        (an edge's rebase): its outputs go out like a result's (model updated,
+        checkpoint, evaluation, tasks); the future gives its first value."""
+        fut: Future[Any] = Future()
+        self._inbox.put(("act", fn, fut))
         return fut
 
     def checkpoint_now(self) -> Future[Any]:
@@ -378,6 +388,15 @@ class CoreService:
                     fut.set_result(fn(core))
                 except Exception as exc:
                     fut.set_exception(exc)
+            case "act":
+                fn, fut = item[1], item[2]
+                try:
+                    value, outputs = fn(core, now)
+                except Exception as exc:
+                    fut.set_exception(exc)
+                else:
+                    self._emit(outputs)
+                    fut.set_result(value)
             case "checkpoint":
                 item[1].set_result(self._checkpoint(core))
             case "written":
@@ -437,6 +456,8 @@ class CoreService:
         st.clients = len(core.conns)
         if core.verifier.enabled:
             st.replication = core.verifier.summary()
+        if core.upstream is not None:
+            st.upstream = core.upstream.summary()
         if self.ack_durable:
             outputs = [o for o in outputs if not self._hold(o)]
             st.acks_held = len(self._held)

@@ -134,7 +134,8 @@ def demo_coordinator() -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("url", nargs="?", help="coordinator ws:// URL (none: the loop alone)")
+    p.add_argument("url", nargs="?", help="coordinator ws:// or wss:// URL (none: the loop alone)")
+    p.add_argument("--ca", metavar="PEM", help="for wss://: trust these CA certificates")
     p.add_argument("--demo", action="store_true", help="start a local coordinator and join it")
     p.add_argument("--hz", type=float, default=60.0, help="frame rate (60)")
     p.add_argument("--work-ms", type=float, default=6.0, help="the game's work per frame (6)")
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         url = stack.enter_context(demo_coordinator()) if args.demo else args.url
         client = None
         if url is not None:
-            client = InGameClient(url, name=args.name)
+            client = InGameClient(url, name=args.name, ca=args.ca)
             # The loading screen: kernels loaded, FLOP/s measured, one compute thread.
             client.warm_up()
         work_s = args.work_ms / 1000.0

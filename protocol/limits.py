@@ -182,8 +182,9 @@ class Pacer:
         self._take(nbytes)
 
     def try_consume(self, nbytes: int, now: float) -> bool:
-        """Consume if the frame is due now; say whether it was."""
-        if self.next_send_time(nbytes, now) > now:
+        """Consume if the frame is due now; say whether it was (with ``consume``'s
+        round-off allowance: a driver woken at ``next_send_time`` must find it due)."""
+        if self.next_send_time(nbytes, now) - now > 1e-9 * max(1.0, abs(now)):
             return False
         self._take(nbytes)  # consume() would refill at the same ``now``: a no-op
         return True

@@ -413,8 +413,10 @@ class Welcome(Message):
     prefetch: bool = False
     data: bool = False
     decline: bool = False
+    #: the job's name, for the volunteer's console ("": not said)
+    job: str = ""
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "decline"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "decline", "job"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
         "session_id": _str(128, empty=False),
@@ -425,6 +427,7 @@ class Welcome(Message):
         "prefetch": _bool,
         "data": _bool,
         "decline": _bool,
+        "job": _str(128),
     }
 
 
@@ -684,17 +687,22 @@ class Decline(Message):
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Heartbeat(Message):
     """Either side: liveness. ``time`` is the sender's clock; ``echo`` returns the
-    peer's last ``time`` so the peer measures round-trip time on its own clock."""
+    peer's last ``time`` so the peer measures round-trip time on its own clock;
+    ``held``: seconds between receiving that ``time`` and sending this echo, which
+    the peer subtracts (docs/protocol.md §3.7)."""
 
     TYPE: ClassVar[str] = "heartbeat"
     seq: int
     time: float = 0.0
     echo: float | None = None
+    held: float | None = None
 
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"held"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "seq": _int(0, I64),
         "time": _float(-1e15, 1e15),
         "echo": _opt(_float(-1e15, 1e15)),
+        "held": _opt(_float(0.0, 1e15)),
     }
 
 

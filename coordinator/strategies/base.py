@@ -169,10 +169,18 @@ class Strategy(ABC):
             round=round,
         )
 
-    def combine(self, updates: list[np.ndarray]) -> np.ndarray:
-        """A round's or a buffer's updates as one, by ``config.aggregator`` (robust.py)."""
+    def combine(self, updates: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
+        """A round's or a buffer's updates as one, by ``config.aggregator`` (robust.py);
+        ``weights`` (``sample_weight`` of each result's task) weight the ``mean``."""
         c = self.config
-        return aggregate(c.aggregator, updates, byzantine_fraction=c.byzantine_fraction)
+        return aggregate(c.aggregator, updates, weights, byzantine_fraction=c.byzantine_fraction)
+
+    @staticmethod
+    def sample_weight(task: Task) -> float:
+        """A result's weight in a mean: its task's rows (FedAvg weights each client
+        by its sample count), 1 when unknown. The coordinator knows the rows of the
+        shard it leased; a count the client claims is never used."""
+        return float(task.rows) if task.rows else 1.0
 
     def scale(self, staleness: int) -> float:
         st = self.config.staleness

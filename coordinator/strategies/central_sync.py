@@ -1,8 +1,9 @@
 """central-sync: a parameter server averages one round of gradients, then steps.
 
 Each slot of a round is a gradient at the round's version; the server steps
-``params += lr · (−mean gradient)`` through the outer optimizer (sgd, or
-Nesterov momentum), so the server step is the only optimizer state.
+``params += lr · (−mean gradient)``, the mean weighted by each task's rows,
+through the outer optimizer (sgd, or Nesterov momentum), so the server step is
+the only optimizer state.
 """
 
 from __future__ import annotations
@@ -24,5 +25,5 @@ class CentralSync(RoundStrategy):
         outer = OuterOptimizer(kind=c.outer_optimizer, lr=c.lr, momentum=c.outer_momentum)
         super().__init__(outer=outer, **kwargs)
 
-    def direction(self, updates: list[np.ndarray]) -> np.ndarray:
-        return -self.combine(updates)
+    def direction(self, updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
+        return -self.combine(updates, weights)

@@ -5,8 +5,9 @@ A client trains from the version it holds and returns ``delta = local - base``.
 where ``step`` is ``f(s) · delta`` itself with ``window = 1`` or, by default,
 the robust combination (``window_aggregator``) of the newest ``window``
 staleness-weighted deltas (robust.SlidingWindow): one result is still one
-version, but a bad delta meets honest ones before it moves the model. ``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and
-takes one outer step on their mean (FedBuff). A delta older than
+version, but a bad delta meets honest ones before it moves the model.
+``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and takes one
+outer step on their mean (FedBuff). A delta older than
 ``max_staleness`` versions is refused as stale.
 """
 
@@ -38,6 +39,8 @@ class DecentralAsync(Strategy):
             kind=c.outer_optimizer, lr=c.outer_lr, momentum=c.outer_momentum
         )
         self.buffer: list[np.ndarray] = []
+        #: each buffered delta's ``sample_weight`` (FedBuff's mean weights by rows)
+        self.buffer_weights: list[float] = []
         #: FedAsync's last ``window`` deltas (window > 1 only)
         size = self.model.params.data.size
         k = c.window_for(size)
@@ -65,11 +68,12 @@ class DecentralAsync(Strategy):
             self.model.params.data += np.float32(self.config.alpha) * self._merged(w, update)
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
         self.buffer.append((np.float32(w) * update).astype(np.float32))
+        self.buffer_weights.append(self.sample_weight(task))
         if len(self.buffer) < self.config.buffer_k:
             return Outcome(accepted=True, staleness=s)
-        combined = self.combine(self.buffer)
+        combined = self.combine(self.buffer, self.buffer_weights)
         merged = len(self.buffer)
-        self.buffer = []
+        self.buffer, self.buffer_weights = [], []
         self.outer.step(self.model.params.data, combined)
         return Outcome(accepted=True, staleness=s, step=self.step_version(merged))
 
@@ -90,6 +94,7 @@ class DecentralAsync(Strategy):
             **super().state_dict(),
             "outer": self.outer.state_dict(),
             "buffer": [b.copy() for b in self.buffer],
+            "buffer_weights": list(self.buffer_weights),
             "recent": None if self.recent is None else self.recent.state_dict(),
         }
 
@@ -97,5 +102,7 @@ class DecentralAsync(Strategy):
         super().load_state_dict(state)
         self.outer.load_state_dict(state["outer"])
         self.buffer = [np.array(b, dtype=np.float32) for b in state["buffer"]]
+        weights = state.get("buffer_weights", [1.0] * len(self.buffer))  # older checkpoints
+        self.buffer_weights = [float(w) for w in weights]
         if self.recent is not None and state.get("recent") is not None:
             self.recent.load_state_dict(state["recent"])

@@ -1,8 +1,9 @@
 """decentral-sync: each slot takes tau local steps from the round's version.
 
-The round's deltas are averaged and applied by the outer optimizer: sgd with
-``outer_lr`` 1 is plain model averaging (local SGD / FedAvg); Nesterov momentum
-(e.g. lr 0.7, momentum 0.9) is DiLoCo's outer step.
+The round's deltas are averaged (weighted by each task's rows) and applied by
+the outer optimizer: sgd with ``outer_lr`` 1 is plain model averaging (local
+SGD / FedAvg); Nesterov momentum (e.g. lr 0.7, momentum 0.9) is DiLoCo's outer
+step.
 """
 
 from __future__ import annotations
@@ -24,5 +25,5 @@ class DecentralSync(RoundStrategy):
         outer = OuterOptimizer(kind=c.outer_optimizer, lr=c.outer_lr, momentum=c.outer_momentum)
         super().__init__(outer=outer, **kwargs)
 
-    def direction(self, updates: list[np.ndarray]) -> np.ndarray:
-        return self.combine(updates)
+    def direction(self, updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
+        return self.combine(updates, weights)

@@ -3,7 +3,8 @@
 Theory of operation. A round is opened by the first idle client that asks for
 work. It has ``target`` slots (``clients_per_round``, or the number of clients
 connected when it opens); each slot is one task at the round's version. The
-round closes, combining its results into one outer step, when
+round closes, combining its results into one outer step (a ``mean`` weights
+each by its task's rows: FedAvg), when
 
 - every slot has a result, or
 - the round deadline passes and at least ``ceil(quorum × target)`` slots have
@@ -58,12 +59,15 @@ class RoundStrategy(Strategy):
         self.planned = 0
         self.deadline: float | None = None
         self.results: dict[int, np.ndarray] = {}
+        #: each result's ``sample_weight``, by task id
+        self.weights: dict[int, float] = {}
         self.round_tasks: dict[int, Task] = {}
         self.reissue: deque[Task] = deque()
 
     @abstractmethod
-    def direction(self, updates: list[np.ndarray]) -> np.ndarray:
-        """The way to move the params given the round's updates (in task-id order)."""
+    def direction(self, updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
+        """The way to move the params given the round's updates and their sample
+        weights (in task-id order)."""
 
     def _move(self, to: RoundPhase) -> None:
         self.phase = checked_move(
@@ -77,6 +81,7 @@ class RoundStrategy(Strategy):
         self.planned = 0
         self.deadline = now + self.config.round_deadline_s
         self.results = {}
+        self.weights = {}
         self.round_tasks = {}
         self.reissue.clear()
 
@@ -113,6 +118,7 @@ class RoundStrategy(Strategy):
         if task.round != self.round or self.phase is not RoundPhase.COLLECTING:
             return Outcome(accepted=False, staleness=s, reason="stale")
         self.results[task.task_id] = update.copy()
+        self.weights[task.task_id] = self.sample_weight(task)
         if len(self.results) >= self.target:
             return Outcome(accepted=True, staleness=s, step=self._close(now))
         return Outcome(accepted=True, staleness=s)
@@ -141,7 +147,9 @@ class RoundStrategy(Strategy):
 
     def _close(self, now: float) -> StepReport:
         ids = sorted(self.results)
-        self.outer.step(self.model.params.data, self.direction([self.results[i] for i in ids]))
+        updates = [self.results[i] for i in ids]
+        weights = [self.weights.get(i, 1.0) for i in ids]
+        self.outer.step(self.model.params.data, self.direction(updates, weights))
         dropped = tuple(
             tid
             for tid, t in sorted(self.round_tasks.items())
@@ -150,6 +158,7 @@ class RoundStrategy(Strategy):
         report = self.step_version(len(ids))
         self._move(RoundPhase.IDLE)
         self.results = {}
+        self.weights = {}
         self.round_tasks = {}
         self.reissue.clear()
         self.deadline = None
@@ -168,6 +177,7 @@ class RoundStrategy(Strategy):
             "round": self.round,
             "target": self.target,
             "results": {int(k): v.copy() for k, v in self.results.items()},
+            "weights": {int(k): float(w) for k, w in self.weights.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -177,6 +187,8 @@ class RoundStrategy(Strategy):
         self.round = int(state["round"])
         self.target = int(state["target"])
         self.results = {int(k): np.array(v, dtype=np.float32) for k, v in state["results"].items()}
+        # (a checkpoint from before sample weights has none: those results count 1)
+        self.weights = {int(k): float(w) for k, w in state.get("weights", {}).items()}
         self.round_tasks = {}
         self.reissue.clear()
         self.planned = len(self.results)

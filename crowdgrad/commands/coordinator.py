@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import errno
+import logging
 import os
+import platform
 import queue
 import signal
 import socket
@@ -29,6 +32,7 @@ from coordinator.admission import AdmissionLimits
 from coordinator.config import STRATEGY_NAMES, JobConfig, load_job
 from coordinator.console import ConsoleLog
 from coordinator.data import load_job_data
+from coordinator.edge import EdgeUplink, attach_upstream
 from coordinator.server import CrowdServer, bind, join_url, make_uvicorn
 from coordinator.service import CoreService, FreshStartRefused
 from crowdgrad.cli import UsageError
@@ -117,6 +121,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start from version 0 even when --store holds checkpoints and none verifies "
         "(otherwise that is an error: it would drop every acknowledged result)",
     )
+    up = p.add_argument_group(
+        "federation", "serve this crowd as an edge of a root coordinator (docs/operations.md)"
+    )
+    up.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="join the root coordinator at URL (ws://ROOT/ws) and sync this crowd's model with it",
+    )
+    up.add_argument(
+        "--upstream-every-versions",
+        type=int,
+        default=50,
+        metavar="H",
+        help="sync after this many of this edge's model versions (default %(default)s)",
+    )
+    up.add_argument(
+        "--upstream-every-s",
+        type=float,
+        default=30.0,
+        metavar="T",
+        help="or after this many seconds, whichever comes first (default %(default)s)",
+    )
+    up.add_argument(
+        "--upstream-token",
+        default=os.environ.get("CROWDGRAD_UPSTREAM_TOKEN"),
+        help="the root's join token (env CROWDGRAD_UPSTREAM_TOKEN)",
+    )
+    up.add_argument("--upstream-ca", metavar="PEM", help="for a wss:// root: trust these CAs")
     p.set_defaults(func=run)
 
 
@@ -243,6 +275,36 @@ def _ignore(signum: int, frame: object) -> None:
     return None
 
 
+async def serve_with_uplink(
+    server: Any, crowd: CrowdServer, sock: socket.socket, uplink: EdgeUplink | None
+) -> None:
+    """uvicorn, and beside it on the same loop the edge's client of its root."""
+    if uplink is None:
+        await server.serve(sockets=[sock])
+        return
+
+    async def up() -> None:
+        while not server.started:  # the lifespan starts the core thread
+            await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, lambda: crowd.service.call(attach_upstream).result())
+        code = await uplink.run()
+        if code:
+            logging.getLogger("crowdgrad.edge").error(
+                "the root refused this edge or could not be reached (exit %d); "
+                "the edge keeps serving its own crowd",
+                code,
+            )
+
+    task = asyncio.ensure_future(up())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        uplink.request_stop()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, 10.0)
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
     job = job_from_args(args)
@@ -309,6 +371,21 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise UsageError(f"--ssl-certfile/--ssl-keyfile: {exc}") from None
     port = sock.getsockname()[1]
+    uplink = None
+    if args.upstream is not None:
+        try:
+            uplink = EdgeUplink(
+                args.upstream,
+                service,
+                every_versions=args.upstream_every_versions,
+                every_s=args.upstream_every_s,
+                name=f"edge-{platform.node()[:32]}-{port}",
+                token=args.upstream_token,
+                ca=args.upstream_ca,
+            )
+        except ValueError as exc:
+            sock.close()
+            raise UsageError(str(exc)) from None
     say = ConsolePrinter(console)
     console_log = ConsoleLog(say)
     service.add_sink(console_log)
@@ -335,6 +412,11 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.join_token:
         console.print("  join token required (--token on the client)")
+    if uplink is not None:
+        console.print(
+            f"  upstream:   {args.upstream} (an edge: syncs every "
+            f"{args.upstream_every_versions} versions or {args.upstream_every_s:g} s)"
+        )
     if not args.keep_running:
 
         def exit_when_done() -> None:
@@ -346,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
     # handler it found; a no-op one here makes a graceful stop exit 0.
     previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        asyncio.run(serve_with_uplink(server, crowd, sock, uplink))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

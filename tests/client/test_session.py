@@ -134,8 +134,24 @@ def test_heartbeats_and_rtt() -> None:
     assert s.tick(1.0) == []
     (hb,) = sends(s.tick(2.0))
     assert isinstance(hb, m.Heartbeat) and hb.time == 2.0
+    assert hb.echo is None and hb.held is None  # nothing of the server's to echo yet
     s.receive(m.Heartbeat(seq=hb.seq, time=100.0, echo=2.0), 2.25)
     assert s.rtt == pytest.approx(0.25)
+    (hb,) = sends(s.tick(4.25))
+    # the server's time, and how long it was held here: its RTT = now - 100 - 2
+    assert hb.echo == 100.0 and hb.held == pytest.approx(2.0)
+
+
+def test_a_new_connection_echoes_no_old_clock() -> None:
+    s = ClientSession("a", seed=0)
+    s.start(0.0)
+    s.receive(welcome(hb=2.0), 0.0)
+    s.receive(m.Heartbeat(seq=1, time=100.0, echo=0.0), 0.5)
+    s.connection_lost(1.0)
+    s.start(1.5)
+    s.receive(welcome(hb=2.0), 1.5)
+    (hb,) = sends(s.tick(3.5))
+    assert hb.echo is None and hb.held is None
 
 
 def test_a_finished_bye_finishes() -> None:

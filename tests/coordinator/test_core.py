@@ -535,3 +535,15 @@ def test_spans_are_negotiated_per_client() -> None:
     core.connect("c", hello("c"), 1.5)
     core.connect("d", hello("d", spans=True), 1.6)
     assert {k[1]: e[0] for k, e in core.downloads._cache.items()} == {False: v, True: v}
+
+
+def test_a_task_carries_its_shards_rows_from_the_coordinators_catalog() -> None:
+    """The weight a mean gives a result (FedAvg) is the rows the coordinator cut
+    for the task's shard, never a count the client claims (result.samples)."""
+    core = make_core("decentral-sync", data={"shards": 3, "sharding": "label_skew"})
+    rows = [s.rows for s in core.data.shards]
+    assert len(set(rows)) > 1  # unequal shards: the case where weights matter
+    for name in "abc":
+        core.connect(name, hello(name), 0.0)
+    tasks = list(core.book.tasks.values())
+    assert tasks and all(t.rows == rows[t.shard] for t in tasks)

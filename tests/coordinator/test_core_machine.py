@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from coordinator import events as ev
+from coordinator.connections import ConnState
 from coordinator.core import Coordinator
 from coordinator.leases import LeaseState, TaskState
 from protocol import messages as m
@@ -212,6 +213,22 @@ class CoreMachine(RuleBasedStateMachine):
             assert n == 1 + (queued is not None), (client_id, n)
             assert queued is None or self.core.strategy.pipelined
         assert set(live) <= set(self.core.conns)
+
+    @invariant()
+    def connection_phases_agree_with_the_lease_book(self) -> None:
+        """READY holds no lease; WORKING and PREFETCH hold a live one, PREFETCH
+        with nothing queued behind it (coordinator/connections.py)."""
+        if self.core is None:
+            return
+        book = self.core.book
+        for client_id, conn in self.core.conns.items():
+            live, queued = book.live_lease_of(client_id), book.queued_lease_of(client_id)
+            if conn.state is ConnState.READY:
+                assert live is None and queued is None, client_id
+            else:
+                assert conn.state in (ConnState.WORKING, ConnState.PREFETCH), conn.state
+                assert live is not None, client_id
+                assert conn.state is ConnState.WORKING or queued is None, client_id
 
     def teardown(self) -> None:
         if self.core is None:

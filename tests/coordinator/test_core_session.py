@@ -8,7 +8,7 @@ import pytest
 
 from coordinator import events as ev
 from coordinator.config import JobConfigError
-from coordinator.core import DECLINE_BACKOFF_MAX_S, DECLINE_BACKOFF_S
+from coordinator.connections import DECLINE_BACKOFF_MAX_S, DECLINE_BACKOFF_S
 from coordinator.leases import LeaseState
 from protocol import messages as m
 from protocol.errors import CLOSE_NORMAL, ErrorCode, close_code

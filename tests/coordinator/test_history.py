@@ -6,7 +6,7 @@ import httpx
 
 from coordinator import events as ev
 from coordinator.history import History
-from tests.e2e.e2e_helpers import clients, digits_job, running
+from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, running
 
 
 def evaluated(version: int, acc: float) -> ev.Evaluated:
@@ -55,12 +55,12 @@ def test_load_takes_saved_series_and_ignores_foreign_ones() -> None:
 
 
 def test_history_survives_a_restart_from_the_store(tmp_path) -> None:
-    job = digits_job(stop={"target_accuracy": 0.9, "max_time_s": 120})
+    job = digits_job(stop={"target_accuracy": 0.9})
     store = tmp_path / "h.db"
     with running(job, store=store) as (bg, service, rec):
         base = bg.url.replace("ws://", "http://").removesuffix("/ws")
         with clients(bg.url, ["h1", "h2"]):
-            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=120)
+            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=HANG_GUARD_S)
         first = httpx.get(f"{base}/api/history", timeout=10).json()
     evals = rec.of(ev.Evaluated)
     assert [r[1] for r in first["evaluations"]["rows"]] == [e.version for e in evals]

@@ -100,3 +100,37 @@ def test_decentral_async_rejects_too_stale(agg: str) -> None:
     model.version = 2
     out = s.on_result(old, np.zeros(SPEC.num_params, np.float32), 1)
     assert not out.accepted and out.reason == "stale" and out.staleness == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg", "sign"),
+    [
+        ("decentral-sync", {"clients_per_round": 2}, 1.0),
+        ("central-sync", {"clients_per_round": 2, "lr": 1.0}, -1.0),
+        ("decentral-async", {"aggregation": "fedbuff", "buffer_k": 2}, 1.0),
+    ],
+)
+def test_a_mean_weights_each_result_by_its_tasks_rows(name: str, cfg: dict, sign: float) -> None:
+    """FedAvg: unequal shards of 30 and 10 rows sending 1 and 3 average to
+    (30·1 + 10·3) / 40 = 1.5, not 2; the weights survive a checkpoint."""
+    s, model = build(name, **cfg)
+    book = LeaseBook()
+    tasks = []
+    for cid, rows in (("a", 30), ("b", 10)):
+        task = book.new_task(s.task_for(view(cid, 2), 0), version=0, now=0, rows=rows)
+        s.on_task_created(task)
+        tasks.append(task)
+    before = model.params.data.copy()
+    assert s.on_result(tasks[0], np.full(SPEC.num_params, 1.0, np.float32), 1).step is None
+    clone, cmodel = build(name, **cfg)
+    clone.load_state_dict(s.state_dict())
+    for strat, m in ((s, model), (clone, cmodel)):
+        rep = strat.on_result(tasks[1], np.full(SPEC.num_params, 3.0, np.float32), 2).step
+        assert rep is not None and rep.merged == 2
+        np.testing.assert_allclose(m.params.data, before + sign * 1.5, rtol=1e-6)
+
+
+def test_a_task_without_rows_counts_one() -> None:
+    s, _ = build("decentral-sync")
+    task = LeaseBook().new_task(s.task_for(view(), 0), version=0, now=0)
+    assert task.rows is None and s.sample_weight(task) == 1.0

@@ -104,3 +104,19 @@ def test_a_store_the_coordinator_cannot_write_is_refused_before_the_banner(
         os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode)
     )
     fails(tmp_path / "new.db", f"directory {tmp_path} is not writable")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--upstream-every-versions", "0", "--upstream-every-versions: expected >= 1, got 0"),
+        ("--upstream-every-s", "nan", "--upstream-every-s: expected a positive number, got nan"),
+        ("--upstream-every-s", "-1", "--upstream-every-s: expected a positive number, got -1"),
+    ],
+)
+def test_an_edge_with_a_bad_sync_period_is_refused_before_the_banner(capsys, flag, value, needle):
+    argv = ["coordinator", "--port", "0", "--upstream", "ws://127.0.0.1:9/ws", flag, value]
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert "join with" not in out.out
+    assert needle in out.err

@@ -41,7 +41,26 @@ async def _finish(ws: ServerConnection) -> None:
     await ws.close(1000, "finished")
 
 
-def _run(script: Script) -> tuple[int, DesktopClient]:
+class Said:
+    """A reporter (client.report.Reporter) that keeps what the client said."""
+
+    progress_interval = 0.0
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.problems: list[str] = []
+
+    def say(self, text: str) -> None:
+        self.said.append(text)
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+
+    def progress(self, text: str) -> None:
+        raise AssertionError("no progress lines at interval 0")
+
+
+def _run(script: Script, reporter: Said | None = None) -> tuple[int, DesktopClient]:
     """Serve ``script(ws, connection number)`` to one DesktopClient; its exit code."""
 
     async def go() -> tuple[int, DesktopClient]:
@@ -62,6 +81,7 @@ def _run(script: Script) -> tuple[int, DesktopClient]:
                 backoff_cap=0.02,
                 max_attempts=3,
                 cache=False,
+                reporter=reporter,
             )
             return await asyncio.wait_for(client.run(), 60), client
 
@@ -133,3 +153,43 @@ def test_an_undecodable_frame_is_answered_with_error_and_close_4001() -> None:
     assert code == 0 and client.stats.connects == 2
     assert closes == [4001]
     assert [e.code for e in errors if isinstance(e, m.Error)] == [1]  # MALFORMED
+
+
+def test_a_version_the_coordinator_does_not_speak_ends_the_client_with_a_sentence() -> None:
+    said = Said()
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.recv()  # hello
+        await ws.close(4004, "hello.version: 1 not served")
+
+    code, client = _run(script, said)
+    assert code == 2 and client.stats.connects == 1  # not retried
+    assert said.problems == [
+        "the coordinator does not speak this client's protocol version; install the "
+        "crowdgrad version it runs: hello.version: 1 not served"
+    ]
+    assert said.said == []  # it never joined: the problem was the last word
+
+
+def test_a_close_by_the_coordinator_is_said_then_it_rejoins_and_sums_up() -> None:
+    said = Said()
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await _welcome(ws)
+        if n == 1:
+            await ws.close(4014, "no message for 15 s")
+        else:
+            await _finish(ws)
+
+    code, _ = _run(script, said)
+    assert code == 0
+    (problem,) = said.problems
+    assert problem.startswith(
+        "the coordinator closed the connection (close 4014 TIMEOUT: no message for 15 s); "
+        "trying again in "
+    )
+    joined, again, left = said.said
+    assert joined.startswith("joined the job at ws://127.0.0.1:")
+    assert again.startswith("joined again (session resumed): the job at")
+    assert left.startswith("left after ") and "the job finished (max_versions)" in left
+    assert "0 tasks done" in left and "2 connections" in left

@@ -3,11 +3,15 @@ real client processes, real websockets), named by Prometheus conventions."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.asyncio.client import connect
 
 from coordinator import events as ev
-from tests.e2e.e2e_helpers import clients, digits_job, running
+from protocol import messages as m
+from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, hello_frame, running
 
 
 def scrape(base: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -31,14 +35,14 @@ def total(series: dict, **labels: str) -> float:
 
 
 def test_metrics_agree_with_the_job(tmp_path) -> None:
-    job = digits_job(stop={"target_accuracy": 0.9, "max_time_s": 120})
+    job = digits_job(stop={"target_accuracy": 0.9})
     with running(job, store=tmp_path / "s.db") as (bg, service, rec):
         base = bg.url.replace("ws://", "http://").removesuffix("/ws")
         before = scrape(base)
         assert total(before["crowdgrad_clients"]) == 0
         assert before["crowdgrad_model_version"][()] == 0
         with clients(bg.url, ["m1", "m2"]):
-            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=120)
+            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=HANG_GUARD_S)
             assert rec.wait_for(lambda: service.stats.checkpoints >= 1, timeout=30)
             got = scrape(base)
         joins = got["crowdgrad_client_joins_total"]
@@ -63,3 +67,33 @@ def test_metrics_agree_with_the_job(tmp_path) -> None:
         assert got["crowdgrad_model_version"][()] == service.stats.version
         assert got["crowdgrad_checkpoint_seconds_count"][()] >= 1
         assert got["crowdgrad_job_finished"][()] == 1
+
+
+def test_heartbeat_rtt_from_echoed_heartbeats() -> None:
+    """A client echoing the server's heartbeat ``time`` with ``held`` gives one RTT
+    sample each (docs/protocol.md §3.7); an echo without ``held`` (an older client's)
+    gives none."""
+
+    async def peer(url: str) -> None:
+        async with connect(url, max_size=None, compression=None) as ws:
+            await ws.send(hello_frame("rtt"))
+
+            async def heartbeat() -> m.Heartbeat:
+                async for frame in ws:
+                    msg = m.decode(frame)
+                    if isinstance(msg, m.Heartbeat):
+                        return msg
+                raise AssertionError("closed before a heartbeat came")
+
+            await ws.send(m.encode(m.Heartbeat(seq=1, time=0.0)))
+            theirs = await heartbeat()
+            await ws.send(m.encode(m.Heartbeat(seq=2, time=1.0, echo=theirs.time, held=0.0)))
+            await heartbeat()
+            await ws.send(m.encode(m.Heartbeat(seq=3, time=2.0, echo=theirs.time)))  # no held
+            await heartbeat()
+
+    with running(digits_job()) as (bg, _, _):
+        asyncio.run(asyncio.wait_for(peer(bg.url), 60))
+        got = scrape(bg.url.replace("ws://", "http://").removesuffix("/ws"))
+    assert got["crowdgrad_heartbeat_rtt_seconds_count"][()] == 1
+    assert 0 <= got["crowdgrad_heartbeat_rtt_seconds_sum"][()] < 60

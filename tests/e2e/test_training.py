@@ -6,7 +6,7 @@ import pytest
 
 from coordinator import events as ev
 from coordinator.core import Coordinator
-from tests.e2e.e2e_helpers import SETTINGS, clients, digits_job, running
+from tests.e2e.e2e_helpers import HANG_GUARD_S, SETTINGS, clients, digits_job, running
 
 
 @pytest.mark.parametrize("strategy", list(SETTINGS))
@@ -20,7 +20,7 @@ def test_four_clients_reach_95_percent(strategy: str) -> None:
         with clients(bg.url, names) as procs:
             assert rec.wait_for(lambda: len(rec.of(ev.ClientJoined)) == 4)
             service.set_paused(False)
-            assert service.done.wait(120), service.stats
+            assert service.done.wait(HANG_GUARD_S), service.stats
             codes = {n: p.wait(30) for n, p in procs.items()}
     fin = service.stats.finished
     assert fin is not None and fin["reason"] == "target_accuracy", fin
@@ -68,7 +68,7 @@ def test_churn_kill_two_start_one() -> None:
             for n in killed:
                 procs[n].kill()
             with clients(bg.url, ["late"]) as late:
-                assert service.done.wait(120), service.stats
+                assert service.done.wait(HANG_GUARD_S), service.stats
                 assert late["late"].wait(30) == 0
             survivors = {n: procs[n].wait(30) for n in names if n not in killed}
         stuck = service.call(lambda core: list(core.book.leases_live())).result(10)

@@ -198,6 +198,7 @@ def valid_messages() -> dict[str, Message]:
         "ack_stale": Ack(task_id="t-1", accepted=False, reason="stale"),
         "prefetch": Prefetch(task_id="t-1"),
         "heartbeat": Heartbeat(seq=7, time=100.25, echo=99.5),
+        "heartbeat_held": Heartbeat(seq=8, time=105.25, echo=1234.5, held=4.75),
         "error": Error(code=3, message="task.steps: expected int in [1, 1000000000], got 0"),
         "bye": Bye(reason="client closing"),
         "bye_finished": Bye(reason="finished", detail="max_versions"),
@@ -218,6 +219,7 @@ def valid_messages() -> dict[str, Message]:
         ),
         "hello_data": Hello(client="web/1", spans=True, data=True),
         "welcome_data": Welcome(session_id="s-44", limits=profile("roblox"), data=True),
+        "welcome_job": Welcome(session_id="s-46", limits=profile("lan"), job="digits-mlp"),
         "fetch": Fetch(data=sha256_hex(_shard_blob())),
         "data": Data(
             data=sha256_hex(_shard_blob()),

@@ -106,6 +106,7 @@ export class Session {
     this.outbox = [];
     this.hbSeq = 0;
     this.peerTime = null; // the last heartbeat time the server sent (echoed back)
+    this.peerTimeAt = 0; // when it came, on this clock (held = now - peerTimeAt, §3.7)
     this.helloSent = -Infinity;
     this.lastSent = -Infinity;
     this.now = -Infinity;
@@ -172,6 +173,7 @@ export class Session {
         break;
       case "heartbeat":
         this.peerTime = msg.time;
+        this.peerTimeAt = now;
         if (msg.echo != null) this.rtt = Math.max(0, now - msg.echo);
         break;
       case "bye":
@@ -350,6 +352,7 @@ export class Session {
     this.nextReady = false;
     this.prefetchFor = null;
     this.outbox = [];
+    this.peerTime = null; // the next server may run another clock (§3.7)
     return [];
   }
 
@@ -360,7 +363,9 @@ export class Session {
     if (this.phase === "ready" && this.outbox.length === 0 &&
         now >= this.lastSent + this.heartbeatInterval) {
       this.hbSeq += 1;
-      this._queue({ type: "heartbeat", seq: this.hbSeq, time: now, echo: this.peerTime });
+      // echo and held let the server measure its RTT to this client (§3.7)
+      const held = this.peerTime === null ? null : Math.max(0, now - this.peerTimeAt);
+      this._queue({ type: "heartbeat", seq: this.hbSeq, time: now, echo: this.peerTime, held });
     }
     this._flush(now, out);
     return out;

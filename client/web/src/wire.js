@@ -481,8 +481,9 @@ const SCHEMAS = {
       ["prefetch", bool, false],
       ["data", bool, false],
       ["decline", bool, false],
+      ["job", str(128), ""],
     ],
-    sparse: ["data", "decline"],
+    sparse: ["data", "decline", "job"],
   },
   task: {
     fields: [
@@ -564,7 +565,9 @@ const SCHEMAS = {
       ["seq", int(0, I64), REQ],
       ["time", num(-1e15, 1e15), 0.0],
       ["echo", opt(num(-1e15, 1e15)), null],
+      ["held", opt(num(0, 1e15)), null],
     ],
+    sparse: ["held"],
   },
   error: {
     fields: [

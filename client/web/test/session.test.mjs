@@ -194,6 +194,13 @@ test("heartbeats when idle, echoing the server's clock", () => {
   const [hb] = sent(s.tick(6));
   assert.equal(hb.type, "heartbeat");
   assert.equal(hb.echo, 42.5);
+  assert.equal(hb.held, 5); // received at 1, echoed at 6: the server subtracts it
+  s.connectionLost(7);
+  s.start(8);
+  s.receive(welcome(), 8);
+  const [first] = sent(s.tick(13));
+  assert.equal(first.echo, null, "a new connection echoes no old clock");
+  assert.equal(first.held, null);
 });
 
 test("refusing a bad server frame closes with 4000 + code", () => {

@@ -12,10 +12,11 @@ const BIG = 1 << 24;
 /** Keys the reference encoder leaves off at their default (§10 rule 3). */
 const SPARSE = {
   hello: { data: false, init_schemes: [] },
-  welcome: { data: false, decline: false },
+  welcome: { data: false, decline: false, job: "" },
   task: { data: null, init_scheme: null },
   chunk: { blocks: 1 },
   bye: { detail: "" },
+  heartbeat: { held: null },
 };
 
 function rejects(fn, code, text) {

@@ -1,0 +1,82 @@
+"""Results arriving in pieces: a ``result`` header, then its update's chunks.
+
+A client uploads a result as a ``result`` message naming ``num_chunks``, then
+that many ``chunk`` messages whose ``transfer`` is the task id
+(docs/protocol.md §3.4, §3.5, §5). The core keeps one :class:`Uploads` per connection;
+it hands each finished :class:`Upload` to the result path (coordinator/results.py)
+with the bytes it took on the wire, which the metrics report. A header or chunk
+that breaks the rules is the peer's fault: a ``ProtocolError`` the core turns into
+an error frame and a Close.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compression import get as get_codec
+from nn.spec import ModelSpec
+from protocol import messages as m
+from protocol.chunking import Reassembler
+from protocol.errors import ErrorCode, ProtocolError
+
+
+@dataclass(slots=True)
+class Upload:
+    """A result whose chunks are arriving, and the bytes they took so far."""
+
+    result: m.Result
+    reasm: Reassembler
+    frame_bytes: int = 0
+    payload_bytes: int = 0
+
+
+def _frame_bytes(msg: m.Message, nbytes: int | None) -> int:
+    """The frame's size as the driver measured it, else as this side encodes it."""
+    return nbytes if nbytes is not None else len(m.encode(msg))
+
+
+class Uploads:
+    """The uploads in flight on one connection, by transfer (the task id)."""
+
+    __slots__ = ("_codec", "_codec_name", "_open", "_spec")
+
+    def __init__(self, spec: ModelSpec, codec: str) -> None:
+        self._spec = spec
+        self._codec_name = codec
+        #: the job's update codec: every chunk must be in it
+        self._codec = int(get_codec(codec).id)
+        self._open: dict[str, Upload] = {}
+
+    def start(self, msg: m.Result, nbytes: int | None) -> None:
+        """A result header: chunks for ``msg.task_id`` follow."""
+        if msg.num_chunks < 1:
+            raise ProtocolError(ErrorCode.BAD_FIELD, "result.num_chunks: an update is required")
+        if msg.task_id in self._open:
+            raise ProtocolError(ErrorCode.DUPLICATE, f"result {msg.task_id!r}: already uploading")
+        reasm = Reassembler.for_params(self._spec, transfer=msg.task_id, total=msg.num_chunks)
+        upload = self._open[msg.task_id] = Upload(msg, reasm)
+        upload.frame_bytes += _frame_bytes(msg, nbytes)
+
+    def chunk(self, msg: m.Chunk, nbytes: int | None) -> Upload | None:
+        """Add a chunk; returns its upload once the last chunk is in (it leaves)."""
+        upload = self._open.get(msg.transfer)
+        if upload is None:
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_TASK, f"chunk.transfer {msg.transfer!r}: no result sent"
+            )
+        if msg.codec != self._codec:
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK,
+                f"chunk {msg.seq} of {msg.transfer!r}: codec id {msg.codec}, the task "
+                f"asked for {self._codec_name!r} (id {self._codec})",
+            )
+        upload.reasm.add(msg)
+        upload.frame_bytes += _frame_bytes(msg, nbytes)
+        upload.payload_bytes += len(msg.payload)
+        if not upload.reasm.done:
+            return None
+        del self._open[msg.transfer]
+        return upload
+
+    def __len__(self) -> int:
+        return len(self._open)
