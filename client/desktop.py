@@ -30,6 +30,10 @@ joins, a progress line, a sentence for each connection problem (fatal ones, whic
 retrying cannot fix, end the client with exit code 2) and a summary when it
 leaves. Failures retried with backoff are said when they change, and every tenth
 attempt.
+
+Why long: one process's IO around the sans-IO session: connect and backoff,
+the compute thread, priority, data and cache, the console report and the
+CLI; each part is a few small methods over the same connection state.
 """
 
 from __future__ import annotations

@@ -43,6 +43,10 @@ non-blocking socket, nothing blocks), trusting the system's store or, with
 ``ca``, a coordinator's own certificate (the desktop client's ``--ca``). A
 certificate that is not trusted ends the client (``exit_code`` 2): retrying
 cannot fix it.
+
+Why long: a complete client without a thread of its own: non-blocking socket,
+TLS through ``ssl.SSLObject``, a websocket framer (h11-style, sans-IO) and
+compute sliced to a frame budget; a game embeds this one file.
 """
 
 from __future__ import annotations

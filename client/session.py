@@ -58,6 +58,10 @@ Connection phases (transitions table; anything else is the driver's bug)::
 
     NEW --start--> HELLO_SENT --welcome--> READY --bye--> FINISHED
     HELLO_SENT | READY --connection_lost--> OFFLINE --start--> HELLO_SENT
+
+Why long: the client's whole protocol state machine (handshake, tasks,
+downloads, prefetch, acks and resends, pacing), kept in one place as the
+spec describes it, so a second client can be checked against one file.
 """
 
 from __future__ import annotations

@@ -133,6 +133,12 @@ class StalenessSection(_Section):
 #: "auto" windows: this many deltas, while they fit in this many bytes
 WINDOW_AUTO = 16
 WINDOW_AUTO_BYTES = 256 << 20
+#: an "auto" window combines one delta per this many connected clients, and
+#: none below WINDOW_AUTO_MIN (the delta alone): a window over a few clients'
+#: deltas holds several from each, spanning many versions, and the lag slowed
+#: 8 clients 2.4x and stalled 2 (docs/coordinator.md)
+WINDOW_AUTO_CLIENTS_PER_DELTA = 4
+WINDOW_AUTO_MIN = 4
 
 
 class StrategySection(_Section):
@@ -162,7 +168,7 @@ class StrategySection(_Section):
     # (robust.SlidingWindow); "auto" is 16 while the window fits in
     # WINDOW_AUTO_BYTES, 1 (each delta alone, no protection) is classic FedAsync
     window: int | Literal["auto"] = Field(
-        default=1, description="FedAsync: deltas combined per step, or 'auto'"
+        default="auto", description="FedAsync: deltas combined per step, or 'auto'"
     )
     window_aggregator: Literal["mean", "median", "trimmed_mean", "krum", "centered_clip"] = (
         "centered_clip"

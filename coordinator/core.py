@@ -38,6 +38,10 @@ Rules that protect the model (docs/coordinator.md):
   a client over ``max_rejections`` refused updates is closed;
 - peer misbehaviour becomes an ``error`` frame plus a Close; only the caller's
   own misuse (an unknown client id, time going backwards) raises.
+
+Why long: the dispatcher. Each concern has its own module (coordinator.md's
+table); what stays is the routing of every message and timer, and the
+checkpoint round trip, which must see all of them.
 """
 
 from __future__ import annotations

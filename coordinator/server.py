@@ -31,6 +31,10 @@ The app can be mounted into a host FastAPI/Starlette app. A mounted app's
 lifespan does not run, so the service starts lazily on the first request, and
 a host that wants a clean shutdown composes ``async with crowd:`` (or calls
 ``await crowd.drain()``) in its own lifespan.
+
+Why long: the websocket and HTTP edge of one service (admission, per-peer
+send queues and slow-consumer closes, TLS, the app's lifespan); the routes
+and pages live in routes.py and dashboard.py.
 """
 
 from __future__ import annotations

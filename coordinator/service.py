@@ -35,6 +35,10 @@ Except at the end of the job: the core's ``bye`` and closes wait until the acks
 held before them are released (a final snapshot is taken at once), so every
 result a client was told is in gets its ack before the ``bye``; the service is
 ``done`` only then.
+
+Why long: the core's thread, its inbox and the durable-ack machinery (group
+commit, held acks, the final snapshot) share one lock-free loop; split, the
+ordering guarantees above would span modules.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ The receiver's :class:`Reassembler` takes chunks in any order and rejects, with 
 ProtocolError, anything that does not fit: another transfer, a different total,
 a duplicate seq, rows outside the block or overlapping rows already received, an
 unknown codec, a bad checksum or a payload the codec refuses.
+
+Why long: splitting and reassembly are one contract (layouts, blocks, spans,
+codecs per block, every refusal listed above); each half is tested against
+the other.
 """
 
 from __future__ import annotations

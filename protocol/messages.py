@@ -6,6 +6,9 @@ ValueError; decoding a frame with one is the peer's ProtocolError naming the fie
 (``task.steps: expected int in [1, 1000000000], got 'x'``). Unknown extra keys
 are ignored so that a newer peer can add optional fields (docs/protocol.md §9).
 Field tables: docs/protocol.md §3.
+
+Why long: one dataclass per wire message with its field validation, the
+spec's §3 tables in code; splitting by message would scatter one table.
 """
 
 from __future__ import annotations

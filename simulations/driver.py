@@ -30,6 +30,10 @@ upload (result and chunks) once.
 
 The coordinator is ticked at its own ``next_wakeup()`` (pacing, leases,
 heartbeats) and at least every ``run.tick_every_s``.
+
+Why long: players, links and churn around the real core in one event loop;
+the attack behaviours, federation, network and churn models have their
+own modules.
 """
 
 from __future__ import annotations

@@ -18,7 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.config import WINDOW_AUTO, WINDOW_AUTO_BYTES
+from coordinator.config import (
+    WINDOW_AUTO,
+    WINDOW_AUTO_BYTES,
+    WINDOW_AUTO_CLIENTS_PER_DELTA,
+    WINDOW_AUTO_MIN,
+)
 from coordinator.leases import Task, TaskPlan
 from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.base import ClientView, Outcome, Strategy
@@ -41,6 +46,8 @@ class DecentralAsync(Strategy):
         self.buffer: list[np.ndarray] = []
         #: each buffered delta's ``sample_weight`` (FedBuff's mean weights by rows)
         self.buffer_weights: list[float] = []
+        #: clients connected at the last lease ("auto" windows scale with it)
+        self.crowd = 0
         #: FedAsync's last ``window`` deltas (window > 1 only)
         size = self.model.params.data.size
         k = c.window_for(size)
@@ -57,6 +64,7 @@ class DecentralAsync(Strategy):
             )  # fmt: skip
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
+        self.crowd = client.connected
         return self.new_plan()
 
     def on_result(self, task: Task, update: np.ndarray, now: float) -> Outcome:
@@ -84,7 +92,14 @@ class DecentralAsync(Strategy):
         weight, so the total moved matches FedAsync's, but one bad delta is
         combined with honest ones before it touches the model."""
         scaled = (np.float32(w) * update).astype(np.float32)
-        return scaled if self.recent is None else self.recent.push(scaled)
+        if self.recent is None:
+            return scaled
+        use = None
+        if self.config.window == "auto":  # a window over a few clients' deltas lags
+            use = self.crowd // WINDOW_AUTO_CLIENTS_PER_DELTA
+            if use < WINDOW_AUTO_MIN:  # too few to outvote anything: the delta alone
+                use = 1
+        return self.recent.push(scaled, use)
 
     def pending(self) -> int:
         return len(self.buffer)

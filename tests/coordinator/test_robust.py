@@ -18,6 +18,7 @@ from coordinator.strategies.robust import (
     multi_krum,
     trimmed_mean,
 )
+from tests.coordinator.coord_helpers import deliver, hello, make_core, result_messages, task_of
 
 ROBUST = [a for a in AGGREGATORS if a != "mean"]
 
@@ -128,3 +129,37 @@ def test_a_sliding_window_resumes_bitwise_from_its_state() -> None:
         np.testing.assert_array_equal(a.push(d), b.push(d))
     with pytest.raises(ValueError, match="unknown 'avg'"):
         SlidingWindow(8, 50, "avg")
+
+
+def test_a_window_used_in_part_combines_only_the_newest_deltas() -> None:
+    rng = np.random.default_rng(6)
+    _, deltas = _arrivals(rng, 30, bad_every=None)
+    part = SlidingWindow(8, 50, "mean")
+    for i, d in enumerate(deltas):
+        step = part.push(d, use=3)
+        newest = deltas[max(0, i - 2) : i + 1]
+        np.testing.assert_allclose(step, np.mean(newest, axis=0), rtol=1e-5, atol=1e-7)
+    alone = SlidingWindow(8, 50, "centered_clip")
+    for d in deltas:
+        np.testing.assert_array_equal(alone.push(d, use=0), d)  # at least the delta itself
+
+
+def test_an_auto_window_scales_with_the_crowd() -> None:
+    """Under 16 connected clients an "auto" FedAsync step is the delta alone, bitwise
+    classic FedAsync; with 64 it combines 16 deltas."""
+
+    def run(window: object, clients: int) -> tuple[np.ndarray, int | None]:
+        core = make_core(strategy={"window": window})
+        tasks = {c: task_of(core.connect(c, hello(c), 0.0), c) for c in map(str, range(clients))}
+        rng = np.random.default_rng(0)
+        for step, (c, task) in enumerate(list(tasks.items())[:6]):
+            update = rng.normal(0, 1e-3, core.params.num_params).astype(np.float32)
+            deliver(core, c, result_messages(task, update), 1.0 + step)
+        return core.params.data.copy(), core.strategy.crowd
+
+    auto, crowd = run("auto", 15)
+    classic, _ = run(1, 15)
+    assert crowd == 15
+    np.testing.assert_array_equal(auto, classic)
+    wide, crowd = run("auto", 64)
+    assert crowd == 64 and not np.array_equal(wide, run(1, 64)[0])
