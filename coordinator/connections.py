@@ -226,11 +226,13 @@ class Connections:
 
     # -- outbound frames -----------------------------------------------------------
 
-    def queue(self, conn: Conn, msg: m.Message) -> None:
-        """Append to the connection's outbox and mark it for the next flush."""
+    def queue(self, conn: Conn, msg: m.Message) -> int:
+        """Append to the connection's outbox and mark it for the next flush;
+        returns the frame's size (a task's is counted in ``TaskLeased``)."""
         frame = m.encode(msg)
         conn.outbox.push(ev.Send(client_id=conn.client_id, message=msg, frame=frame), len(frame))
         self._dirty.add(conn.client_id)
+        return len(frame)
 
     def queue_frames(self, conn: Conn, frames: Iterable[tuple[m.Message, bytes]]) -> None:
         """Append already encoded frames (model chunks, shard data) likewise."""

@@ -582,7 +582,7 @@ class Coordinator:
             seeded=seeded,
             init_crc=self._v0_crc,
         )
-        self.connections.queue(conn, msg)
+        task_bytes = self.connections.queue(conn, msg)
         self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))
         rec.version_held = rec.version_sent = dl.version
         out.append(
@@ -596,6 +596,7 @@ class Coordinator:
                 now=now,
                 download=dl.kind,
                 download_bytes=model_bytes,
+                task_bytes=task_bytes,
                 queued=queued,
                 replica=replica,
             )

@@ -68,7 +68,8 @@ class ClientLeft:
 class TaskLeased:
     """``download`` is how the model went: ``none`` (held), ``full``, ``delta`` or
     ``seed`` (the client built version 0 from the init seed);
-    ``download_bytes`` its exact frame bytes. ``queued``: a prefetch, leased
+    ``download_bytes`` its exact frame bytes, ``task_bytes`` the task frame's
+    (shard data, fetched once per client, is ``DataServed``). ``queued``: a prefetch, leased
     behind the task the client still computes. ``replica``: a twin of an older
     task, to check its result (coordinator/replication.py)."""
 
@@ -81,6 +82,7 @@ class TaskLeased:
     now: float
     download: str = "full"
     download_bytes: int = 0
+    task_bytes: int = 0
     queued: bool = False
     replica: bool = False
 

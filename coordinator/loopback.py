@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,9 @@ class Loopback:
     now: float = 0.0
     clients: dict[str, LoopClient] = field(default_factory=dict)
     outputs: list[ev.Output] = field(default_factory=list)
+    #: bytes of the frames sent, by direction and message type (``("down", "chunk")``,
+    #: ``("up", "result")``): what the byte counts in events are checked against
+    carried: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: called with every core output; return value ignored (for assertions)
     on_output: Callable[[ev.Output], Any] | None = None
     #: per client id, what it uploads instead of its honest result (Byzantine tests)
@@ -154,6 +158,7 @@ class Loopback:
                 self.on_output(o)
             match o:
                 case ev.Send():
+                    self.carried["down", o.message.TYPE] += len(o.frame)
                     c = self.clients[o.client_id]
                     self.schedule(
                         self.now + self.latency, "to_client", o.client_id, o.frame, c.epoch
@@ -172,6 +177,7 @@ class Loopback:
         for a in actions:
             match a:
                 case ClientSend():
+                    self.carried["up", a.message.TYPE] += len(a.frame)
                     self.schedule(
                         self.now + self.latency, "to_server", c.client_id, a.frame, c.epoch
                     )
