@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compression.distill import distill_steps
 from nn.data import Dataset, load_dataset
 from nn.optim import Optimizer, OptState
 from nn.params import Params
@@ -130,6 +129,8 @@ def run_task(task: m.Task, base: Params, data: Dataset | ShardData | None = None
         else:
             if task.teacher_logits is None or task.teacher_logits.shape[0] != X.shape[0]:
                 raise ValueError(f"task {task.task_id}: teacher_logits do not match the samples")
+            from compression.distill import distill_steps  # distill tasks only
+
             metrics = distill_steps(
                 local, state, X, task.teacher_logits.astype(np.float32), y,
                 steps=task.steps, batch=task.batch, temperature=task.temperature,
@@ -219,6 +220,8 @@ class SlicedTask:
             )
         else:
             assert self._teacher is not None
+            from compression.distill import distill_steps  # distill tasks only
+
             met = distill_steps(
                 self._local, self._state, self._X[part], self._teacher[part], self._y[part],
                 steps=n, batch=t.batch, temperature=t.temperature, alpha=t.distill_alpha,

@@ -6,6 +6,7 @@ number measured with the real kernels on a real-sized layer beats a guess.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -22,7 +23,8 @@ def measure_flops(*, budget_s: float = 0.2, batch: int = 16, seed: int = 0) -> f
     """Training FLOP/s of the nn core on this machine (counted as ``ModelSpec.flops_per_sample``).
 
     The first call compiles nothing new (kernels are cached), but it warms them
-    with one step before timing doubling bursts until ``budget_s`` is spent.
+    with one step before timing doubling bursts until ``budget_s`` is spent (the
+    last one cut to what is left of it).
     """
     if not budget_s > 0:
         raise ValueError(f"budget_s: must be > 0, got {budget_s!r}")
@@ -39,5 +41,8 @@ def measure_flops(*, budget_s: float = 0.2, batch: int = 16, seed: int = 0) -> f
         train_steps(params, state, X, y, steps, batch, rng)
         spent += time.perf_counter() - t0
         done += steps
-        steps *= 2
+        # Double the burst, but to no more than what the rest of the budget holds at
+        # the rate so far: a plain doubling overshot it by up to 2x (client start).
+        left = math.ceil((budget_s - spent) * done / max(spent, 1e-9))
+        steps = max(8, min(steps * 2, left))
     return spec.flops_per_sample() * batch * done / max(spent, 1e-9)

@@ -87,16 +87,16 @@ def kd_loop(  # pragma: no cover - compiled
     aoff, abuf, D1, D2, Xb = kernels._workspace(shapes, batch, data)
     part = np.empty(0, data.dtype)  # one thread: no neuron-group scratch (nn.kernels.backward)
     K = shapes[shapes.shape[0] - 1, 0]
+    mode = MODE_SGD if opt == _SGD else MODE_GRAD  # one backward to compile (train_loop)
+    step_lr = lr if opt == _SGD else 0.0
     for s in range(losses.shape[0]):
         bidx = idx[s * batch : (s + 1) * batch]
         kernels._gather(X, bidx, Xb)
         out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
         D = D1[: batch * K].reshape(batch, K)
         losses[s] = kd_grad_(out, teacher, labels, bidx, temperature, alpha, D)
-        if opt == _SGD:
-            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_SGD, lr, 1, part)
-        else:
-            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, 1, part)
+        backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, step_lr, None, part)
+        if opt != _SGD:
             kernels.optimizer_update_(
                 data, G, opt, lr, mu, nesterov, b1, b2, eps, t0 + s + 1, buf1, buf2
             )

@@ -13,16 +13,87 @@ small products, where a BLAS call costs more than the arithmetic.
 
 from __future__ import annotations
 
+import ctypes
+import importlib.machinery
+import importlib.util
+import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 from llvmlite import binding as _llvm
 from numba import njit, types
 from numba.extending import get_cython_function_address
 
+log = logging.getLogger(__name__)
+
+
+_CYTHON_BLAS = "scipy.linalg.cython_blas"
+
+
+def _sgemm_address() -> int:
+    """The address of scipy's Cython ``sgemm``, without importing ``scipy.linalg``.
+
+    Why: importing ``scipy.linalg`` (which a plain import of its ``cython_blas``
+    does first, and numba's check for a BLAS too) costs a client ~0.1-0.15 s of its
+    start for modules never used here (numpy.f2py, numpy.ma, numpy.testing among
+    them). The extension is loaded from its file instead; a later ``import
+    scipy.linalg`` gets the same module from Python's extension cache. Anything
+    unexpected falls back to the plain import.
+    """
+    if _CYTHON_BLAS not in sys.modules:
+        try:
+            return _capsule_pointer(_load_cython_blas().__pyx_capi__["sgemm"])
+        except Exception:  # any surprise: the documented, slower way
+            log.debug("loading %s from its file failed", _CYTHON_BLAS, exc_info=True)
+    return get_cython_function_address(_CYTHON_BLAS, "sgemm")
+
+
+def _load_cython_blas() -> ModuleType:
+    spec = importlib.util.find_spec("scipy")  # imports the scipy package only: light
+    roots = spec.submodule_search_locations if spec is not None else None
+    path = next(
+        p
+        for root in roots or ()
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        if (p := Path(root, "linalg", f"cython_blas{suffix}")).is_file()
+    )
+    ext = importlib.util.spec_from_file_location(_CYTHON_BLAS, path)
+    assert ext is not None and ext.loader is not None
+    module = importlib.util.module_from_spec(ext)
+    ext.loader.exec_module(module)
+    registered = sys.modules.get(_CYTHON_BLAS) is module  # single-phase init does that
+    sys.modules.setdefault(_CYTHON_BLAS, module)
+    try:
+        # numba checks for a BLAS once, when its target first loads, by importing
+        # this module (numba.np.linalg.ensure_blas): found in sys.modules now, it
+        # does not import scipy.linalg either.
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        if registered and "scipy.linalg" not in sys.modules:
+            # Python's extension cache keeps it: a later import of scipy.linalg gets
+            # this module back and binds it to its parent as usual.
+            del sys.modules[_CYTHON_BLAS]
+    return module
+
+
+def _capsule_pointer(capsule: object) -> int:
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule))
+    if not address:
+        raise ValueError(f"{_CYTHON_BLAS}: sgemm has no address")
+    return int(address)
+
+
 _SYMBOL = "crowdgrad_scipy_sgemm"
-_llvm.add_symbol(_SYMBOL, get_cython_function_address("scipy.linalg.cython_blas", "sgemm"))
+_llvm.add_symbol(_SYMBOL, _sgemm_address())
 _sgemm = types.ExternalFunction(_SYMBOL, types.void(*([types.voidptr] * 13)))
 
 #: Below this many multiply-adds (M·N·K) the loops beat a BLAS call.

@@ -1,15 +1,19 @@
 """Datasets for training and tests: digits, teacher tasks, and client shards.
 
-Nothing here downloads: digits is bundled with scikit-learn, and a teacher task
-is generated from a seed. A teacher task exists so that the seed's presets
-([10, ..., 10] regressors with no dataset of their own) learn something
-measurable: a fixed random MLP of the same widths labels random inputs, and
-accuracy is agreement of the argmax with the teacher's.
+Nothing here downloads: digits is bundled with scikit-learn (read from its file,
+without importing scikit-learn), and a teacher task is generated from a seed. A
+teacher task exists so that the seed's presets ([10, ..., 10] regressors with no
+dataset of their own) learn something measurable: a fixed random MLP of the same
+widths labels random inputs, and accuracy is agreement of the argmax with the
+teacher's.
 """
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -41,13 +45,46 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
+#: Where scikit-learn keeps the digits, relative to its package directory.
+DIGITS_FILE = ("datasets", "data", "digits.csv.gz")
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 digits as scikit-learn's ``load_digits`` returns them: pixels
+    float64 in 0..16 ``[1797, 64]``, labels int64.
+
+    Why not ``sklearn.datasets.load_digits``: importing scikit-learn takes most
+    of a second and a client's first task (``--no-data-fetch``) or a coordinator's
+    start would wait for it; the same CSV file is read here straight from the
+    installed package, without importing it. If the file is not where it was
+    (another scikit-learn layout), scikit-learn's loader is used after all.
+    """
+    path = _sklearn_file(*DIGITS_FILE)
+    if path is None:
+        from sklearn.datasets import load_digits as _sk_digits  # slow import: fallback only
+
+        d = _sk_digits()
+        return d.data, d.target
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(np.int64)
+
+
+def _sklearn_file(*parts: str) -> Path | None:
+    """A data file inside the installed scikit-learn, found without importing it."""
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(root, *parts)
+        if path.is_file():
+            return path
+    return None
+
+
 def load_digits(*, test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     """scikit-learn's 8x8 digits (1,797 images): X float32 in [0, 1], y int32."""
-    from sklearn.datasets import load_digits as _sk_digits  # sklearn import is slow
-
-    d = _sk_digits()
-    X = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int32)
+    pixels, labels = digits_arrays()
+    X = (pixels / 16.0).astype(np.float32)
+    y = labels.astype(np.int32)
     tr, te = split_indices(len(y), test_fraction, seed)
     return Dataset(
         name="digits", X_train=X[tr], y_train=y[tr], X_test=X[te], y_test=y[te], num_classes=10

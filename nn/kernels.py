@@ -290,16 +290,42 @@ def backward_groups_(
                     dA[r, k] += src[k]
 
 
+@njit(cache=True, nogil=True)
+def _forward_grouped(prev, prev_fm, W, bvec, Z, fm, act, B, parts):  # pragma: no cover
+    """A layer's forward as neuron groups when it is big enough for ``parts``
+    threads; False: it is not (the caller runs it whole)."""
+    n = split_layer(B, W.shape[0], W.shape[1], parts)
+    if n < 2:
+        return False
+    forward_groups_(prev, prev_fm, W, bvec, Z, fm, act, n)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _backward_grouped(
+    dZ, fm, A, act, prev, prev_fm, W, dA, part, GW, Gb, mode, lr, B, parts
+):  # pragma: no cover - compiled
+    """A layer's backward as neuron groups when it is big enough for ``parts``
+    threads; False: it is not (the caller runs it whole)."""
+    n = split_layer(B, W.shape[0], W.shape[1], parts)
+    if n < 2:
+        return False
+    backward_groups_(dZ, fm, A, act, prev, prev_fm, W, dA, part, GW, Gb, mode, lr, n)
+    return True
+
+
 # -- the whole network ----------------------------------------------------------------
 
 
 @njit(cache=True, nogil=True)
-def forward(data, shapes, offs, acts, Xb, abuf, aoff, parts=1):  # pragma: no cover - compiled
+def forward(data, shapes, offs, acts, Xb, abuf, aoff, parts=None):  # pragma: no cover - compiled
     """Fill every layer's activations (``abuf`` at ``aoff[l]``) for the batch ``Xb``.
 
     Hidden layers are stored ``[width, batch]``, the output ``[batch, out]``; the
     output is returned. ``parts`` is the number of threads a big layer's rows may
-    be split over.
+    be split over; None: one thread, and the neuron-group code is not compiled at
+    all (numba prunes the branch on the argument's type): it was most of a cold
+    start's compile (see ``train_loop``).
     """
     B = Xb.shape[0]
     L = shapes.shape[0]
@@ -310,11 +336,9 @@ def forward(data, shapes, offs, acts, Xb, abuf, aoff, parts=1):  # pragma: no co
         fm = l < L - 1
         Z = abuf[aoff[l] : aoff[l] + B * o].reshape((o, B) if fm else (B, o))
         prev = Xb if l == 0 else abuf[aoff[l - 1] : aoff[l - 1] + B * i].reshape(i, B)
-        n = split_layer(B, o, i, parts)
-        if n > 1:
-            forward_groups_(prev, l > 0, W, data[b0 : b0 + o], Z, fm, acts[l], n)
-        else:
-            layer_forward_(prev, l > 0, W, data[b0 : b0 + o], Z, fm, acts[l])
+        bvec = data[b0 : b0 + o]
+        if parts is None or not _forward_grouped(prev, l > 0, W, bvec, Z, fm, acts[l], B, parts):
+            layer_forward_(prev, l > 0, W, bvec, Z, fm, acts[l])
     K = shapes[L - 1, 0]
     return abuf[aoff[L - 1] : aoff[L - 1] + B * K].reshape(B, K)
 
@@ -330,7 +354,8 @@ def backward(
     D1 and D2 are ping-pong scratch of ``B·max(width)`` values; the deltas of
     hidden layers are ``[width, batch]`` like their activations. With ``parts > 1``
     big layers run as neuron groups (``backward_groups_``), which need ``part``:
-    ``(parts - 1)·B·max(width)`` scratch values.
+    ``(parts - 1)·B·max(width)`` scratch values; ``parts`` None: one thread, the
+    group code not compiled (as in ``forward``).
     """
     B = Xb.shape[0]
     L = shapes.shape[0]
@@ -346,10 +371,9 @@ def backward(
         dA = other[: B * i if l > 0 else 0].reshape(i if l > 0 else 0, B)
         GW = G[w0 : w0 + o * i].reshape(o, i) if mode == MODE_GRAD else W
         Gb = G[b0 : b0 + o] if mode == MODE_GRAD else data[b0 : b0 + o]
-        n = split_layer(B, o, i, parts)
-        if n > 1:
-            backward_groups_(dZ, fm, A, acts[l], prev, l > 0, W, dA, part, GW, Gb, mode, lr, n)
-        else:
+        if parts is None or not _backward_grouped(
+            dZ, fm, A, acts[l], prev, l > 0, W, dA, part, GW, Gb, mode, lr, B, parts
+        ):
             act_grad_(dZ, A, acts[l])
             layer_backward_(dZ, fm, prev, l > 0, W, dA, GW, Gb, mode, lr)
         cur, other = other, cur
@@ -390,7 +414,7 @@ def loss_and_grad(data, shapes, offs, acts, loss, X, T, labels, G):  # pragma: n
     _gather(X, idx, Xb)
     out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
     value = loss_grad_(out, loss, T, labels, idx, D1[: out.size].reshape(out.shape))
-    backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, 1, D1[:0])
+    backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, None, D1[:0])
     return value
 
 
@@ -449,20 +473,22 @@ def train_loop(  # pragma: no cover - compiled
     ``t0`` is the optimizer's step count before the call (Adam's bias correction).
     ``losses[s]`` receives step s's mean batch loss, measured before its update.
     ``parts`` threads may share a big layer's rows (neuron groups); the caller
-    keeps BLAS single-threaded then (``nn.blas.sgemm_threads``).
+    keeps BLAS single-threaded then (``nn.blas.sgemm_threads``). ``parts`` None:
+    one thread, and the group code is not compiled (a cold start compiles this
+    loop in 11-16 s on the 2-core VM instead of ~44 s, docs/performance.md).
     """
     aoff, abuf, D1, D2, Xb = _workspace(shapes, batch, data)
-    part = np.empty((max(parts, 1) - 1) * D1.shape[0], data.dtype)
+    part = D1[:0] if parts is None else np.empty((max(parts, 1) - 1) * D1.shape[0], data.dtype)
     K = shapes[shapes.shape[0] - 1, 0]
+    # One call of backward with a run-time mode: two calls with the constants
+    # MODE_SGD and MODE_GRAD compiled it twice (numba types them as literals).
+    mode = MODE_SGD if opt == _SGD else MODE_GRAD
+    step_lr = lr if opt == _SGD else 0.0
     for s in range(losses.shape[0]):
         bidx = idx[s * batch : (s + 1) * batch]
         _gather(X, bidx, Xb)
         out = forward(data, shapes, offs, acts, Xb, abuf, aoff, parts)
         losses[s] = loss_grad_(out, loss, T, labels, bidx, D1[: batch * K].reshape(batch, K))
-        if opt == _SGD:
-            backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_SGD, lr, parts, part)
-        else:
-            backward(
-                data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, parts, part
-            )
+        backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, step_lr, parts, part)
+        if opt != _SGD:
             optimizer_update_(data, G, opt, lr, mu, nesterov, b1, b2, eps, t0 + s + 1, buf1, buf2)

@@ -60,8 +60,9 @@ def set_threads(n: int | None = None) -> int:
     if n < 1:
         raise ValueError(f"threads: expected an integer >= 1, got {n}")
     # threadpoolctl limits only the libraries loaded now: load scipy's OpenBLAS
-    # (the sgemm the kernels call, nn.blas) first, or it keeps one thread per core
-    import scipy.linalg.cython_blas  # noqa: F401
+    # (the sgemm the kernels call) first, or it keeps one thread per core; nn.blas
+    # loads it without importing scipy.linalg (a client's start)
+    import nn.blas  # noqa: F401
 
     _limiter = threadpool_limits(limits=n)
     import numba  # local: importing nn must stay cheap (no numba at import)

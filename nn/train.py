@@ -192,7 +192,7 @@ def train_steps(
             params.data, lay.shapes, lay.offs, lay.acts, lay.loss, X, T, labels, idx, int(batch),
             kernels.code_of(opt.kind, kernels.OPT_CODES, "optimizer"), float(opt.lr),
             float(opt.momentum), bool(opt.nesterov), float(opt.beta1), float(opt.beta2),
-            float(opt.eps), opt_state.step, buf1, buf2, G, losses, parts,
+            float(opt.eps), opt_state.step, buf1, buf2, G, losses, parts if parts > 1 else None,
         )  # fmt: skip
     opt_state.step += int(steps)
     return TrainMetrics(

@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.live import Live
 from rich.text import Text
 
 from client.desktop import add_arguments, client_from_args, run_until_signal
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 
 class ConsoleReporter:
@@ -64,6 +67,8 @@ class ConsoleReporter:
             self.out.print(self._stamp(text), markup=False, soft_wrap=True)
             return
         if self._live is None:
+            from rich.live import Live  # a terminal only
+
             self._live = Live(console=self.out, auto_refresh=False, transient=True)
             self._live.start()
         line = Text(text, style="bold", no_wrap=True, overflow="ellipsis")

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from crowdgrad import __version__
-from crowdgrad.cli import COMMANDS, build_parser, main
+from crowdgrad.cli import COMMANDS, build_parser, command_of, main
 from nn.modelfile import load_model
 
 
@@ -28,6 +28,36 @@ def test_every_command_module_registers_a_runnable_parser():
         with pytest.raises(SystemExit) as exc:
             parser.parse_args([name, "--help"])
         assert exc.value.code == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["client", "ws://x/ws", "--cpu-share", "0.5"], "client"),
+        (["--threads", "2", "-vv", "client", "ws://x/ws"], "client"),
+        (["coordinator", "--port", "0"], "coordinator"),
+        (["client", "--help"], "client"),
+        (["--help"], None),
+        ([], None),
+        (["clinet"], None),
+        (["--version", "client"], None),
+        (["--threads"], None),
+    ],
+)
+def test_command_of_names_the_subcommand_or_none(argv, command):
+    assert command_of(argv) == command
+
+
+def test_a_client_command_line_loads_no_other_command():
+    """``crowdgrad client`` starts without the coordinator's web stack or the simulator."""
+    code = (
+        "import sys; from crowdgrad.cli import build_parser, command_of;"
+        "build_parser(command_of(['client', 'ws://x/ws'])).parse_args(['client', 'ws://x/ws']);"
+        "print(sorted(m for m in ('fastapi', 'coordinator.server', 'simulations') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_train_digits_saves_a_model_that_loads(tmp_path, capsys):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -65,3 +69,21 @@ def test_sgemm_threads_pins_and_restores() -> None:
     with sgemm_threads(1):
         assert all(c.get_num_threads() == 1 for c in libs)
     assert [c.get_num_threads() for c in libs] == before
+
+
+def test_sgemm_is_bound_without_importing_scipy_linalg() -> None:
+    """nn.blas takes scipy's sgemm without ``scipy.linalg`` (a client's start), nor
+    does numba's first dispatch import it then; it is the same function the plain
+    import gives, and a later ``import scipy.linalg`` sees its ``cython_blas``."""
+    code = (
+        "import sys, nn.blas as b; from nn.rng import Xoshiro128ss;"
+        "Xoshiro128ss(1).normal(4); print('scipy.linalg' in sys.modules);"
+        "import scipy.linalg; print(hasattr(scipy.linalg, 'cython_blas'));"
+        "from numba.extending import get_cython_function_address as g;"
+        "print(g('scipy.linalg.cython_blas', 'sgemm') == b._sgemm_address())"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert out.stdout.split() == ["False", "True", "True"]

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nn.data import load_dataset, load_digits, shard, teacher_task
+from nn.data import (
+    digits_arrays,
+    load_dataset,
+    load_digits,
+    shard,
+    split_indices,
+    teacher_task,
+)
 from nn.optim import Optimizer, OptState
 from nn.spec import ModelSpec
 from nn.train import evaluate, train_steps
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_digits_split_is_fixed_and_disjoint() -> None:
@@ -85,3 +98,23 @@ def test_label_skew_limits_classes_per_shard() -> None:
 def test_shard_bad_arguments(kw, match) -> None:
     with pytest.raises(ValueError, match=match):
         shard(np.arange(10), **kw)
+
+
+def test_digits_without_sklearn_match_sklearn() -> None:
+    """The digits read from scikit-learn's file are its ``load_digits``, bit for bit."""
+    sk = pytest.importorskip("sklearn.datasets").load_digits()
+    pixels, labels = digits_arrays()
+    assert pixels.dtype == sk.data.dtype and labels.dtype == sk.target.dtype
+    assert np.array_equal(pixels, sk.data) and np.array_equal(labels, sk.target)
+    ds = load_digits()
+    tr, te = split_indices(len(sk.target), 0.25, 0)
+    assert np.array_equal(ds.X_train, (sk.data[tr] / 16.0).astype(np.float32))
+    assert np.array_equal(ds.y_test, sk.target[te].astype(np.int32))
+
+
+def test_digits_load_does_not_import_sklearn() -> None:
+    code = "import sys; import nn.data; nn.data.load_digits(); print('sklearn' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "False"
