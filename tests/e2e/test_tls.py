@@ -33,12 +33,18 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return crt, key
 
 
-def test_wss_with_a_self_signed_certificate(cert: tuple[Path, Path]) -> None:
-    crt, key = cert
+def _tls_server(crt: Path, key: Path) -> tuple[CoreService, Recorder, BackgroundServer]:
+    """A six-version digits job behind TLS with ``crt``/``key`` (started by ``with``)."""
     service = CoreService(digits_job(stop={"target_accuracy": None, "max_versions": 6}))
     rec = Recorder()
     service.add_sink(rec)
     bg = BackgroundServer(CrowdServer(service), ssl_certfile=str(crt), ssl_keyfile=str(key))
+    return service, rec, bg
+
+
+def test_wss_with_a_self_signed_certificate(cert: tuple[Path, Path]) -> None:
+    crt, key = cert
+    service, rec, bg = _tls_server(crt, key)
     with bg:
         assert bg.url.startswith("wss://") and bg.http.startswith("https://")
         trust = ssl.create_default_context(cafile=str(crt))
@@ -82,10 +88,7 @@ def _frames(client: InGameClient, seconds: float) -> None:
 
 def test_ingame_client_over_wss_with_a_ca_file(cert: tuple[Path, Path]) -> None:
     crt, key = cert
-    service = CoreService(digits_job(stop={"target_accuracy": None, "max_versions": 6}))
-    rec = Recorder()
-    service.add_sink(rec)
-    bg = BackgroundServer(CrowdServer(service), ssl_certfile=str(crt), ssl_keyfile=str(key))
+    service, rec, bg = _tls_server(crt, key)
     with bg:
         untrusting = InGameClient(bg.url, name="untrusting")
         _frames(untrusting, 30)
