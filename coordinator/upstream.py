@@ -11,14 +11,15 @@ decentral strategy, and an edge joins it as one of its clients
 crowd). This module is the sans-IO half: the state an edge keeps and the two
 operations on its core; the uplink is the IO half.
 
-A root task says "start from model version v": the edge *rebases* its own
-model onto it, lets its crowd train until it has moved ``every_versions``
+A root task says "start from model version v": the edge takes that model
+(below), lets its crowd train until it has moved ``every_versions``
 versions (or ``every_s`` seconds passed), and answers with its pseudo-gradient
 ``local − v`` through the root's normal result path (codecs, validation, leases,
-acks after durable). The root's strategy is the outer optimizer: FedBuff with
-``outer_optimizer = "nesterov"`` is DiLoCo's outer Nesterov step, asynchronous
-across edges. docs/operations.md ("One coordinator per game server") has a root
-job file and the bandwidth of each tier.
+acks after durable). The root's strategy is the outer optimizer (DiLoCo's
+outer step, taken asynchronously as syncs arrive; the example root steps by
+0.375 of each, which beat an outer Nesterov step in the simulator).
+docs/operations.md ("One coordinator per game server") has a root job file and
+the bandwidth of each tier.
 
 Replace, and carry what is not sent (DiLoCo's workers restart from the global
 model each round). When a root task brings model ``g'``, the edge's model

@@ -2,7 +2,7 @@
 
 An update is a flat array meant to be added to (or subtracted from) the model.
 It must be exactly the model's size, float32, all finite, and its L2 norm
-within ``norm_multiple`` × the running median of recently *accepted* norms and
+within ``norm_multiple`` × the running median of recently *accepted* non-zero norms and
 the coordinator's own reference norms (coordinator/reference.py: without them
 the check waits for ``norm_warmup`` accepted norms, and the first results are
 trusted blindly). The median is over a window, so a few poisoned updates cannot
@@ -85,4 +85,11 @@ class UpdateValidator:
         return None, norm
 
     def accept(self, norm: float) -> None:
-        self.norms.append(norm)
+        """Count an accepted update's norm; a zero one is not counted. It says
+        nothing about how long honest updates are (nothing was trained: an edge
+        whose crowd had not returned a result yet, or a free rider), and enough
+        of them made the median zero, after which every update failed the check
+        (simulations/federation.py found it: a root refused every sync after
+        its edges' first, empty, ones)."""
+        if norm > 0:
+            self.norms.append(norm)

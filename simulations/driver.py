@@ -42,10 +42,11 @@ import gc
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numba
 import numpy as np
@@ -72,12 +73,14 @@ from protocol import messages as m
 from protocol.chunking import chunk_params
 from simulations.attacks import Attacker
 from simulations.churn import Lifecycle
-from simulations.engine import Engine, Event, Priority
+from simulations.engine import Engine, Event, Priority, stream_seed
 from simulations.network import Link
 from simulations.report import RunResult, Sample, run_summary
 from simulations.scenario import Scenario
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: GIL switch interval while a simulation runs with its numerics thread (see run)
 SWITCH_INTERVAL_S = 1e-4
@@ -126,10 +129,15 @@ class Player:
     """One simulated client: a real :class:`ClientSession` plus a link, a compute
     rate and a churn lifecycle (see the module docstring)."""
 
+    #: its random stream is ``<STREAM>/<index>``, its connections ``<CONN><index>.<n>``
+    #: (another kind of client on the same engine takes its own: simulations/federation.py)
+    STREAM = "player"
+    CONN = "p"
+
     def __init__(self, sim: Simulation, index: int) -> None:
         self.sim = sim
         self.index = index
-        self.rng = sim.engine.rng(f"player/{index}")
+        self.rng = sim.engine.rng(f"{self.STREAM}/{index}")
         self.flops = max(1.0, sim.scenario.clients.sample_flops(self.rng))
         codecs = tuple(sorted({sim.job.codecs.model, sim.job.codecs.update}))
         cache = MemoryCache()  # a player's shards outlive its reconnects
@@ -180,7 +188,7 @@ class Player:
         if self.gone or self.sim.done or self.client.phase is Phase.FINISHED:
             return
         self.session += 1
-        self.conn_id = f"p{self.index}.{self.session}"
+        self.conn_id = f"{self.CONN}{self.index}.{self.session}"
         self.link = Link(self.sim.engine, self.sim.link_spec, name=self.conn_id)
         self._dup_task = None
         self._do(self.client.start(self.sim.engine.now))
@@ -388,7 +396,14 @@ class Simulation:
         dataset: Dataset | None = None,
         observer: Callable[[Simulation, list[ev.Output]], None] | None = None,
         overlap: bool = False,
+        engine: Engine | None = None,
+        core: Coordinator | None = None,
+        players: Sequence[int] | None = None,
     ) -> None:
+        """``engine``, ``core`` and ``players`` (indices into the scenario's crowd)
+        let several simulations share one clock, each with its own coordinator and
+        share of the crowd (simulations/federation.py); by default one engine, a
+        coordinator running the scenario's job, and every player."""
         if scenario.run.mode != "numeric":
             raise ValueError("driver: this driver runs numeric scenarios; use the cost model")
         self.scenario = scenario
@@ -397,12 +412,12 @@ class Simulation:
         self.progress = progress
         self.observer = observer
         self.overlap = overlap
-        self.job = scenario.job
-        self.engine = Engine(seed=scenario.seed)
+        self.job = scenario.job if core is None else core.job
+        self.engine = engine or Engine(seed=scenario.seed)
         self.limits = scenario.limits
         self.link_spec = scenario.link
         self.dataset = dataset or load_job_data(self.job)
-        self.core = Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
+        self.core = core or Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
         self.stats = Stats()
         self.series: list[Sample] = []
         self.by_conn: dict[str, Player] = {}
@@ -413,41 +428,44 @@ class Simulation:
         self.stop_reason = ""
         stop = self.job.stop
         self.horizon = min(stop.max_time_s or math.inf, scenario.run.max_virtual_s)
+        # Drawn from the scenario's seed, not this engine's streams: each share of a
+        # crowd split over coordinators draws the same Byzantine set and join times.
         attack = scenario.clients.attack
         self.byzantine = (
-            attack.spec().byzantine(scenario.clients.count, self.engine.rng("byzantine"))
+            attack.spec().byzantine(scenario.clients.count, _stream(scenario, "byzantine"))
             if attack is not None
             else frozenset()
         )
-        self.players = [Player(self, i) for i in range(scenario.clients.count)]
+        indices = range(scenario.clients.count) if players is None else players
+        self.players = [Player(self, i) for i in indices]
 
     # -- running -------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        join = self.engine.rng("joins")
+        self.start()
+        with tuned_runtime(overlap=self.overlap):
+            try:
+                self.engine.run_until(self.horizon, until=lambda: self.done)
+            finally:
+                self.close()
+        return self.finish()
+
+    def start(self) -> None:
+        """Schedule the players' first joins, the sampling and the first tick."""
         spread = self.scenario.clients.join_over_s
+        join = _stream(self.scenario, "joins")
+        count = self.scenario.clients.count
+        at = [float(join.uniform(0.0, spread)) for _ in range(count)] if spread > 0 else None
         for p in self.players:
-            t = float(join.uniform(0.0, spread)) if spread > 0 else 0.0
+            t = at[p.index] if at is not None else 0.0
             self.engine.schedule_at(t, self._first_join, p, priority=Priority.CHURN)
-        self.engine.schedule_at(0.0, self._sample, priority=Priority.CONTROL)
-        self._arm_tick(0.0)
-        # The numerics thread needs the GIL twice per task; at the default 5 ms
-        # switch interval it would wait behind the event loop, not overlap it.
-        interval = sys.getswitchinterval()
-        if self.overlap:
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
-        # Every result allocates a few hundred short-lived containers; at the
-        # default threshold (700) the young-generation collections cost ~10 %.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])
-        try:
-            self.engine.run_until(self.horizon, until=lambda: self.done)
-        finally:
-            sys.setswitchinterval(interval)
-            gc.set_threshold(*thresholds)
-            self.close()
+        self.engine.schedule_at(self.engine.now, self._sample, priority=Priority.CONTROL)
+        self._arm_tick(self.engine.now)
+
+    def finish(self, reason: str | None = None) -> RunResult:
+        """Stop (for ``reason``, if no stop condition did) and summarize."""
         if not self.done:
-            self._stop("max_time" if self.engine.now >= self.horizon else "idle")
+            self._stop(reason or ("max_time" if self.engine.now >= self.horizon else "idle"))
         return self._result()
 
     @property
@@ -506,6 +524,13 @@ class Simulation:
         else:
             return  # the core closed it already; the frame was in flight
         self._apply(out)
+
+    def act(self, fn: Callable[[Coordinator, float], tuple[T, list[ev.Output]]]) -> T:
+        """``fn(core, now)`` on this coordinator, its outputs delivered (what
+        ``CoreService.act`` is to a server): an edge's uplink rebasing it."""
+        value, out = fn(self.core, self.engine.now)
+        self._apply(out)
+        return value
 
     def disconnect(self, conn_id: str, reason: str) -> None:
         if not self.done:
@@ -675,6 +700,30 @@ class Simulation:
         )
 
 
+@contextmanager
+def tuned_runtime(*, overlap: bool) -> Iterator[None]:
+    """The interpreter settings a simulation runs under, restored afterwards."""
+    # The numerics thread needs the GIL twice per task; at the default 5 ms
+    # switch interval it would wait behind the event loop, not overlap it.
+    interval = sys.getswitchinterval()
+    if overlap:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # Every result allocates a few hundred short-lived containers; at the
+    # default threshold (700) the young-generation collections cost ~10 %.
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*thresholds)
+
+
+def _stream(scenario: Scenario, name: str) -> np.random.Generator:
+    """Stream ``name`` of the scenario's seed (what ``Engine.rng`` gives on first use)."""
+    return np.random.default_rng(stream_seed(scenario.seed, name))
+
+
 def linear_evaluations(
     job: Any, dataset: Dataset, *, max_steps: int = 20_000
 ) -> Iterator[tuple[int, Any]]:
@@ -735,4 +784,8 @@ def run_scenario(
         from simulations.costmodel import run_cost
 
         return run_cost(scenario, label=label, point=point, progress=progress)
+    if scenario.federation is not None:
+        from simulations.federation import run_federation
+
+        return run_federation(scenario, label=label, point=point, progress=progress)
     return Simulation(scenario, label=label, point=point, progress=progress).run()

@@ -28,6 +28,17 @@ file always gives the same results::
     [sweep]                     # optional grid: dotted path -> list of values
     "clients.count" = [8, 64, 700]
 
+    [federation]                # optional: the crowd split over edge coordinators
+    edges = 8                   # that sync with a root (simulations/federation.py);
+    enabled = true              # false: all on one coordinator (to sweep both)
+    every_versions = 1000
+    every_s = 2.0
+    link = "lan"                # the edge-root links: a protocol link profile
+    latency = 0.01              # s, one way, edge to root
+
+    [federation.root]           # the root's job: [job] with these tables merged in
+    strategy = { aggregation = "fedbuff", buffer_k = 1, outer_lr = 0.375 }
+
 The link's bandwidth, message rate and frame size come from the job's
 ``[link]`` (one home for limits); only the latency lives here, because it is a
 property of the world, not a setting of the job. Loading reports every bad field
@@ -56,7 +67,7 @@ from pydantic import (
 )
 
 from coordinator.config import JobConfig, JobConfigError, parse_job
-from protocol.limits import LinkLimits, profile
+from protocol.limits import PROFILES, LinkLimits, profile
 from simulations.attacks import AttackSpec
 from simulations.churn import ChurnModel
 from simulations.distributions import Distribution, Fixed, LogNormal, parse
@@ -212,6 +223,39 @@ class ClientsSection(_Section):
         return ChurnModel.from_table(v, "churn")
 
 
+class FederationSection(_Section):
+    """``[federation]``: the crowd split evenly over ``edges`` coordinators, each
+    running ``[job]`` for its share and syncing with a root coordinator like
+    ``crowdgrad coordinator --upstream`` does (coordinator/upstream.py)."""
+
+    edges: int = Field(ge=1, le=1000)
+    every_versions: int = Field(default=50, ge=1, description="edge versions between syncs")
+    every_s: float = Field(
+        default=30.0, gt=0, allow_inf_nan=False, description="or at most this long between syncs"
+    )
+    link: str = Field(default="lan", description="link profile of the edge-root links")
+    latency: InstanceOf[Distribution] = Field(
+        default=Fixed(value=0.01), validate_default=True, description="s, one way, edge to root"
+    )
+    #: ``[job]`` with ``[federation.root]`` merged in and ``link`` set (parse_scenario)
+    root: JobConfig
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _parse_latency(cls, v: Any) -> Distribution:
+        return parse(v, "latency")
+
+    @field_validator("link")
+    @classmethod
+    def _known_profile(cls, v: str) -> str:
+        profile(v)  # raises naming the profiles there are
+        return v
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.model_dump(exclude={"latency", "root"})
+        return d | {"latency": self.latency.to_dict(), "root": self.root.model_dump()}
+
+
 class ServerSection(_Section):
     compute: float = Field(default=MACHINE_FLOPS, gt=0, description="FLOP/s of one machine")
 
@@ -233,6 +277,7 @@ class Scenario(_Section):
     server: ServerSection = Field(default_factory=ServerSection)
     run: RunSection = Field(default_factory=RunSection)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    federation: FederationSection | None = None
 
     @property
     def limits(self) -> LinkLimits:
@@ -252,7 +297,7 @@ class Scenario(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for results.json (distributions as their tables)."""
-        d = self.model_dump(exclude={"clients", "job"})
+        d = self.model_dump(exclude={"clients", "job", "federation"})
         d["job"] = self.job.model_dump()
         c = self.clients
         d["clients"] = {
@@ -272,6 +317,8 @@ class Scenario(_Section):
             d["clients"]["frame_share"] = c.frame_share
         if c.attack is not None:
             d["clients"]["attack"] = c.attack.model_dump()
+        if self.federation is not None:
+            d["federation"] = self.federation.to_dict()
         return d
 
 
@@ -288,20 +335,111 @@ def parse_scenario(data: Mapping[str, Any], *, source: str = "<scenario>") -> Sc
     """Validate a mapping; raises ScenarioError listing every bad field."""
     data = dict(data)
     errors: list[tuple[str, str]] = []
+    raw_job = data.get("job", {})
+    job: JobConfig | None = JobConfig()
     if "job" in data:
         # Validated on its own so each bad job field is its own entry, "job.<path>".
         try:
-            data["job"] = parse_job(data["job"], source="job")
+            data["job"] = job = parse_job(data["job"], source="job")
         except JobConfigError as exc:
             errors += [(f"job.{p}", m) for p, m in exc.errors]
             del data["job"]
+            job = None
+    fed = data.get("federation")
+    if isinstance(fed, Mapping) and "enabled" in fed:
+        on = fed["enabled"]
+        if not isinstance(on, bool):
+            errors.append(("federation.enabled", f"expected true or false, got {on!r}"))
+        data["federation"] = {k: v for k, v in fed.items() if k != "enabled"} if on else None
+    if isinstance(data.get("federation"), Mapping):
+        data["federation"], more = _federation_root(data["federation"], raw_job, job)
+        errors += more
     try:
         scenario = Scenario.model_validate(data)
+        if not errors:  # checked against a root job and a [job] that are valid
+            errors += _federation_errors(scenario)
     except ValidationError as exc:
         errors += _errors(exc)
     if errors:
         raise ScenarioError(source, sorted(errors, key=lambda e: e[0]))
     return scenario
+
+
+def _federation_errors(sc: Scenario) -> list[tuple[str, str]]:
+    """What makes a valid ``[federation]`` unfit for the rest of the scenario."""
+    fed = sc.federation
+    if fed is None:
+        return []
+    errors = []
+    if sc.run.mode != "numeric":
+        errors.append(("run.mode", "a federation runs in numeric mode only"))
+    if sc.run.max_steps is not None:
+        errors.append(("run.max_steps", "a federation ends at the root's [job] stop: drop it"))
+    if sc.clients.count < fed.edges:
+        errors.append(
+            (
+                "federation.edges",
+                f"{fed.edges} edges for {sc.clients.count} players (clients.count is the "
+                "whole crowd, split over the edges)",
+            )
+        )
+    root = fed.root
+    if root.model != sc.job.model:
+        errors.append(("federation.root.model", "the edges and the root share [job]'s model"))
+    if not root.strategy.name.startswith("decentral"):
+        errors.append(
+            (
+                "federation.root.strategy.name",
+                f"{root.strategy.name!r}: an edge's result is its crowd's progress, a model "
+                "difference; the root needs a decentral strategy",
+            )
+        )
+    if fed.every_s >= root.lease.min_s:
+        errors.append(
+            (
+                "federation.every_s",
+                f"{fed.every_s:g} s is not below the root's lease.min_s ({root.lease.min_s:g} "
+                "s): the root would take back each task before its sync (set lease.min_s "
+                "in [federation.root])",
+            )
+        )
+    return errors
+
+
+def _federation_root(
+    fed: Mapping[str, Any], raw_job: Any, job: JobConfig | None
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``[federation]`` with ``root`` the root's job: ``[job]`` (``raw_job``, valid
+    as ``job``) with the tables of ``[federation.root]`` merged in and its
+    ``[link]`` the ``federation.link`` profile; and that job's errors. Where it
+    cannot be built, ``root`` is a stand-in so that only the real errors show."""
+    fed = dict(fed)
+    overrides = fed.pop("root", {})
+    fed["root"] = job or JobConfig()  # an invalid [job] is reported under job. only
+    if not isinstance(overrides, Mapping):
+        return fed, [("federation.root", "expected a table of job overrides")]
+    if "link" in overrides:
+        return fed, [("federation.root.link", "the edge-root link is federation.link")]
+    if job is None or not isinstance(raw_job, Mapping):
+        return fed, []
+    raw = _merged(raw_job, overrides)
+    link = fed.get("link", "lan")
+    if isinstance(link, str) and link in PROFILES:  # otherwise federation.link says why
+        raw["link"] = {"profile": link}
+    try:
+        fed["root"] = parse_job(raw, source="federation.root")
+    except JobConfigError as exc:
+        return fed, [(f"federation.root.{p}", m) for p, m in exc.errors]
+    return fed, []
+
+
+def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in, tables recursively."""
+    out = dict(base)
+    for k, v in over.items():
+        old = out.get(k)
+        out[k] = _merged(old, v) if isinstance(old, Mapping) and isinstance(v, Mapping) else v
+    return out
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:

@@ -109,9 +109,14 @@ def test_two_edges_train_a_root_model_and_keep_their_standing(tmp_path: Path) ->
         st = _status(root_port)
         assert st is not None
         assert done["reason"] == "max_versions" and done["accuracy"] >= 0.9, st
-        # FedBuff of 2: two pseudo-gradients a version, none refused
-        assert st["accepted_results"] >= 24 and st["rejected_results"] == 0, st
+        # one pseudo-gradient a version (buffer_k 1), none refused
+        assert st["accepted_results"] >= 12 and st["rejected_results"] == 0, st
         ups = [(_status(p) or {}).get("upstream") for p in ports]
+        # no edge refused its own players' updates (a root model that overshoots
+        # makes honest updates look abnormal to the edge's norm check)
+        for port in ports:
+            edge_st = _status(port) or {}
+            assert edge_st.get("rejected_results") == 0, edge_st
         # both edges took part: each synced and rebased onto a root model
         assert all(u is not None and u["syncs"] >= 1 and u["root_version"] >= 1 for u in ups), ups
 
