@@ -92,10 +92,12 @@ class EdgeUplink(DesktopClient):
                 return None
             time.sleep(self.poll_s)
         accepted = set(session.accepted)
-        v0 = self.service.act(
-            lambda core, now: rebase(core, req.params, task.model_version, now, accepted)
-        ).result()
-        before = call(lambda core: core.model_contributions).result()
+
+        def take(core: Coordinator, now: float) -> tuple[tuple[int, int], list]:
+            version, out = rebase(core, req.params, task.model_version, now, accepted)
+            return (version, core.model_contributions), out
+
+        v0, before = self.service.act(take).result()
         deadline = time.monotonic() + self.every_s
         while time.monotonic() < deadline:
             if self.session is not session or session.computing != req.request_id:

@@ -146,22 +146,23 @@ class SlidingWindow:
         if n == 1:
             return delta.copy()
         if n == min(self.count, k):
-            X = self.rows[:n]
-        else:  # the newest n of the ring (a copy: n < k rows)
-            X = self.rows[[(self.count - 1 - i) % k for i in range(n)]]
+            pick = np.arange(n)
+        else:  # the newest n of the ring, newest first; read in place, never copied
+            pick = np.array([(self.count - 1 - i) % k for i in range(n)], np.intp)
         if self.aggregator != "centered_clip":
-            return aggregate(self.aggregator, list(X), byzantine_fraction=self.byzantine_fraction)
-        v = (X[0] if self.centre is None else self.centre).copy()
-        dist = np.empty(len(X), np.float64)
-        scale = np.empty(len(X), np.float32)
+            rows = [self.rows[i] for i in pick]
+            return aggregate(self.aggregator, rows, byzantine_fraction=self.byzantine_fraction)
+        v = (self.rows[pick[0]] if self.centre is None else self.centre).copy()
+        dist = np.empty(n, np.float64)
+        scale = np.empty(n, np.float32)
         acc = np.empty_like(v)
         for _ in range(self.iters):
-            _distances(X, v, dist)
+            _distances(self.rows, pick, v, dist)
             tau = float(np.median(dist))
             if tau <= 0:
                 break
             scale[:] = np.minimum(1.0, tau / np.maximum(dist, 1e-30))
-            _clip_step(X, v, scale, acc)
+            _clip_step(self.rows, pick, v, scale, acc)
         self.centre = v
         return v.copy()
 
@@ -180,20 +181,23 @@ class SlidingWindow:
 
 
 @njit(cache=True, nogil=True)
-def _distances(X: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
-    """``out[i] = ‖X[i] − v‖`` accumulated in float64, without a ``X − v`` copy."""
-    for i in range(X.shape[0]):
+def _distances(X: np.ndarray, pick: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = ‖X[pick[i]] − v‖`` accumulated in float64, without a ``X − v`` copy."""
+    for i in range(pick.shape[0]):
+        r = pick[i]
         acc = 0.0
         for j in range(X.shape[1]):
-            d = np.float64(X[i, j] - v[j])
+            d = np.float64(X[r, j] - v[j])
             acc += d * d
         out[i] = np.sqrt(acc)
 
 
 @njit(cache=True, nogil=True)
-def _clip_step(X: np.ndarray, v: np.ndarray, scale: np.ndarray, acc: np.ndarray) -> None:
-    """``v += mean_i(scale[i] · (X[i] − v))``: rows read in order, no copy of ``X``."""
-    n, m = X.shape
+def _clip_step(
+    X: np.ndarray, pick: np.ndarray, v: np.ndarray, scale: np.ndarray, acc: np.ndarray
+) -> None:
+    """``v += mean_i(scale[i] · (X[pick[i]] − v))``: the picked rows read in place."""
+    n, m = pick.shape[0], X.shape[1]
     total = np.float32(0.0)
     for i in range(n):
         total += scale[i]
@@ -201,8 +205,9 @@ def _clip_step(X: np.ndarray, v: np.ndarray, scale: np.ndarray, acc: np.ndarray)
         acc[j] = -total * v[j]
     for i in range(n):
         s = scale[i]
+        r = pick[i]
         for j in range(m):
-            acc[j] += s * X[i, j]
+            acc[j] += s * X[r, j]
     inv = np.float32(1.0 / n)
     for j in range(m):
         v[j] += acc[j] * inv
