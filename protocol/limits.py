@@ -134,6 +134,12 @@ class TokenBucket:
         self.t = now
 
 
+def _reached(due: float, now: float) -> bool:
+    """``now`` is at or past ``due``, allowing float round-off: a driver that
+    waited exactly until ``due`` may see a bucket level a few ulps short."""
+    return due - now <= 1e-9 * max(1.0, abs(now))
+
+
 class Pacer:
     """Send-side pacing for one link (see the module docstring for the guarantee).
 
@@ -175,16 +181,14 @@ class Pacer:
     def consume(self, nbytes: int, now: float) -> None:
         """Record that a frame of ``nbytes`` went out at ``now``."""
         due = self.next_send_time(nbytes, now)
-        # Allow float round-off: a driver that waited exactly until ``due`` may see
-        # a level a few ulps short.
-        if due - now > 1e-9 * max(1.0, abs(now)):
+        if not _reached(due, now):
             raise ValueError(f"pacer: frame of {nbytes} bytes sent at {now}, not due before {due}")
         self._take(nbytes)
 
     def try_consume(self, nbytes: int, now: float) -> bool:
         """Consume if the frame is due now; say whether it was (with ``consume``'s
         round-off allowance: a driver woken at ``next_send_time`` must find it due)."""
-        if self.next_send_time(nbytes, now) - now > 1e-9 * max(1.0, abs(now)):
+        if not _reached(self.next_send_time(nbytes, now), now):
             return False
         self._take(nbytes)  # consume() would refill at the same ``now``: a no-op
         return True
