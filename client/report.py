@@ -180,8 +180,9 @@ def model_sentence(task: m.Task) -> str:
     spec = task.spec
     n = spec.num_params
     widths = ", ".join(str(w) for w in spec.widths)
+    what = "model" if task.subnet is None else "sub-model tasks: a subnet"
     return (
-        f"model [{widths}]: {n:,} parameters ({size_text(4 * n)} as float32); "
+        f"{what} [{widths}]: {n:,} parameters ({size_text(4 * n)} as float32); "
         f"tasks of {task.steps} steps of batch {task.batch} on {task.dataset}"
     )
 

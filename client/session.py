@@ -586,9 +586,7 @@ class ClientSession:
         except codecs.CodecError:
             self._decline(msg, f"codec: {msg.upload_codec} unknown", out)
             return
-        if msg.delta_base is not None and (
-            self.model is None or self.model_version != msg.delta_base
-        ):
+        if msg.delta_base is not None and not self._holds(msg.delta_base, msg):
             self._decline(msg, f"model: delta base {msg.delta_base} not held", out)
             return
         self._have_data(msg)  # start its shard's transfer now, beside the model's
@@ -612,7 +610,7 @@ class ClientSession:
             self._model_ready(msg, out)
             return
         if msg.base_version is not None:
-            if self.model is None or self.model_version != msg.base_version:
+            if not self._holds(msg.base_version, msg):
                 self._decline(msg, f"model: base version {msg.base_version} not held", out)
                 return
             self._model_ready(msg, out)
@@ -623,6 +621,15 @@ class ClientSession:
         )
         self._download_task = msg
         self._download_started = self._now
+
+    def _holds(self, version: int, msg: m.Task) -> bool:
+        """Whether the model held is ``version`` of ``msg``'s shape: after a
+        sub-model task it is a slice (§3.3.1), never the whole model."""
+        return (
+            self.model is not None
+            and self.model_version == version
+            and self.model.spec.widths == msg.spec.widths
+        )
 
     def _on_chunk(self, msg: m.Chunk, out: list[Action]) -> None:
         dl, task = self._download, self._download_task

@@ -328,6 +328,30 @@ class DistillSection(_Section):
     alpha: float = Field(default=0.7, ge=0, le=1, description="weight of the soft targets")
 
 
+class SubmodelSection(_Section):
+    """Sub-model tasks (docs/coordinator.md, "Sub-model tasks"): each task trains a
+    subnet of the model, a subset of every hidden layer's neurons, and moves only
+    its slice. ``mode``: ``random`` draws each task's neurons afresh (Federated
+    Dropout), ``ist`` hands out a fresh partition of each layer block by block so
+    consecutive tasks train disjoint neurons (independent subnet training),
+    ``nested`` keeps each layer's first neurons, so a smaller subnet is part of
+    every larger one (FjORD's ordered dropout). ``fraction`` is the share of every
+    hidden layer a task keeps at most; a client gets less when its slice would
+    exceed ``budget_bytes`` or its task (download, compute, upload) would take
+    longer than ``max_task_s`` at its link's rate and its measured speed.
+    """
+
+    mode: Literal["off", "random", "ist", "nested"] = "off"
+    fraction: float = Field(default=0.25, gt=0, le=1)
+    budget_bytes: int | None = Field(default=None, ge=256)
+    max_task_s: float | None = Field(default=None, gt=0)
+    rescale: bool = Field(default=True, description="inverted dropout: n/k on kept outputs")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
 class JobConfig(_Section):
     name: str = "job"
     model: ModelSection = Field(default_factory=lambda: ModelSection(widths=[64, 128, 10]))
@@ -342,6 +366,7 @@ class JobConfig(_Section):
     replication: ReplicationSection = Field(default_factory=ReplicationSection)
     codecs: CodecSection = Field(default_factory=CodecSection)
     distill: DistillSection = Field(default_factory=DistillSection)
+    submodel: SubmodelSection = Field(default_factory=SubmodelSection)
 
     @model_validator(mode="after")
     def _distill_needs_train_tasks(self) -> JobConfig:
@@ -365,6 +390,33 @@ class JobConfig(_Section):
             raise ValueError("replication.enabled: needs fp32 codecs (model, update, delta)")
         if c.error_feedback:
             raise ValueError("replication.enabled: error feedback makes results differ")
+        return self
+
+    @model_validator(mode="after")
+    def _submodel_needs_local_mean(self) -> JobConfig:
+        """A subnet's update covers part of the model: a mean can count each
+        coordinate over the updates that hold it, a median or Krum would compare
+        zeros with deltas; twins would need the same subnet and version."""
+        if not self.submodel.enabled:
+            return self
+        st = self.strategy
+        if not st.name.startswith("decentral"):
+            raise ValueError("submodel.mode: needs a decentral-* strategy (train tasks)")
+        combines = st.name == "decentral-sync" or st.aggregation == "fedbuff"
+        if combines and st.aggregator != "mean":
+            raise ValueError(
+                f"submodel.mode: strategy.aggregator {st.aggregator!r} compares whole "
+                "updates; sub-model updates combine by a per-coordinate mean"
+            )
+        if self.replication.enabled:
+            raise ValueError("submodel.mode: replication of sub-model tasks is not supported")
+        if self.codecs.error_feedback and self.submodel.mode != "nested":
+            raise ValueError(
+                "codecs.error_feedback: a client's residual belongs to its last subnet's "
+                "neurons; with submodel.mode random or ist the next task has others"
+            )
+        if self.model.spec().num_layers < 2:
+            raise ValueError("submodel.mode: the model has no hidden layer to split")
         return self
 
     @property

@@ -72,6 +72,7 @@ from coordinator.strategies import (
     make_strategy,
     serves_prefetch,
 )
+from coordinator.submodel import SubmodelPlanner
 from coordinator.taskwriter import TaskWriter
 from coordinator.upstream import UpstreamState
 from coordinator.validation import UpdateValidator
@@ -123,8 +124,8 @@ class Coordinator:
         self.model = ModelState(params=params.copy())
         self._v0_crc = crc32(self.model.params.data) if seeded else None
         root = np.random.SeedSequence(seed)
-        # spawn(3)'s first two children are spawn(2)'s: the other streams are unchanged
-        strat_seq, codec_seq, replica_seq = root.spawn(3)
+        # spawn(n)'s first children are spawn(n-1)'s: the other streams are unchanged
+        strat_seq, codec_seq, replica_seq, submodel_seq = root.spawn(4)
         self.strategy = make_strategy(
             model=self.model,
             config=job.strategy,
@@ -132,6 +133,18 @@ class Coordinator:
             rng=np.random.default_rng(strat_seq),
         )
         self.codec_rng = np.random.default_rng(codec_seq)
+        #: each sub-model task's subnet (coordinator/submodel.py); None: whole-model tasks
+        self.submodels = (
+            SubmodelPlanner(
+                job.submodel,
+                spec,
+                model_codec=job.codecs.model,
+                update_codec=job.codecs.update,
+                rng=np.random.default_rng(submodel_seq),
+            )
+            if job.submodel.enabled
+            else None
+        )
         #: open connections, their phases and outboxes (coordinator/connections.py);
         #: ``conns`` is its dict of them by client id
         self.connections = Connections()
@@ -376,6 +389,8 @@ class Coordinator:
             state["replication"] = self.verifier.state_dict()
         if self.upstream is not None:
             state["upstream"] = self.upstream.state_dict()
+        if self.submodels is not None:
+            state["submodel"] = self.submodels.state_dict()
         return state
 
     @classmethod
@@ -407,6 +422,8 @@ class Coordinator:
             core.verifier.load_state_dict(state["replication"])
         if "upstream" in state:
             core.upstream = UpstreamState.from_state(state["upstream"])
+        if core.submodels is not None and "submodel" in state:
+            core.submodels.load_state_dict(state["submodel"])
         return core
 
     def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:
@@ -451,7 +468,9 @@ class Coordinator:
                 if self.echo_heartbeats:
                     self.connections.queue(conn, m.Heartbeat(seq=msg.seq, time=now, echo=msg.time))
             case m.Result():
-                conn.uploads.start(msg, nbytes)
+                task = self.book.tasks.get(int(msg.task_id)) if msg.task_id.isdigit() else None
+                subnet = None if task is None else task.subnet
+                conn.uploads.start(msg, nbytes, spec=None if subnet is None else subnet.sub)
             case m.Chunk():
                 upload = conn.uploads.chunk(msg, nbytes)
                 if upload is not None:
@@ -535,20 +554,32 @@ class Coordinator:
             v = self.model.version if plan.version is None else plan.version
             rows = self.data.shards[plan.shard].rows  # a mean's weight (FedAvg)
             task = self.book.new_task(plan, version=v, now=now, rows=rows)
+            if self.submodels is not None:
+                task.subnet = self.submodels.choose(
+                    bytes_per_s=conn.limits.bytes_per_s,
+                    flops_per_s=rec.rate(),
+                    samples=task.steps * task.batch,
+                    round=task.round,
+                )
             self.strategy.on_task_created(task)
         replica = self.verifier.leased(task, plan, rec, len(self.conns))
         self.orphans.discard(task.task_id)
         # A client that builds version 0 from the init seed gets no model at all.
+        sub = task.subnet
         seeded = conn.seeded_init and rec.version_held is None and task.version == 0
-        dl, conn.delta_chain = self.downloads.plan(
-            task_version=task.version,
-            held=rec.version_held,
-            seeded=seeded,
-            wants_deltas=conn.deltas,
-            chain=conn.delta_chain,
-            limits=conn.limits,
-            spans=conn.spans,
-        )
+        if sub is not None:  # its slice, whatever the client holds
+            seeded = False
+            dl, conn.delta_chain = self.downloads.subnet(task, conn.limits, conn.spans), 0
+        else:
+            dl, conn.delta_chain = self.downloads.plan(
+                task_version=task.version,
+                held=rec.version_held,
+                seeded=seeded,
+                wants_deltas=conn.deltas,
+                chain=conn.delta_chain,
+                limits=conn.limits,
+                spans=conn.spans,
+            )
         model_bytes = dl.nbytes
         shard = self.data.shards[task.shard]
         # The first task naming a shard may wait for its transfer (a cold cache).
@@ -556,12 +587,13 @@ class Coordinator:
         if conn.data and shard.sha256 not in conn.shards_named:
             conn.shards_named.add(shard.sha256)
             data_bytes = len(shard.blob)
-        flops = self._flops_per_sample * task.steps * task.batch
+        per_sample = self._flops_per_sample if sub is None else sub.sub.flops_per_sample()
+        flops = per_sample * task.steps * task.batch
         # A queued task starts when the one in front is done: about one task later.
         compute_s = flops / rec.rate() * (2 if queued else 1)
         lease_s = lease_seconds(
             compute_s=compute_s,
-            nbytes=model_bytes + data_bytes + self.spec.nbytes,
+            nbytes=model_bytes + data_bytes + (self.spec if sub is None else sub.sub).nbytes,
             bytes_per_s=conn.limits.bytes_per_s,
             min_s=self.job.lease.min_s,
             slack=self.job.lease.slack,
@@ -584,7 +616,8 @@ class Coordinator:
         )
         task_bytes = self.connections.queue(conn, msg)
         self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))
-        rec.version_held = rec.version_sent = dl.version
+        rec.version_sent = dl.version
+        rec.version_held = dl.version if sub is None else None  # a slice is no version
         out.append(
             ev.TaskLeased(
                 client_id=conn.client_id,

@@ -29,6 +29,7 @@ import numpy as np
 
 from compression import VersionHistory
 from coordinator.config import CodecSection
+from coordinator.leases import Task
 from nn.params import Params
 from nn.spec import ModelSpec
 from protocol import messages as m
@@ -192,6 +193,26 @@ class ModelDistribution:
                     ), chain + 1
         version, transfer, chunks, frames = self.chunks(limits, spans)
         return self._full(held, version, transfer, chunks, frames), (chain if held == v else 0)
+
+    def subnet(self, task: Task, limits: LinkLimits, spans: bool) -> Download:
+        """A sub-model task's slice of the current model, in full (``codecs.model``).
+
+        Each task's subnet is its own, so slices are built per task and not cached;
+        the transfer is named by the task, so a client never mistakes one slice for
+        another or for a version it holds (the core records none held after it)."""
+        v, params = self.model()
+        assert task.subnet is not None and task.version == v
+        transfer = f"sub-{task.task_id}-{v}"
+        chunks = chunk_params(
+            task.subnet.slice(params),
+            max_message_bytes=min(limits.max_message_bytes, self.max_message_bytes),
+            codec=self.codec,
+            transfer=transfer,
+            rng=self.rng,
+            target_bytes=limits.frame_bytes,
+            spans=spans,
+        )
+        return Download("full", v, transfer, tuple(chunks), tuple(m.encode(c) for c in chunks))
 
     @staticmethod
     def _full(

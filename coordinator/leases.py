@@ -46,8 +46,12 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from protocol.states import checked_move
+
+if TYPE_CHECKING:
+    from nn.subnet import Subnet
 
 
 class TaskState(enum.Enum):
@@ -133,6 +137,9 @@ class Task:
     #: rows of its shard, from the coordinator's own catalog (never a count a
     #: client claims): what a mean of results weights it by (FedAvg); None: unknown
     rows: int | None = None
+    #: a sub-model task's subnet (nn/subnet.py): what its client trains and
+    #: uploads, in the subnet's layout; None: the whole model
+    subnet: Subnet | None = None
 
     def move(self, to: TaskState) -> None:
         self.state = checked_move(

@@ -141,6 +141,8 @@ class ResultPath:
             self._reject(conn, rec, result.task_id, Reject.VERSION, now, out, count=True)
             self._maybe_reissue(task, now)
             return
+        if task.subnet is not None:  # the slice's delta, placed in the whole model
+            update = task.subnet.expand(update)
         reject, norm = self._validator.check(update)
         if reject is not None:
             self._reject(conn, rec, result.task_id, reject, now, out, count=True)
@@ -166,11 +168,17 @@ class ResultPath:
         # bad updates, not for a few spread over a long session.
         rec.rejections = max(0, rec.rejections - 1)
         rec.declined_in_row = 0
-        if book.live_lease_of(conn.client_id) is None and rec.version_sent == task.version:
+        sub = task.subnet
+        if (
+            sub is None
+            and book.live_lease_of(conn.client_id) is None
+            and rec.version_sent == task.version
+        ):
             # It holds this task's model, unless a later task (a prefetch) replaced it.
             rec.version_held = task.version
         samples = result.samples or task.steps * task.batch
-        rec.observe_speed(self._flops_per_sample * samples, result.compute_seconds)
+        per_sample = self._flops_per_sample if sub is None else sub.sub.flops_per_sample()
+        rec.observe_speed(per_sample * samples, result.compute_seconds)
         self._conns.queue(conn, m.Ack.trusted(task_id=result.task_id, accepted=True))
         out.append(
             ev.ResultAccepted(

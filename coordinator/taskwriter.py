@@ -84,11 +84,12 @@ class TaskWriter:
         ``shards`` whether the client fetches shards by hash, ``seeded`` whether it
         builds version 0 itself from the init seed (``init_crc`` checks it)."""
         send_model = dl.kind in ("full", "delta")
+        sub = task.subnet
         return m.Task.trusted(
             task_id=str(task.task_id),
             kind=self.kind(task),
             model_version=dl.version,
-            spec=self._spec,
+            spec=self._spec if sub is None else sub.sub,
             dataset=self.dataset_name,
             shard=task.shard,
             indices=self.indices(task, shards=shards),
@@ -107,6 +108,7 @@ class TaskWriter:
             init_crc=init_crc if seeded else None,
             data=self._data.shards[task.shard].sha256 if shards else None,
             init_scheme=INIT_SCHEME if seeded else None,
+            subnet=None if sub is None else sub.to_wire(),
             **self.distill_fields(task),
         )
 

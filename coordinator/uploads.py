@@ -47,13 +47,16 @@ class Uploads:
         self._codec = int(get_codec(codec).id)
         self._open: dict[str, Upload] = {}
 
-    def start(self, msg: m.Result, nbytes: int | None) -> None:
-        """A result header: chunks for ``msg.task_id`` follow."""
+    def start(self, msg: m.Result, nbytes: int | None, *, spec: ModelSpec | None = None) -> None:
+        """A result header: chunks for ``msg.task_id`` follow, in the layout of
+        ``spec`` (a sub-model task's subnet) or else of the job's model."""
         if msg.num_chunks < 1:
             raise ProtocolError(ErrorCode.BAD_FIELD, "result.num_chunks: an update is required")
         if msg.task_id in self._open:
             raise ProtocolError(ErrorCode.DUPLICATE, f"result {msg.task_id!r}: already uploading")
-        reasm = Reassembler.for_params(self._spec, transfer=msg.task_id, total=msg.num_chunks)
+        reasm = Reassembler.for_params(
+            spec or self._spec, transfer=msg.task_id, total=msg.num_chunks
+        )
         upload = self._open[msg.task_id] = Upload(msg, reasm)
         upload.frame_bytes += _frame_bytes(msg, nbytes)
 

@@ -314,7 +314,8 @@ class Message:
             v = getattr(self, name)
             out[name] = dump(v) if dump is not None and v is not None else v
         for name in self.SPARSE:
-            if out[name] == _SPARSE_DEFAULTS[self.TYPE][name]:
+            v = out[name]
+            if not isinstance(v, np.ndarray) and v == _SPARSE_DEFAULTS[self.TYPE][name]:
                 del out[name]
         return out
 
@@ -447,7 +448,8 @@ class Task(Message):
     ``init_seed`` (version 0, to a client whose hello listed ``init_scheme`` in
     ``init_schemes``; nil scheme: legacy PCG64, to ``seeded_init``) no model
     follows: the client builds it from the seed and checks its CRC-32 against
-    ``init_crc``."""
+    ``init_crc``. A sub-model task (``subnet``) is an ordinary task on a narrower
+    ``spec``; ``subnet`` names the job model's hidden neurons it keeps (§3.3.1)."""
 
     TYPE: ClassVar[str] = "task"
     task_id: str
@@ -475,8 +477,9 @@ class Task(Message):
     init_crc: int | None = None
     data: str | None = None
     init_scheme: str | None = None
+    subnet: np.ndarray | None = None
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_scheme"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_scheme", "subnet"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "task_id": _str(128, empty=False),
         "kind": _str(32, TASK_KINDS),
@@ -503,9 +506,12 @@ class Task(Message):
         "init_crc": _opt(_int(0, U32)),
         "data": _opt(_sha256),
         "init_scheme": _opt(_str(32, empty=False)),
+        "subnet": _opt(_indices),
     }
 
     def _cross(self) -> None:
+        if self.subnet is not None:
+            self._cross_subnet(self.subnet)
         if self.init_seed is not None:
             if (
                 self.init_crc is None
@@ -548,6 +554,22 @@ class Task(Message):
                     "task.delta_base", f"< model_version ({self.model_version})", self.delta_base
                 )
         self._cross_distill()
+
+    def _cross_subnet(self, subnet: np.ndarray) -> None:
+        """§3.3.1: the kept neurons split by the spec's hidden widths, increasing
+        within each layer; the slice always travels."""
+        hidden = self.spec.widths[1:-1]
+        if subnet.size != sum(hidden):
+            raise _bad("task.subnet", f"{sum(hidden)} indices (spec's hidden widths)", subnet.size)
+        for layer in np.split(subnet.astype(np.int64), np.cumsum(hidden[:-1], dtype=np.int64)):
+            if layer.size > 1 and not bool(np.all(np.diff(layer) > 0)):
+                raise _bad("task.subnet", "increasing indices within each layer", "not")
+        if not self.num_chunks or self.base_version is not None or self.delta_base is not None:
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                "task.subnet: needs its slice as chunks (num_chunks > 0), "
+                "no base_version and no delta_base",
+            )
 
     def _cross_distill(self) -> None:
         if self.kind == "distill":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,6 +34,7 @@ from coordinator.leases import Task, TaskPlan
 from coordinator.strategies.aggregate import staleness_scale
 from coordinator.strategies.robust import aggregate
 from nn.params import Params
+from nn.subnet import Subnet, covered_mean
 
 
 @dataclass(slots=True)
@@ -169,10 +171,19 @@ class Strategy(ABC):
             round=round,
         )
 
-    def combine(self, updates: list[np.ndarray], weights: list[float] | None = None) -> np.ndarray:
+    def combine(
+        self,
+        updates: list[np.ndarray],
+        weights: list[float] | None = None,
+        subnets: Sequence[Subnet | None] = (),
+    ) -> np.ndarray:
         """A round's or a buffer's updates as one, by ``config.aggregator`` (robust.py);
-        ``weights`` (``sample_weight`` of each result's task) weight the ``mean``."""
+        ``weights`` (``sample_weight`` of each result's task) weight the ``mean``.
+        Sub-model results (``subnets``, the job refuses other aggregators for them)
+        average per coordinate over the results that hold it."""
         c = self.config
+        if any(s is not None for s in subnets):
+            return covered_mean(updates, weights or [1.0] * len(updates), subnets)
         return aggregate(c.aggregator, updates, weights, byzantine_fraction=c.byzantine_fraction)
 
     @staticmethod

@@ -14,6 +14,7 @@ import numpy as np
 
 from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.rounds import RoundStrategy
+from nn.subnet import Subnet
 
 
 class CentralSync(RoundStrategy):
@@ -25,5 +26,7 @@ class CentralSync(RoundStrategy):
         outer = OuterOptimizer(kind=c.outer_optimizer, lr=c.lr, momentum=c.outer_momentum)
         super().__init__(outer=outer, **kwargs)
 
-    def direction(self, updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
-        return -self.combine(updates, weights)
+    def direction(
+        self, updates: list[np.ndarray], weights: list[float], subnets: list[Subnet | None]
+    ) -> np.ndarray:
+        return -self.combine(updates, weights, subnets)

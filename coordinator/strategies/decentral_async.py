@@ -28,6 +28,7 @@ from coordinator.leases import Task, TaskPlan
 from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.base import ClientView, Outcome, Strategy
 from coordinator.strategies.robust import SlidingWindow
+from nn.subnet import Subnet
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class DecentralAsync(Strategy):
         self.buffer: list[np.ndarray] = []
         #: each buffered delta's ``sample_weight`` (FedBuff's mean weights by rows)
         self.buffer_weights: list[float] = []
+        #: each buffered delta's subnet (None: the whole model)
+        self.buffer_subnets: list[Subnet | None] = []
         #: clients connected at the last lease ("auto" windows scale with it)
         self.crowd = 0
         #: FedAsync's last ``window`` deltas (window > 1 only)
@@ -77,11 +80,12 @@ class DecentralAsync(Strategy):
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
         self.buffer.append((np.float32(w) * update).astype(np.float32))
         self.buffer_weights.append(self.sample_weight(task))
+        self.buffer_subnets.append(task.subnet)
         if len(self.buffer) < self.config.buffer_k:
             return Outcome(accepted=True, staleness=s)
-        combined = self.combine(self.buffer, self.buffer_weights)
+        combined = self.combine(self.buffer, self.buffer_weights, self.buffer_subnets)
         merged = len(self.buffer)
-        self.buffer, self.buffer_weights = [], []
+        self.buffer, self.buffer_weights, self.buffer_subnets = [], [], []
         self.outer.step(self.model.params.data, combined)
         return Outcome(accepted=True, staleness=s, step=self.step_version(merged))
 
@@ -110,6 +114,7 @@ class DecentralAsync(Strategy):
             "outer": self.outer.state_dict(),
             "buffer": [b.copy() for b in self.buffer],
             "buffer_weights": list(self.buffer_weights),
+            "buffer_subnets": [None if s is None else s.to_state() for s in self.buffer_subnets],
             "recent": None if self.recent is None else self.recent.state_dict(),
         }
 
@@ -119,5 +124,8 @@ class DecentralAsync(Strategy):
         self.buffer = [np.array(b, dtype=np.float32) for b in state["buffer"]]
         weights = state.get("buffer_weights", [1.0] * len(self.buffer))  # older checkpoints
         self.buffer_weights = [float(w) for w in weights]
+        spec = self.model.params.spec
+        subnets = state.get("buffer_subnets", [None] * len(self.buffer))
+        self.buffer_subnets = [None if s is None else Subnet.from_state(spec, s) for s in subnets]
         if self.recent is not None and state.get("recent") is not None:
             self.recent.load_state_dict(state["recent"])

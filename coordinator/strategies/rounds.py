@@ -33,6 +33,7 @@ import numpy as np
 from coordinator.leases import Task, TaskPlan, TaskState
 from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.base import ClientView, Outcome, StepReport, Strategy
+from nn.subnet import Subnet
 from protocol.states import checked_move
 
 
@@ -63,11 +64,15 @@ class RoundStrategy(Strategy):
         self.weights: dict[int, float] = {}
         self.round_tasks: dict[int, Task] = {}
         self.reissue: deque[Task] = deque()
+        #: sub-model results' subnets, by task id (absent: the whole model)
+        self.subnets: dict[int, Subnet] = {}
 
     @abstractmethod
-    def direction(self, updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
-        """The way to move the params given the round's updates and their sample
-        weights (in task-id order)."""
+    def direction(
+        self, updates: list[np.ndarray], weights: list[float], subnets: list[Subnet | None]
+    ) -> np.ndarray:
+        """The way to move the params given the round's updates, their sample
+        weights and subnets (in task-id order)."""
 
     def _move(self, to: RoundPhase) -> None:
         self.phase = checked_move(
@@ -82,6 +87,7 @@ class RoundStrategy(Strategy):
         self.deadline = now + self.config.round_deadline_s
         self.results = {}
         self.weights = {}
+        self.subnets = {}
         self.round_tasks = {}
         self.reissue.clear()
 
@@ -119,6 +125,8 @@ class RoundStrategy(Strategy):
             return Outcome(accepted=False, staleness=s, reason="stale")
         self.results[task.task_id] = update.copy()
         self.weights[task.task_id] = self.sample_weight(task)
+        if task.subnet is not None:
+            self.subnets[task.task_id] = task.subnet
         if len(self.results) >= self.target:
             return Outcome(accepted=True, staleness=s, step=self._close(now))
         return Outcome(accepted=True, staleness=s)
@@ -149,7 +157,8 @@ class RoundStrategy(Strategy):
         ids = sorted(self.results)
         updates = [self.results[i] for i in ids]
         weights = [self.weights.get(i, 1.0) for i in ids]
-        self.outer.step(self.model.params.data, self.direction(updates, weights))
+        subnets = [self.subnets.get(i) for i in ids]
+        self.outer.step(self.model.params.data, self.direction(updates, weights, subnets))
         dropped = tuple(
             tid
             for tid, t in sorted(self.round_tasks.items())
@@ -159,6 +168,7 @@ class RoundStrategy(Strategy):
         self._move(RoundPhase.IDLE)
         self.results = {}
         self.weights = {}
+        self.subnets = {}
         self.round_tasks = {}
         self.reissue.clear()
         self.deadline = None
@@ -178,6 +188,7 @@ class RoundStrategy(Strategy):
             "target": self.target,
             "results": {int(k): v.copy() for k, v in self.results.items()},
             "weights": {int(k): float(w) for k, w in self.weights.items()},
+            "subnets": {int(k): s.to_state() for k, s in self.subnets.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -189,6 +200,10 @@ class RoundStrategy(Strategy):
         self.results = {int(k): np.array(v, dtype=np.float32) for k, v in state["results"].items()}
         # (a checkpoint from before sample weights has none: those results count 1)
         self.weights = {int(k): float(w) for k, w in state.get("weights", {}).items()}
+        spec = self.model.params.spec
+        self.subnets = {
+            int(k): Subnet.from_state(spec, s) for k, s in state.get("subnets", {}).items()
+        }
         self.round_tasks = {}
         self.reissue.clear()
         self.planned = len(self.results)

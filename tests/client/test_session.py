@@ -447,3 +447,21 @@ def test_the_next_task_does_not_wait_for_the_ack_and_every_result_is_kept_until_
     assert [r.task_id for r in resent] == ["1"]
     s.receive(m.Ack(task_id="1", accepted=False, reason="duplicate"), 4.2)
     assert s.unacked == {} and s.pending is None
+
+
+def test_a_slice_from_a_sub_model_task_is_never_taken_for_the_whole_model() -> None:
+    """§3.3.1: after a sub-model task the client holds a slice of version 5, so a
+    task naming version 5 of the job's model as its base is declined."""
+    s = decline_session()
+    sub = ModelSpec(widths=(SPEC.widths[0], 3, SPEC.widths[-1]))
+    chunks = chunk_params(sub.init_params(0), max_message_bytes=1024, transfer="sub-1-5")
+    keep = np.array([0, 2, 5], dtype=np.uint32)
+    t1 = m.Task(task_id="1", model_version=5, spec=sub, dataset="digits#0",
+                model_transfer="sub-1-5", num_chunks=len(chunks), subnet=keep)  # fmt: skip
+    (req,) = [a for a in feed(s, [t1, *chunks], 1.0) if isinstance(a, ComputeRequest)]
+    assert req.params.spec == sub
+    s.compute_done(req.request_id, np.zeros(sub.num_params, np.float32), 2.0)
+    s.receive(m.Ack(task_id="1", accepted=True), 2.1)
+    t2 = m.Task(task_id="2", model_version=5, spec=SPEC, dataset="digits#0", base_version=5)
+    (decline,) = sends(s.receive(t2, 3.0))
+    assert isinstance(decline, m.Decline) and decline.reason.startswith("model: base version 5")

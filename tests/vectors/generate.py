@@ -38,6 +38,7 @@ from protocol.messages import (
     Result,
     Task,
     Welcome,
+    _default,
     encode,
 )
 from protocol.ndarray import NDARRAY_EXT, unpack_ndarray
@@ -158,6 +159,17 @@ def valid_messages() -> dict[str, Message]:
             error_feedback=True,
             delta_base=3,
         ),
+        "task_subnet": Task(
+            task_id="t-7",
+            kind="train",
+            model_version=9,
+            spec=ModelSpec(widths=(5, 2, 3, 2, 3)),
+            dataset="blobs",
+            steps=10,
+            model_transfer="sub-7-9",
+            num_chunks=3,
+            subnet=np.array([1, 4, 0, 2, 3, 0, 4], dtype=np.uint32),
+        ),
         "task_seeded": Task(
             task_id="t-5",
             kind="train",
@@ -239,6 +251,8 @@ def _shard_blob() -> bytes:
 def invalid_frames() -> dict[str, tuple[bytes, str, str]]:
     """name -> (frame, ErrorCode name, text the error message must contain)."""
     ok = encode(Bye(reason="x"))
+    subnet = valid_messages()["task_subnet"].to_wire()
+    subnet["subnet"] = np.array([4, 1, 0, 2, 3, 0, 4], dtype=np.uint32)  # layer 0 unsorted
     bad_ext = msgpack.ExtType(NDARRAY_EXT, struct.pack("<BBHI", 9, 1, 0, 1) + b"\0" * 8)
     return {
         "bad_not_msgpack": (b"\xc1", "MALFORMED", "msgpack"),
@@ -259,6 +273,11 @@ def invalid_frames() -> dict[str, tuple[bytes, str, str]]:
             msgpack.packb({"type": "hello", "client": "c", "cores": 0}),
             "BAD_FIELD",
             "hello.cores",
+        ),
+        "bad_subnet_order": (
+            msgpack.packb(subnet, use_bin_type=True, default=_default),
+            "BAD_FIELD",
+            "task.subnet",
         ),
         "bad_ndarray_dtype": (
             msgpack.packb({"type": "bye", "reason": "x", "extra": bad_ext}),

@@ -27,7 +27,7 @@ import { parseCodec, Residuals } from "./codecs.js";
 import { crc32 } from "./crc32.js";
 import { Generator } from "./rng.js";
 import { initParams } from "./nn.js";
-import { paramsLayout, normalizeSpec } from "./spec.js";
+import { paramCount, paramsLayout, normalizeSpec } from "./spec.js";
 import { linkLimits, Pacer } from "./pacer.js";
 
 export const CLIENT_NAME = "crowdgrad-web/0.1";
@@ -429,7 +429,7 @@ export class Session {
       this._decline(msg, `dataset: ${msg.dataset} is not a shard`, out);
       return;
     }
-    if (msg.delta_base != null && (this.model === null || this.modelVersion !== msg.delta_base)) {
+    if (msg.delta_base != null && !this._holds(msg.delta_base, msg)) {
       this._decline(msg, `model: delta base ${msg.delta_base} not held`, out);
       return;
     }
@@ -452,7 +452,7 @@ export class Session {
       return;
     }
     if (msg.base_version != null) {
-      if (this.model === null || this.modelVersion !== msg.base_version) {
+      if (!this._holds(msg.base_version, msg)) {
         this._decline(msg, `model: base version ${msg.base_version} not held`, out);
         return;
       }
@@ -542,6 +542,13 @@ export class Session {
     this.nextTask = null;
     this.nextReady = false;
     if (ready) this._request(out);
+  }
+
+  /** Whether the model held is `version` in `msg.spec`'s shape: after a sub-model
+   *  task (§3.3.1) it is a slice, never the job's whole model. */
+  _holds(version, msg) {
+    return this.model !== null && this.modelVersion === version
+      && this.model.length === paramCount(normalizeSpec(msg.spec).widths);
   }
 
   _decline(task, reason, out) {

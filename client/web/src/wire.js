@@ -404,7 +404,26 @@ const REQ = Symbol("required");
 const taskId = str(128, { empty: false });
 const kind = str(32, { choices: TASK_KINDS });
 
+/** §3.3.1: a subnet's indices split by the spec's hidden widths, increasing within
+ *  each layer, and its slice always travels. */
+function subnetCross(m) {
+  const hidden = m.spec.widths.slice(1, -1);
+  const total = hidden.reduce((a, b) => a + b, 0);
+  if (m.subnet.size !== total) throw bad("task.subnet", `${total} indices (spec's hidden widths)`, m.subnet.size);
+  let at = 0;
+  for (const n of hidden) {
+    for (let i = at + 1; i < at + n; i++) {
+      if (!(m.subnet.data[i] > m.subnet.data[i - 1])) throw bad("task.subnet", "increasing indices within each layer", "not");
+    }
+    at += n;
+  }
+  if (!m.num_chunks || m.base_version !== null || m.delta_base !== null) {
+    throw fail("task.subnet: needs its slice as chunks (num_chunks > 0), no base_version and no delta_base");
+  }
+}
+
 function taskCross(m) {
+  if (m.subnet !== null) subnetCross(m);
   if (m.init_seed !== null) {
     if (m.init_crc === null || m.model_version !== 0 || m.num_chunks || m.base_version !== null || m.delta_base !== null) {
       throw fail(
@@ -512,8 +531,9 @@ const SCHEMAS = {
       ["init_crc", opt(int(0, U32)), null],
       ["data", opt(sha256), null],
       ["init_scheme", opt(str(32, { empty: false })), null],
+      ["subnet", opt(indices), null],
     ],
-    sparse: ["data", "init_scheme"],
+    sparse: ["data", "init_scheme", "subnet"],
     cross: taskCross,
   },
   result: {

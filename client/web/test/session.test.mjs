@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Session, CODECS, taskRows } from "../src/session.js";
-import { decodeFrame, encodeRaw } from "../src/wire.js";
+import { NdArray, decodeFrame, encodeRaw } from "../src/wire.js";
 import { encodeTransfer } from "../src/chunks.js";
 import { initParams } from "../src/nn.js";
 import { paramsLayout, normalizeSpec } from "../src/spec.js";
@@ -145,6 +145,26 @@ test("a delta download is added to the held model", () => {
   assert.ok(out.some((a) => a.type === "compute"));
   assert.equal(s.modelVersion, 3);
   for (let i = 0; i < base.length; i++) assert.equal(s.model[i], Math.fround(base[i] + 0.25));
+});
+
+test("a sub-model task trains its slice; the slice is never taken for the whole model", () => {
+  const s = ready();
+  const sub = { widths: [4, 2, 2] }; // neurons 0 and 2 of the job's 3
+  const slice = new Float32Array(2 * 4 + 2 + 2 * 2 + 2).fill(0.5);
+  const chunks = encodeTransfer(slice, paramsLayout(sub.widths), { transfer: "sub-1-3", codec: "fp32", maxMessageBytes: 1 << 20 });
+  s.receive(server({ type: "task", task_id: "1", model_version: 3, spec: sub, dataset: "t#0",
+    model_transfer: "sub-1-3", num_chunks: chunks.length, data: SHA,
+    subnet: new NdArray("uint32", [2], Uint32Array.from([0, 2])) }), 0.1);
+  for (const c of chunks) s.receive(server(c), 0.2);
+  const req = s.shardReady(SHA, shard, 0.25).find((a) => a.type === "compute");
+  assert.ok(req, "the slice trains like any model");
+  assert.equal(req.task.spec.widths[1], 2);
+  s.computeDone(req.requestId, { update: new Float32Array(slice.length), loss: 1, samples: 4, steps: 2 }, 0.3);
+  // version 3 of the job's model (widths [4, 3, 2]) is not what it holds
+  const next = sent(s.receive(server({ type: "task", task_id: "2", model_version: 3, spec: SPEC,
+    dataset: "t#0", base_version: 3, data: SHA }), 0.4));
+  assert.equal(next[0].type, "decline");
+  assert.match(next[0].reason, /^model: base version 3 not held/);
 });
 
 test("a task this client cannot do is declined at once", () => {

@@ -13,7 +13,7 @@ const BIG = 1 << 24;
 const SPARSE = {
   hello: { data: false, init_schemes: [] },
   welcome: { data: false, decline: false, job: "" },
-  task: { data: null, init_scheme: null },
+  task: { data: null, init_scheme: null, subnet: null },
   chunk: { blocks: 1 },
   bye: { detail: "" },
   heartbeat: { held: null },
@@ -33,7 +33,7 @@ const invalid = frameVectors().filter((n) => "$error" in vectorJson(n));
 
 test("the vectors are all there", () => {
   assert.ok(valid.length >= 36, `${valid.length} valid vectors`);
-  assert.equal(invalid.length, 8);
+  assert.equal(invalid.length, 9);
   const types = new Set(valid.map((n) => vectorJson(n).type));
   for (const t of [...CLIENT_TYPES, ...SERVER_TYPES]) assert.ok(types.has(t), `no vector of type ${t}`);
 });

@@ -1,0 +1,185 @@
+"""Sub-networks by neuron group: the slice a sub-model task trains, and the way
+its update goes back into the whole model.
+
+A *subnet* keeps a subset of every hidden layer's neurons: those rows of layer l
+(W rows and biases) and the matching columns of layer l+1. The input and output
+layers keep all their units, so a subnet is itself an ordinary MLP with narrower
+hidden widths (``Subnet.spec``): any client trains it as it trains any model, and
+only the coordinator needs to know where its parameters sit in the whole one.
+
+Rescaling (``rescale=True``) is inverted dropout written into the weights: a kept
+neuron's outgoing weights are sent multiplied by ``n/k`` (its layer's width over
+the kept count), so the next layer sees inputs of the same scale as the whole
+network gives it, and the update that comes back is multiplied by ``k/n`` before
+it lands. Without it, a subnet trained on a quarter of the neurons pushes the
+next layer's weights to four times what the whole network needs (Federated
+Dropout, Caldas et al. 2018, and IST, Yuan et al. 2022, train subnets this way
+and evaluate the whole model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nn.params import Params
+from nn.spec import ModelSpec
+
+
+def hidden_widths(spec: ModelSpec) -> tuple[int, ...]:
+    return spec.widths[1:-1]
+
+
+def sub_widths(spec: ModelSpec, fraction: float) -> tuple[int, ...]:
+    """Every hidden layer's kept count at ``fraction`` (at least one neuron each)."""
+    return tuple(max(1, min(n, round(fraction * n))) for n in hidden_widths(spec))
+
+
+def sub_spec(spec: ModelSpec, kept: Sequence[int]) -> ModelSpec:
+    """The spec of a subnet keeping ``kept[l]`` neurons of hidden layer l."""
+    return ModelSpec(
+        widths=(spec.widths[0], *kept, spec.widths[-1]),
+        activations=spec.activations,
+        loss=spec.loss,
+        init=spec.init,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Subnet:
+    """Which hidden neurons of ``spec`` a task keeps: ``keep[l]`` holds sorted,
+    distinct indices into hidden layer l."""
+
+    spec: ModelSpec
+    keep: tuple[np.ndarray, ...]
+    rescale: bool = True
+    #: the subnet's own spec (derived)
+    sub: ModelSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        hidden = hidden_widths(self.spec)
+        if len(self.keep) != len(hidden):
+            raise ValueError(
+                f"subnet: {len(hidden)} hidden layers, got {len(self.keep)} index sets"
+            )
+        keep = []
+        for li, (idx, n) in enumerate(zip(self.keep, hidden, strict=True)):
+            a = np.asarray(idx, dtype=np.int64).reshape(-1)
+            if a.size < 1:
+                raise ValueError(f"subnet: hidden layer {li} keeps no neuron")
+            if a.min() < 0 or a.max() >= n:
+                raise ValueError(f"subnet: hidden layer {li} has {n} neurons, index out of range")
+            if a.size > 1 and not np.all(np.diff(a) > 0):
+                raise ValueError(f"subnet: hidden layer {li}: indices must be sorted and distinct")
+            keep.append(a)
+        object.__setattr__(self, "keep", tuple(keep))
+        object.__setattr__(self, "sub", sub_spec(self.spec, [a.size for a in keep]))
+
+    # -- the wire form: one array of every hidden layer's indices in order ----------
+
+    def to_wire(self) -> np.ndarray:
+        return np.concatenate(self.keep).astype(np.uint32)
+
+    @classmethod
+    def from_wire(
+        cls, spec: ModelSpec, sub: ModelSpec, flat: np.ndarray, *, rescale: bool
+    ) -> Subnet:
+        """Split the flat indices by ``sub``'s hidden widths (the task's spec)."""
+        kept = hidden_widths(sub)
+        flat = np.asarray(flat).reshape(-1)
+        if flat.size != sum(kept):
+            raise ValueError(f"subnet: {flat.size} indices for hidden widths {list(kept)}")
+        ends = np.cumsum(kept)[:-1]
+        return cls(spec, tuple(np.split(flat.astype(np.int64), ends)), rescale)
+
+    def to_state(self) -> dict:
+        """For checkpoints (a sync round's results wait for their round's end)."""
+        return {"keep": [a.tolist() for a in self.keep], "rescale": self.rescale}
+
+    @classmethod
+    def from_state(cls, spec: ModelSpec, state: dict) -> Subnet:
+        return cls(
+            spec, tuple(np.asarray(k, dtype=np.int64) for k in state["keep"]), state["rescale"]
+        )
+
+    # -- sizes ----------------------------------------------------------------------
+
+    @property
+    def fraction(self) -> float:
+        """Parameters of the subnet over the whole model's."""
+        return self.sub.num_params / self.spec.num_params
+
+    # -- slicing and merging ----------------------------------------------------------
+
+    def _index(self, layer: int) -> tuple[np.ndarray | slice, np.ndarray | slice, float]:
+        """Rows and columns of layer ``layer``'s W the subnet keeps, and the scale
+        its kept columns travel at (n/k of the layer below, with rescaling)."""
+        last = self.spec.num_layers - 1
+        rows: np.ndarray | slice = self.keep[layer] if layer < last else slice(None)
+        cols: np.ndarray | slice = self.keep[layer - 1] if layer > 0 else slice(None)
+        scale = 1.0
+        if self.rescale and layer > 0:
+            scale = self.spec.widths[layer] / self.keep[layer - 1].size
+        return rows, cols, scale
+
+    def slice(self, params: Params) -> Params:
+        """The subnet's parameters, a new buffer (the whole model is not touched)."""
+        if params.spec != self.spec:
+            raise ValueError("subnet: params of another spec")
+        out = Params(self.sub)
+        for li in range(self.spec.num_layers):
+            rows, cols, scale = self._index(li)
+            W = params.W[li][rows]
+            W = W[:, cols] if isinstance(cols, np.ndarray) else W
+            out.W[li][...] = W * np.float32(scale) if scale != 1.0 else W
+            out.b[li][...] = params.b[li][rows]
+        return out
+
+    def expand(self, update: np.ndarray) -> np.ndarray:
+        """A subnet update (flat, the subnet's layout) placed in the whole model's
+        layout, zero where the subnet has no parameter."""
+        sub = Params.from_flat(self.sub, np.ascontiguousarray(update, dtype=np.float32), copy=False)
+        out = Params(self.spec)
+        for li in range(self.spec.num_layers):
+            rows, cols, scale = self._index(li)
+            dW = sub.W[li] / np.float32(scale) if scale != 1.0 else sub.W[li]
+            out.W[li][_grid(rows, cols)] = dW
+            out.b[li][rows] = sub.b[li]
+        return out.data
+
+    def cover(self, into: np.ndarray, weight: float = 1.0) -> None:
+        """Add ``weight`` to every coordinate of ``into`` (the whole model's layout)
+        the subnet holds: the denominators of a per-coordinate mean."""
+        acc = Params.from_flat(self.spec, into, copy=False)
+        w = np.float32(weight)
+        for li in range(self.spec.num_layers):
+            rows, cols, _ = self._index(li)
+            acc.W[li][_grid(rows, cols)] += w
+            acc.b[li][rows] += w
+
+
+def _grid(rows: np.ndarray | slice, cols: np.ndarray | slice) -> tuple:
+    """An index selecting the block ``rows x cols`` of a 2-D array (writable)."""
+    if isinstance(rows, np.ndarray) and isinstance(cols, np.ndarray):
+        return np.ix_(rows, cols)
+    return (rows, cols)
+
+
+def covered_mean(
+    updates: Sequence[np.ndarray], weights: Sequence[float], subnets: Sequence[Subnet | None]
+) -> np.ndarray:
+    """The weighted mean of updates in the whole model's layout, per coordinate over
+    the updates whose subnet holds it (0 where none does): a neuron trained by one
+    of four clients moves by that client's delta, not a quarter of it."""
+    num = np.zeros_like(updates[0], dtype=np.float32)
+    den = np.zeros_like(num)
+    for u, w, s in zip(updates, weights, subnets, strict=True):
+        num += np.float32(w) * u
+        if s is None:
+            den += np.float32(w)
+        else:
+            s.cover(den, w)
+    np.divide(num, den, out=num, where=den > 0)
+    return num
