@@ -371,6 +371,10 @@ class ClientSession:
         out: list[Action] = []
         if request_id != self.computing or self.task is None:
             return out
+        if self.task.kind != "evaluate" and not np.isfinite(update).all():
+            # Training diverged (a learning rate too high for this model): no codec
+            # can carry it and the server would refuse it; say so instead.
+            return self.compute_failed(request_id, "compute: the update is not finite", now)
         self.computing = None
         self.last_compute_s = max(0.0, compute_seconds)
         task = self.task

@@ -345,7 +345,15 @@ class SubmodelSection(_Section):
     fraction: float = Field(default=0.25, gt=0, le=1)
     budget_bytes: int | None = Field(default=None, ge=256)
     max_task_s: float | None = Field(default=None, gt=0)
-    rescale: bool = Field(default=True, description="inverted dropout: n/k on kept outputs")
+    rescale: Literal["mean", "variance", "none"] = Field(
+        default="mean",
+        description="kept outgoing weights travel at n/k (mean: inverted dropout), "
+        "sqrt(n/k) (variance: deep nets cut thin), or as they are",
+    )
+
+    @property
+    def rescale_exponent(self) -> float:
+        return {"mean": 1.0, "variance": 0.5, "none": 0.0}[self.rescale]
 
     @property
     def enabled(self) -> bool:

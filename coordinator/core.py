@@ -86,6 +86,9 @@ from protocol.states import advance_clock
 
 log = logging.getLogger(__name__)
 
+#: models up to this many parameters are checked finite after every version
+FINITE_CHECK_EVERY_VERSION_MAX = 1 << 24
+
 #: Assumed client speed (FLOP/s) before hello or measurement says otherwise.
 DEFAULT_FLOPS = 1e9
 #: Task ids skipped on a restore: more than a coordinator issues between two
@@ -104,13 +107,16 @@ class Coordinator:
         *,
         dataset: Dataset | None = None,
         teacher: Params | None = None,
+        share_params: bool = False,
     ) -> None:
+        """``share_params``: train ``params`` itself rather than a copy (a model
+        in a mapped file, nn/mapped.py, too big to hold twice)."""
         spec = job.spec
         # Version 0 is the init seed's exactly when no params were given: then a
         # client that says so in hello builds it itself instead of downloading it.
         seeded = params is None
         if params is None:
-            params = spec.init_params(job.model.init_seed)
+            params, share_params = spec.init_params(job.model.init_seed), True
         if params.spec.widths != spec.widths:
             raise ValueError(
                 f"params: widths {list(params.spec.widths)} differ from the job's "
@@ -121,7 +127,7 @@ class Coordinator:
         self.spec = spec
         self._flops_per_sample = spec.flops_per_sample()
         self.seed = seed
-        self.model = ModelState(params=params.copy())
+        self.model = ModelState(params=params if share_params else params.copy())
         self._v0_crc = crc32(self.model.params.data) if seeded else None
         root = np.random.SeedSequence(seed)
         # spawn(n)'s first children are spawn(n-1)'s: the other streams are unchanged
@@ -167,6 +173,20 @@ class Coordinator:
         self.evaluator = Evaluator(self.dataset, job.eval)
         if job.validation.reference_tasks:
             local = self.strategy.task_kind == "local"
+            subnets = None
+            if self.submodels is not None:  # the reference trains slices, as clients do
+                chooser = SubmodelPlanner(
+                    job.submodel,
+                    spec,
+                    model_codec=job.codecs.model,
+                    update_codec=job.codecs.update,
+                    rng=np.random.default_rng(submodel_seq.spawn(1)[0]),
+                )
+                samples = st.tau * job.data.batch
+                subnets = [
+                    chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
+                    for _ in range(job.validation.reference_tasks)
+                ]
             self.validator.reference = reference_norms(
                 self.model.params,
                 self.dataset,
@@ -177,6 +197,7 @@ class Coordinator:
                 optimizer=self.tasks.optimizer,
                 seed=seed,
                 count=job.validation.reference_tasks,
+                subnets=subnets,
             )
         self.limits = server_limits(job)
         self.finished: ev.JobFinished | None = None
@@ -647,7 +668,11 @@ class Coordinator:
             return
         v = self.model.version
         out.append(ev.ModelUpdated(version=v, contributions=self.model.contributions, now=now))
-        if not self.model.params.is_finite():
+        # Every update was checked finite; this guards the strategy's arithmetic. A
+        # whole pass over a huge model per version costs more than the merge itself,
+        # so big models are checked when they are evaluated.
+        small = self.spec.num_params <= FINITE_CHECK_EVERY_VERSION_MAX
+        if (small or self.evaluator.due(v)) and not self.model.params.is_finite():
             raise RuntimeError(f"model became non-finite at version {v}: a strategy bug")
         every = self.job.checkpoint.every_versions
         if every and v % every == 0:

@@ -18,6 +18,7 @@ import numpy as np
 from nn.data import Dataset
 from nn.optim import Optimizer, OptState
 from nn.params import Params
+from nn.subnet import Subnet
 from nn.train import batch_indices, compute_gradient, train_steps
 
 
@@ -32,20 +33,24 @@ def reference_norms(
     optimizer: dict,
     seed: int,
     count: int = 3,
+    subnets: list[Subnet] | None = None,
 ) -> list[float]:
-    """L2 norms of ``count`` updates computed as clients would, on the first shards."""
+    """L2 norms of ``count`` updates computed as clients would, on the first shards;
+    with ``subnets`` (a sub-model job) each trains its slice, as its clients do:
+    the norms are a slice's, and no copy of a model too big to copy is made."""
     rng = np.random.default_rng([seed, 0x5EF])
     norms = []
-    for shard in shards[:count]:
+    for i, shard in enumerate(shards[:count]):
         X, y = dataset.X_train[shard], dataset.y_train[shard]
         if kind == "gradient":
             rows = batch_indices(X.shape[0], 1, min(steps * batch, X.shape[0]), rng)
             _, grad = compute_gradient(params, X[rows], y[rows])
             u = grad.data
         else:
-            local = params.copy()
+            start = params if subnets is None else subnets[i % len(subnets)].slice(params)
+            local = start.copy()
             opt = Optimizer.from_dict(optimizer)
-            train_steps(local, OptState.init(opt, params.spec), X, y, steps, batch, rng)
-            u = local.data - params.data
+            train_steps(local, OptState.init(opt, start.spec), X, y, steps, batch, rng)
+            u = local.data - start.data
         norms.append(math.sqrt(float(u.astype(np.float64) @ u.astype(np.float64))))
     return norms

@@ -141,9 +141,12 @@ class ResultPath:
             self._reject(conn, rec, result.task_id, Reject.VERSION, now, out, count=True)
             self._maybe_reissue(task, now)
             return
-        if task.subnet is not None:  # the slice's delta, placed in the whole model
-            update = task.subnet.expand(update)
-        reject, norm = self._validator.check(update)
+        # A sub-model task's delta stays in its subnet's layout: the strategy places
+        # it (task.subnet), in place where it can, so no model-sized copy is made.
+        sub = task.subnet
+        reject, norm = self._validator.check(
+            update, size=None if sub is None else sub.sub.num_params
+        )
         if reject is not None:
             self._reject(conn, rec, result.task_id, reject, now, out, count=True)
             self._maybe_reissue(task, now)
@@ -168,7 +171,6 @@ class ResultPath:
         # bad updates, not for a few spread over a long session.
         rec.rejections = max(0, rec.rejections - 1)
         rec.declined_in_row = 0
-        sub = task.subnet
         if (
             sub is None
             and book.live_lease_of(conn.client_id) is None

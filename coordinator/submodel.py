@@ -126,7 +126,7 @@ class SubmodelPlanner:
             ]
         else:
             keep = self._ist(kept, round)
-        return Subnet(self.spec, tuple(keep), self.config.rescale)
+        return Subnet(self.spec, tuple(keep), self.config.rescale_exponent)
 
     def _ist(self, kept: Sequence[int], round: int | None) -> list[np.ndarray]:
         widths = hidden_widths(self.spec)

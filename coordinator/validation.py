@@ -67,9 +67,10 @@ class UpdateValidator:
             return 1.0
         return c * med / norm
 
-    def check(self, update: np.ndarray) -> tuple[Reject | None, float]:
-        """``(reason or None, norm)``; call ``accept(norm)`` once the result is taken."""
-        if update.ndim != 1 or update.size != self.size:
+    def check(self, update: np.ndarray, *, size: int | None = None) -> tuple[Reject | None, float]:
+        """``(reason or None, norm)``; call ``accept(norm)`` once the result is taken.
+        ``size``: the values expected when not the whole model's (a subnet's)."""
+        if update.ndim != 1 or update.size != (self.size if size is None else size):
             return Reject.SHAPE, float("nan")
         if update.dtype != np.float32:
             return Reject.DTYPE, float("nan")

@@ -42,10 +42,12 @@ import gc
 import logging
 import math
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numba
@@ -66,6 +68,7 @@ from coordinator import events as ev
 from coordinator.core import Coordinator
 from coordinator.data import load_job_data
 from nn.data import Dataset
+from nn.mapped import create_mapped
 from nn.optim import Optimizer, OptState
 from nn.params import Params
 from nn.train import evaluate, train_steps
@@ -79,6 +82,9 @@ from simulations.report import RunResult, Sample, run_summary
 from simulations.scenario import Scenario
 
 log = logging.getLogger(__name__)
+
+#: models above this many parameters (init_params' limit) are mapped from a file
+MAPPED_ABOVE_PARAMS = 2**31
 
 T = TypeVar("T")
 
@@ -417,7 +423,9 @@ class Simulation:
         self.limits = scenario.limits
         self.link_spec = scenario.link
         self.dataset = dataset or load_job_data(self.job)
-        self.core = core or Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
+        #: a model too big to allocate lives in a mapped temporary file (nn/mapped.py)
+        self._mapped: tempfile.TemporaryDirectory[str] | None = None
+        self.core = core or self._coordinator(scenario)
         self.stats = Stats()
         self.series: list[Sample] = []
         self.by_conn: dict[str, Player] = {}
@@ -440,6 +448,16 @@ class Simulation:
         self.players = [Player(self, i) for i in indices]
 
     # -- running -------------------------------------------------------------------
+
+    def _coordinator(self, scenario: Scenario) -> Coordinator:
+        spec = self.job.spec
+        if spec.num_params <= MAPPED_ABOVE_PARAMS:
+            return Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
+        self._mapped = tempfile.TemporaryDirectory(prefix="crowdgrad-model-")
+        path = Path(self._mapped.name) / "model.f32"
+        log.info("%s: %.1f GB of parameters mapped from %s", scenario.name, spec.nbytes / 1e9, path)
+        params = create_mapped(path, spec, self.job.model.init_seed)
+        return Coordinator(self.job, params, scenario.seed, dataset=self.dataset, share_params=True)
 
     def run(self) -> RunResult:
         self.start()

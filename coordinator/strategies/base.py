@@ -135,7 +135,8 @@ class Strategy(ABC):
 
     @abstractmethod
     def on_result(self, task: Task, update: np.ndarray, now: float) -> Outcome:
-        """Take a validated update (flat float32) for an OPEN task."""
+        """Take a validated update (flat float32) for an OPEN task, in the layout of
+        ``task.subnet`` when it is a sub-model task (``dense`` places it)."""
 
     def on_task_created(self, task: Task) -> None:
         """The core made a Task from this strategy's plan (sync rounds track theirs)."""
@@ -185,6 +186,11 @@ class Strategy(ABC):
         if any(s is not None for s in subnets):
             return covered_mean(updates, weights or [1.0] * len(updates), subnets)
         return aggregate(c.aggregator, updates, weights, byzantine_fraction=c.byzantine_fraction)
+
+    @staticmethod
+    def dense(task: Task, update: np.ndarray) -> np.ndarray:
+        """The update in the whole model's layout (a sub-model task's, placed)."""
+        return update if task.subnet is None else task.subnet.expand(update)
 
     @staticmethod
     def sample_weight(task: Task) -> float:

@@ -76,9 +76,13 @@ class DecentralAsync(Strategy):
             return Outcome(accepted=False, staleness=s, reason="stale")
         w = self.scale(s)
         if self.config.aggregation == "fedasync":
-            self.model.params.data += np.float32(self.config.alpha) * self._merged(w, update)
+            if task.subnet is not None and self.recent is None:  # in place: the slice only
+                task.subnet.add_to(self.model.params, update, self.config.alpha * w)
+            else:
+                step = self._merged(w, self.dense(task, update))
+                self.model.params.data += np.float32(self.config.alpha) * step
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
-        self.buffer.append((np.float32(w) * update).astype(np.float32))
+        self.buffer.append((np.float32(w) * self.dense(task, update)).astype(np.float32))
         self.buffer_weights.append(self.sample_weight(task))
         self.buffer_subnets.append(task.subnet)
         if len(self.buffer) < self.config.buffer_k:

@@ -123,7 +123,7 @@ class RoundStrategy(Strategy):
         s = self.staleness_of(task)
         if task.round != self.round or self.phase is not RoundPhase.COLLECTING:
             return Outcome(accepted=False, staleness=s, reason="stale")
-        self.results[task.task_id] = update.copy()
+        self.results[task.task_id] = self.dense(task, update).copy()
         self.weights[task.task_id] = self.sample_weight(task)
         if task.subnet is not None:
             self.subnets[task.task_id] = task.subnet

@@ -465,3 +465,14 @@ def test_a_slice_from_a_sub_model_task_is_never_taken_for_the_whole_model() -> N
     t2 = m.Task(task_id="2", model_version=5, spec=SPEC, dataset="digits#0", base_version=5)
     (decline,) = sends(s.receive(t2, 3.0))
     assert isinstance(decline, m.Decline) and decline.reason.startswith("model: base version 5")
+
+
+def test_a_diverged_update_is_declined_not_uploaded() -> None:
+    """A non-finite delta (a learning rate too high) cannot be encoded by a lossy
+    codec and would be refused; the task is declined with the reason instead."""
+    s = decline_session()
+    req = feed(s, task_with_model("3", 0, SPEC.init_params(0)), 1.0)[-1]
+    bad = np.full(SPEC.num_params, np.nan, dtype=np.float32)
+    out = s.compute_done(req.request_id, bad, 2.0)
+    assert sends(out) == [m.Decline(task_id="3", reason="compute: the update is not finite")]
+    assert s.pending is None

@@ -141,6 +141,19 @@ def test_a_sub_model_task_carries_only_its_slice_and_its_delta_lands_there() -> 
     assert np.count_nonzero(moved) == sub.sub.num_params  # nothing outside the subnet moved
 
 
+def test_without_a_window_the_slice_is_merged_in_place() -> None:
+    """FedAsync with window 1 adds the slice's delta where it belongs, no dense copy:
+    the same model as placing it first."""
+    c = core(strategy={"window": 1})
+    before = c.model.params.copy()
+    task = task_of(c.connect("a", hello("a"), 0.0), "a")
+    sub = c.book.tasks[int(task.task_id)].subnet
+    update = np.linspace(-1e-3, 1e-3, task.spec.num_params, dtype=np.float32)
+    deliver(c, "a", result_messages(task, update), 1.0)
+    expected = before.data + np.float32(c.job.strategy.alpha) * sub.expand(update)
+    np.testing.assert_allclose(c.model.params.data, expected, rtol=1e-6, atol=1e-7)
+
+
 def test_an_upload_in_the_whole_model_layout_is_refused() -> None:
     c = core()
     task = task_of(c.connect("a", hello("a"), 0.0), "a")

@@ -86,3 +86,19 @@ def test_churn_kill_two_start_one() -> None:
         assert again or done, f"task {task_id} of killed {name} was never reissued"
     assert any(o.name == "late" for o in rec.of(ev.ClientJoined))
     assert stuck == []
+
+
+def test_desktop_clients_train_through_sub_model_tasks() -> None:
+    """Real client processes get subnets (§3.3.1) of half the hidden neurons: each
+    download is the slice, and the whole model still learns digits."""
+    job = digits_job(submodel={"mode": "random", "fraction": 0.5}, stop={"target_accuracy": 0.9})
+    with running(job) as (bg, service, rec), clients(bg.url, ["s0", "s1"]) as procs:
+        assert service.done.wait(HANG_GUARD_S), service.stats
+        codes = {n: p.wait(30) for n, p in procs.items()}
+    fin = service.stats.finished
+    assert fin is not None and fin["reason"] == "target_accuracy", fin
+    assert codes == {"s0": 0, "s1": 0}
+    leased = rec.of(ev.TaskLeased)
+    assert leased and all(o.download == "full" for o in leased)
+    assert max(o.download_bytes for o in leased) < 0.6 * job.spec.nbytes
+    assert rec.of(ev.ResultAccepted)

@@ -20,7 +20,7 @@ def subnets(draw: st.DrawFn) -> tuple[Subnet, np.random.Generator]:
     for n in widths[1:-1]:
         k = draw(st.integers(1, n))
         keep.append(np.sort(draw(st.permutations(range(n)))[:k]))
-    rescale = draw(st.booleans())
+    rescale = draw(st.sampled_from([0.0, 0.5, 1.0]))
     seed = draw(st.integers(0, 2**32 - 1))
     return Subnet(spec, tuple(np.asarray(a) for a in keep), rescale), np.random.default_rng(seed)
 
@@ -40,9 +40,9 @@ def naive_positions(s: Subnet) -> list[tuple[int, str, int, int, int, int]]:
 
 
 def col_scale(s: Subnet, layer: int) -> float:
-    if not s.rescale or layer == 0:
+    if layer == 0:
         return 1.0
-    return s.spec.widths[layer] / s.keep[layer - 1].size
+    return (s.spec.widths[layer] / s.keep[layer - 1].size) ** s.rescale
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,14 +96,14 @@ def test_rescaling_keeps_the_next_layer_input_scale() -> None:
     h_full = np.maximum(x @ p.W[0].T + p.b[0], 0)
     out_full = h_full @ p.W[1].T + p.b[1]
     np.testing.assert_allclose(out, out_full)
-    unscaled = Subnet(spec, (np.array([1, 3]),), rescale=False).slice(p)
+    unscaled = Subnet(spec, (np.array([1, 3]),), rescale=0.0).slice(p)
     assert not np.allclose(np.maximum(x @ unscaled.W[0].T, 0) @ unscaled.W[1].T, out_full)
 
 
 def test_covered_mean_counts_each_coordinate_over_those_holding_it() -> None:
     spec = ModelSpec(widths=(2, 4, 1))
-    a = Subnet(spec, (np.array([0, 1]),), rescale=False)
-    b = Subnet(spec, (np.array([1, 2]),), rescale=False)
+    a = Subnet(spec, (np.array([0, 1]),), rescale=0.0)
+    b = Subnet(spec, (np.array([1, 2]),), rescale=0.0)
     ua = a.expand(np.ones(a.sub.num_params, dtype=np.float32))
     ub = b.expand(np.full(b.sub.num_params, 3.0, dtype=np.float32))
     got = Params.from_flat(spec, covered_mean([ua, ub], [1.0, 1.0], [a, b]))
@@ -130,7 +130,7 @@ def test_bad_subnets_are_refused() -> None:
         Subnet(spec, (np.array([], dtype=np.int64), np.array([0])))
     s = Subnet(spec, (np.array([0, 1]), np.array([2])))
     with pytest.raises(ValueError, match="indices for hidden widths"):
-        Subnet.from_wire(spec, s.sub, np.array([0, 1], dtype=np.uint32), rescale=True)
+        Subnet.from_wire(spec, s.sub, np.array([0, 1], dtype=np.uint32), rescale=1.0)
     with pytest.raises(ValueError, match="another spec"):
         s.slice(Params(ModelSpec(widths=(2, 5, 3, 1))))
 
@@ -139,3 +139,15 @@ def test_sub_widths_keep_at_least_one_neuron() -> None:
     spec = ModelSpec(widths=(64, 128, 3, 10))
     assert sub_widths(spec, 0.25) == (32, 1)
     assert sub_widths(spec, 1.0) == (128, 3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(subnets())
+def test_in_place_merge_equals_the_placed_delta(case: tuple) -> None:
+    s, rng = case
+    base = rng.standard_normal(s.spec.num_params).astype(np.float32)
+    upd = rng.standard_normal(s.sub.num_params).astype(np.float32)
+    dense = base + np.float32(0.3) * s.expand(upd)
+    p = Params.from_flat(s.spec, base)
+    s.add_to(p, upd, 0.3)
+    np.testing.assert_allclose(p.data, dense, rtol=1e-6, atol=1e-6)
