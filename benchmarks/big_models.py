@@ -182,8 +182,16 @@ def huge(virtual_s: float) -> dict[str, Any]:
     samples = job.strategy.tau * job.data.batch
     planner = sim.core.submodels
     assert planner is not None
-    kept = planner.kept(bytes_per_s=None, flops_per_s=None, samples=samples)
-    sub["kept_per_hidden_layer"] = list(kept)
+    g = job.submodel.group
+    kept = [
+        min(n, max(1, k // g) * g)
+        for k, n in zip(
+            planner.kept(bytes_per_s=None, flops_per_s=None, samples=samples),
+            spec.widths[1:-1],
+            strict=True,
+        )
+    ]
+    sub["kept_per_hidden_layer"] = kept
     sub["client_flops_per_task"] = sub_spec(spec, kept).flops_per_sample(train=True) * samples
     whole = whole_model_tasks(job, sc.limits.bytes_per_s, samples)
     # The server alone, at its best learning rate, evaluated every 2 steps.

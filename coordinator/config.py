@@ -339,11 +339,19 @@ class SubmodelSection(_Section):
     hidden layer a task keeps at most; a client gets less when its slice would
     exceed ``budget_bytes`` or its task (download, compute, upload) would take
     longer than ``max_task_s`` at its link's rate and its measured speed.
+    ``group``: neurons are chosen in groups of that many consecutive ones, so a
+    slice and a merge touch contiguous runs of each row (on a mapped model, a
+    few pages per row rather than all of them).
     """
 
     mode: Literal["off", "random", "ist", "nested"] = "off"
     fraction: float = Field(default=0.25, gt=0, le=1)
     budget_bytes: int | None = Field(default=None, ge=256)
+    group: int = Field(
+        default=1,
+        ge=1,
+        description="neurons per group: a subnet keeps whole groups of consecutive neurons",
+    )
     max_task_s: float | None = Field(default=None, gt=0)
     rescale: Literal["mean", "variance", "none"] = Field(
         default="mean",

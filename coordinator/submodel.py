@@ -21,7 +21,9 @@ Which neurons (``submodel.mode``):
 How many: at most ``fraction`` of each hidden layer, less for a client whose
 slice would exceed ``budget_bytes`` or whose task would take longer than
 ``max_task_s`` (slice down, compute, delta up) at its link rate and measured
-speed: a slow phone still gets work, just a narrower subnet.
+speed: a slow phone still gets work, just a narrower subnet. With ``group`` > 1
+the modes pick whole groups of consecutive neurons (rounded down to fit), so a
+slice or a merge touches contiguous runs of memory.
 """
 
 from __future__ import annotations
@@ -116,20 +118,26 @@ class SubmodelPlanner:
         """The subnet of a new task (``round``: its sync round, which restarts the
         IST partition so one round's tasks are disjoint)."""
         kept = self.kept(bytes_per_s=bytes_per_s, flops_per_s=flops_per_s, samples=samples)
+        g = self.config.group
+        widths = hidden_widths(self.spec)
+        units = [-(-n // g) for n in widths]  # groups per layer (the last may be short)
+        take = [max(1, k // g) for k in kept]  # whole groups, within the budget
         mode = self.config.mode
         if mode == "nested":
-            keep = [np.arange(k) for k in kept]
+            picked = [np.arange(k) for k in take]
         elif mode == "random":
-            keep = [
-                np.sort(self.rng.choice(n, size=k, replace=False))
-                for n, k in zip(hidden_widths(self.spec), kept, strict=True)
+            picked = [
+                np.sort(self.rng.choice(u, size=k, replace=False))
+                for u, k in zip(units, take, strict=True)
             ]
         else:
-            keep = self._ist(kept, round)
+            picked = self._ist(units, take, round)
+        keep = [_neurons(p, g, n) for p, n in zip(picked, widths, strict=True)]
         return Subnet(self.spec, tuple(keep), self.config.rescale_exponent)
 
-    def _ist(self, kept: Sequence[int], round: int | None) -> list[np.ndarray]:
-        widths = hidden_widths(self.spec)
+    def _ist(
+        self, widths: Sequence[int], kept: Sequence[int], round: int | None
+    ) -> list[np.ndarray]:
         if not self._orders or (round is not None and round != self._round):
             self._orders = [self.rng.permutation(n) for n in widths]
             self._next = [0] * len(widths)
@@ -145,6 +153,7 @@ class SubmodelPlanner:
         return keep
 
     def state_dict(self) -> dict:
+        """The generator and the IST orders: a restored job goes on where it was."""
         return {
             "rng": self.rng.bit_generator.state,
             "orders": [o.tolist() for o in self._orders],
@@ -157,3 +166,11 @@ class SubmodelPlanner:
         self._orders = [np.asarray(o, dtype=np.int64) for o in state["orders"]]
         self._next = [int(x) for x in state["next"]]
         self._round = state["round"]
+
+
+def _neurons(groups: np.ndarray, g: int, n: int) -> np.ndarray:
+    """The neurons of sorted ``groups`` of ``g`` consecutive neurons (of ``n``)."""
+    if g == 1:
+        return groups
+    idx = (groups[:, None] * g + np.arange(g)).reshape(-1)
+    return idx[idx < n]

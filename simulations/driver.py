@@ -41,6 +41,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -453,7 +454,13 @@ class Simulation:
         spec = self.job.spec
         if spec.num_params <= MAPPED_ABOVE_PARAMS:
             return Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
-        self._mapped = tempfile.TemporaryDirectory(prefix="crowdgrad-model-")
+        # In memory-backed /dev/shm when it has room: every merge dirties its
+        # slice's pages, and a disk's writeback would throttle the simulation.
+        shm = Path("/dev/shm")
+        room = shm.is_dir() and shutil.disk_usage(shm).free > 1.1 * spec.nbytes
+        self._mapped = tempfile.TemporaryDirectory(
+            prefix="crowdgrad-model-", dir=shm if room else None
+        )
         path = Path(self._mapped.name) / "model.f32"
         log.info("%s: %.1f GB of parameters mapped from %s", scenario.name, spec.nbytes / 1e9, path)
         params = create_mapped(path, spec, self.job.model.init_seed)

@@ -63,6 +63,17 @@ def test_modes_choose_as_documented() -> None:
     assert len({tuple(s.keep[0]) for s in picks}) > 1
 
 
+@pytest.mark.parametrize("mode", ["random", "ist", "nested"])
+def test_groups_keep_whole_runs_of_consecutive_neurons(mode: str) -> None:
+    p = planner(mode, fraction=0.3, group=8)  # 64 and 32 wide: 19 and 10 neurons at most
+    for _ in range(5):
+        s = choose(p, round=1)
+        assert [a.size for a in s.keep] == [16, 8]  # whole groups, never above the budget
+        for a in s.keep:
+            assert np.all(a.reshape(-1, 8) == a.reshape(-1, 8)[:, :1] + np.arange(8))
+            assert np.all(a.reshape(-1, 8)[:, 0] % 8 == 0)
+
+
 def test_same_seed_same_subnets() -> None:
     a = [choose(planner("random", seed=5)).to_wire() for _ in range(3)]
     b = [choose(planner("random", seed=5)).to_wire() for _ in range(3)]
