@@ -41,6 +41,8 @@ class FrameTooLarge(ValueError):
 
 
 NO_LATENCY = Fixed(value=0.0)
+#: the burst of a link with no message-rate limit (``LinkLimits`` says infinity)
+UNLIMITED_BURST = 1 << 30
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,13 +66,15 @@ class LinkSpec:
 
     @classmethod
     def from_limits(cls, limits: LinkLimits, *, latency: Distribution = NO_LATENCY) -> LinkSpec:
-        """A protocol link profile as a symmetric link; the burst becomes messages."""
+        """A protocol link profile as a symmetric link; the burst becomes messages
+        (an unlimited message rate has an unlimited burst: any large count does)."""
+        burst = limits.burst_messages
         return cls(
             latency=latency,
             bandwidth_up=limits.bytes_per_s,
             bandwidth_down=limits.bytes_per_s,
             messages_per_s=limits.messages_per_s,
-            burst=int(limits.burst_messages),
+            burst=int(burst) if math.isfinite(burst) else UNLIMITED_BURST,
             max_frame_bytes=limits.max_message_bytes,
         )
 

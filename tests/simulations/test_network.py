@@ -95,3 +95,21 @@ def test_same_seed_same_delivery_times():
 
     assert run(4) == run(4)
     assert run(4) != run(5)
+
+
+def test_every_link_profile_becomes_a_link_spec():
+    """``unlimited`` has no message-rate limit, so an infinite burst: it became
+    ``int(inf)`` and raised OverflowError."""
+    from protocol.limits import PROFILES
+
+    for name, limits in PROFILES.items():
+        spec = LinkSpec.from_limits(limits)
+        assert spec.burst >= 1, name
+    unlimited = LinkSpec.from_limits(PROFILES["unlimited"])
+    ch = channel(
+        bandwidth=unlimited.bandwidth_up,
+        messages_per_s=unlimited.messages_per_s,
+        burst=unlimited.burst,
+        latency=Fixed(value=0.0),
+    )
+    assert [ch.send(0.0, 100) for _ in range(3)] == [0.0, 0.0, 0.0]  # nothing waits
