@@ -4,7 +4,7 @@ its update goes back into the whole model.
 A *subnet* keeps a subset of every hidden layer's neurons: those rows of layer l
 (W rows and biases) and the matching columns of layer l+1. The input and output
 layers keep all their units, so a subnet is itself an ordinary MLP with narrower
-hidden widths (``Subnet.spec``): any client trains it as it trains any model, and
+hidden widths (``Subnet.sub``): any client trains it as it trains any model, and
 only the coordinator needs to know where its parameters sit in the whole one.
 
 Rescaling is dropout's correction written into the weights: a kept neuron's
@@ -110,13 +110,6 @@ class Subnet:
             tuple(np.asarray(k, dtype=np.int64) for k in state["keep"]),
             float(state["rescale"]),
         )
-
-    # -- sizes ----------------------------------------------------------------------
-
-    @property
-    def fraction(self) -> float:
-        """Parameters of the subnet over the whole model's."""
-        return self.sub.num_params / self.spec.num_params
 
     # -- slicing and merging ----------------------------------------------------------
 
