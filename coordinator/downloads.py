@@ -203,8 +203,15 @@ class ModelDistribution:
         v, params = self.model()
         assert task.subnet is not None and task.version == v
         transfer = f"sub-{task.task_id}-{v}"
+        chunks, frames = self._chunked(task.subnet.slice(params), transfer, limits, spans)
+        return Download("full", v, transfer, tuple(chunks), tuple(frames))
+
+    def _chunked(
+        self, params: Params, transfer: str, limits: LinkLimits, spans: bool
+    ) -> tuple[list[m.Chunk], list[bytes]]:
+        """``params`` in ``codecs.model`` as chunks sized to the link, and their frames."""
         chunks = chunk_params(
-            task.subnet.slice(params),
+            params,
             max_message_bytes=min(limits.max_message_bytes, self.max_message_bytes),
             codec=self.codec,
             transfer=transfer,
@@ -212,7 +219,7 @@ class ModelDistribution:
             target_bytes=limits.frame_bytes,
             spans=spans,
         )
-        return Download("full", v, transfer, tuple(chunks), tuple(m.encode(c) for c in chunks))
+        return chunks, [m.encode(c) for c in chunks]
 
     @staticmethod
     def _full(
@@ -241,16 +248,8 @@ class ModelDistribution:
             v = version
             params = Params.from_flat(self.spec, self.snapshot(v), copy=False)
         transfer = f"model-{v}"
-        chunks = chunk_params(
-            params,
-            max_message_bytes=min(limits.max_message_bytes, self.max_message_bytes),
-            codec=self.codec,
-            transfer=transfer,
-            rng=self.rng,
-            target_bytes=key[0],
-            spans=spans,
-        )
-        entry = (v, transfer, chunks, [m.encode(c) for c in chunks])
+        chunks, frames = self._chunked(params, transfer, limits, spans)
+        entry = (v, transfer, chunks, frames)
         if v == self.model()[0]:
             cache = {k: e for k, e in self._cache.items() if e[0] == v}  # drop old ones
             cache[key] = entry
