@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,7 @@ from coordinator.upstream import UpstreamState
 from coordinator.validation import UpdateValidator
 from nn.data import Dataset
 from nn.params import Params
+from nn.subnet import Subnet
 from protocol import messages as m
 from protocol.checksum import crc32
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
@@ -393,13 +395,13 @@ class Coordinator:
 
     # -- checkpoints ---------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, params: bool = True) -> dict[str, Any]:
         """Everything needed to resume after a crash: acknowledged results survive
-        (those replication holds too)."""
+        (those replication holds too). ``params=False`` leaves the model out, for
+        a caller that copies only what changed (an incremental checkpoint)."""
         state = {
             "version": self.model.version,
             "contributions": self.model.contributions,
-            "params": self.model.params.data.copy(),
             "strategy": self.strategy.state_dict(),
             "accepted_tasks": sorted(self.book.accepted_ids()),
             "accepted_results": self.accepted_results,
@@ -412,6 +414,8 @@ class Coordinator:
             state["upstream"] = self.upstream.state_dict()
         if self.submodels is not None:
             state["submodel"] = self.submodels.state_dict()
+        if params:
+            state["params"] = self.model.params.data.copy()
         return state
 
     @classmethod
@@ -423,11 +427,16 @@ class Coordinator:
         *,
         dataset: Dataset | None = None,
         teacher: Params | None = None,
+        params: Params | None = None,
     ) -> Coordinator:
         """A coordinator resumed from ``state_dict()``; clients reconnect with resume ids
-        unknown to it, so they start fresh records, and old task ids are never reused."""
-        params = Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32))
-        core = cls(job, params, seed, dataset=dataset, teacher=teacher)
+        unknown to it, so they start fresh records, and old task ids are never reused.
+        ``params``: the restored model already in place (a mapped one), trained as it
+        is; ``state["params"]`` is then not read."""
+        shared = params is not None
+        if params is None:
+            params = Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32))
+        core = cls(job, params, seed, dataset=dataset, teacher=teacher, share_params=shared)
         core.model.version = int(state["version"])
         core.model.contributions = int(state["contributions"])
         core.strategy.load_state_dict(state["strategy"])
@@ -446,6 +455,31 @@ class Coordinator:
         if core.submodels is not None and "submodel" in state:
             core.submodels.load_state_dict(state["submodel"])
         return core
+
+    @property
+    def merges_in_place(self) -> bool:
+        """Every accepted result is one in-place sub-model merge (``MergedInPlace``):
+        a log of them, replayed on a checkpoint, restores the model exactly."""
+        return self.submodels is not None and self.strategy.merges_in_place
+
+    def replay(self, merges: Iterable[tuple[int, int, Subnet, np.ndarray, float]]) -> int:
+        """Apply logged merges ``(task_id, version, subnet, update, scale)`` again,
+        in order, after ``restore``: the same arithmetic, so the same model bit for
+        bit. Stops at the first that does not make the next version (a step the
+        log does not hold came between); returns how many were applied."""
+        n = 0
+        for task_id, version, subnet, update, scale in merges:
+            if version != self.model.version + 1:
+                break
+            subnet.add_to(self.model.params, update, scale)
+            self.model.changed.mark(subnet)
+            self.model.version = version
+            self.model.contributions += 1
+            self.book.remember_accepted([task_id])
+            self.results.accepted += 1
+            self.book.next_task_id = max(self.book.next_task_id, task_id + 1 + RESTORE_TASK_ID_GAP)
+            n += 1
+        return n
 
     def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:
         """The model becomes ``data``, one version on (an edge rebasing onto its
@@ -666,6 +700,7 @@ class Coordinator:
                 self.book.resolve_task(task, TaskState.DROPPED, now)
         if not report.stepped:
             return
+        self.model.changed.mark(report.within)
         v = self.model.version
         out.append(ev.ModelUpdated(version=v, contributions=self.model.contributions, now=now))
         # Every update was checked finite; this guards the strategy's arithmetic. A

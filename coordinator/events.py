@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from nn.subnet import Subnet
+
 ClientId = str
 
 
@@ -171,6 +175,21 @@ class ModelUpdated:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MergedInPlace:
+    """Task ``task_id``'s sub-model delta went into the model in place, making
+    ``version``: ``params += scale * subnet.expand(update)``. What a driver logs to
+    make the result durable without writing the model (coordinator/journal.py),
+    and what ``Coordinator.replay`` applies again after a restart."""
+
+    task_id: int
+    version: int
+    subnet: Subnet
+    update: np.ndarray
+    scale: float
+    now: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Evaluated:
     version: int
     loss: float
@@ -210,6 +229,7 @@ Event = (
     | ResultVerified
     | ClientExcluded
     | ModelUpdated
+    | MergedInPlace
     | Evaluated
     | DataServed
     | JobFinished

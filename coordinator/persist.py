@@ -15,7 +15,7 @@ import numpy as np
 
 from coordinator.config import JobConfig
 from nn.params import Params
-from storage.layout import Checkpoint
+from storage.layout import Checkpoint, ParamsPatch
 
 _ARRAY = "$a"
 _DICT = "$d"
@@ -55,16 +55,21 @@ def to_checkpoint(
     *,
     created_at: float,
     history: dict[str, Any] | None = None,
+    params: Params | ParamsPatch | None = None,
 ) -> Checkpoint:
     """A storable checkpoint of ``Coordinator.state_dict()`` (already a copy);
-    ``history``: the run's series (coordinator.history), kept as plain JSON."""
+    ``history``: the run's series (coordinator.history), kept as plain JSON;
+    ``params``: used instead of ``state["params"]`` (the changed groups of an
+    incremental checkpoint, or a mapped model's live params written in place)."""
     rest = {k: v for k, v in state.items() if k != "params"}
     arrays: dict[str, np.ndarray] = {}
     packed = _pack(rest, arrays)
     return Checkpoint(
         version=int(state["version"]),
         created_at=created_at,
-        params=Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32)),
+        params=params
+        if params is not None
+        else Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32)),
         strategy=arrays,
         metadata={
             "job": job.name,
@@ -76,11 +81,15 @@ def to_checkpoint(
     )
 
 
-def from_checkpoint(ckpt: Checkpoint) -> dict[str, Any]:
-    """The ``state_dict()`` that ``Coordinator.restore`` takes."""
+def from_checkpoint(ckpt: Checkpoint, *, params: bool = True) -> dict[str, Any]:
+    """The ``state_dict()`` that ``Coordinator.restore`` takes (``params=False``:
+    without the model, which the caller restored in place)."""
     core = ckpt.metadata.get("core")
     if core is None:
         raise ValueError(f"checkpoint v{ckpt.version}: not written by a coordinator (no core)")
     state = _unpack(core, dict(ckpt.strategy))
-    state["params"] = ckpt.params.data.copy()
+    if params:
+        if not isinstance(ckpt.params, Params):
+            raise ValueError(f"checkpoint v{ckpt.version}: a patch, not a loaded model")
+        state["params"] = ckpt.params.data.copy()
     return state

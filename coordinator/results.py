@@ -198,7 +198,19 @@ class ResultPath:
         if unit is not None:
             verifier.arrived(unit, task, rec, update, norm, now)
         elif outcome is not None and outcome.step is not None:
-            self._stepped(outcome.step, now, out)
+            step = outcome.step
+            self._stepped(step, now, out)
+            if step.within is not None and step.update is not None:
+                out.append(
+                    ev.MergedInPlace(
+                        task_id=task.task_id,
+                        version=self._model.version,
+                        subnet=step.within,
+                        update=step.update,
+                        scale=step.scale,
+                        now=now,
+                    )
+                )
 
     def on_decline(
         self, conn: Conn, rec: ClientRecord, msg: m.Decline, now: float, out: list[ev.Output]

@@ -66,7 +66,11 @@ def status(crowd: CrowdServer) -> dict[str, Any]:
         "checkpoints": {
             "written": st.checkpoints,
             "last": st.last_checkpoint,
+            "last_seconds": st.last_checkpoint_s,
+            "last_bytes": st.last_checkpoint_bytes,
+            "last_base": st.last_checkpoint_base,
             "restored_from": st.restored_from,
+            "journal": st.journal,
         },
         "network": {
             "frames_in": crowd.net.frames_in,

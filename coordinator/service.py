@@ -21,6 +21,13 @@ state is snapshot on this thread (``state_dict`` copies) and written by a
 single writer thread, so a slow disk never stalls a tick. On start the newest
 valid checkpoint of the store is restored.
 
+Checkpoints after the first are incremental where they can be: a snapshot copies
+only the neuron groups that changed since the last committed checkpoint
+(coordinator/snapshots.py). A model over ``MAP_ABOVE_PARAMS`` parameters (or any
+with ``mapped=True``) lives in a memory-mapped file beside the store, so it is
+never held twice: its first checkpoint is written whole from the file before the
+thread starts, and a restart restores the newest checkpoint into the file.
+
 Acknowledge after durable (``ack_durable``, on by default with a store): the
 ``Ack`` frames that tell a client its result is in (accepted, or a duplicate of
 one accepted) are held back until a checkpoint snapshot taken after them has
@@ -58,11 +65,15 @@ from coordinator import events as ev
 from coordinator.config import JobConfig
 from coordinator.core import Coordinator
 from coordinator.history import History
+from coordinator.journal import Journal
 from coordinator.persist import from_checkpoint, to_checkpoint
+from coordinator.snapshots import MappedModel, Snapshots
 from nn.data import Dataset
+from nn.mapped import MAP_ABOVE_PARAMS
 from protocol import messages as m
 from storage.errors import CheckpointExists, NoCheckpoint, StorageError
 from storage.layout import Checkpoint
+from storage.limits import StoreLimits
 from storage.retention import RetentionPolicy
 from storage.store import CheckpointStore
 
@@ -101,6 +112,12 @@ class Stats:
     last_checkpoint: int | None = None
     #: seconds the last checkpoint took to write (snapshot handed over to commit)
     last_checkpoint_s: float | None = None
+    #: bytes the last checkpoint wrote, and the version it was incremental on
+    last_checkpoint_bytes: int | None = None
+    last_checkpoint_base: int | None = None
+    #: the journal of in-place merges, when the job has one: merges logged, merges
+    #: replayed at start, and whether acks wait for a checkpoint (a gap)
+    journal: dict[str, Any] | None = None
     restored_from: int | None = None
     paused: bool = False
     #: acks waiting for a durable checkpoint now, and snapshots taken for them
@@ -142,7 +159,13 @@ class CoreService:
         ack_durable: bool | None = None,
         durable_interval: float = 0.5,
         allow_fresh_start: bool = False,
+        mapped: bool | None = None,
+        store_limits: StoreLimits | None = None,
     ) -> None:
+        """``mapped``: hold the model in a memory-mapped file (None: when it has more
+        than ``MAP_ABOVE_PARAMS`` parameters). ``store_limits``: the store's chunk
+        size (one neuron group per chunk: the unit an incremental checkpoint
+        rewrites) and write budget."""
         if not tick_hz > 0:
             raise ValueError(f"tick_hz: must be > 0, got {tick_hz!r}")
         if not durable_interval > 0:
@@ -155,6 +178,14 @@ class CoreService:
         self.stats = Stats()
         self.store: CheckpointStore | None = None
         self._store_path = Path(store) if store is not None else None
+        self._store_limits = store_limits
+        if mapped is None:
+            mapped = job.spec.num_params > MAP_ABOVE_PARAMS
+        self._mapped = MappedModel(job.spec, self._store_path) if mapped else None
+        self._snapshots: Snapshots | None = None
+        #: the log of in-place merges acks wait for instead of checkpoints, when the
+        #: job's results are all in-place merges (coordinator/journal.py)
+        self._journal: Journal | None = None
         self._keep = keep_checkpoints
         self._seed = seed
         self._dataset = dataset
@@ -200,10 +231,16 @@ class CoreService:
         """Build (or restore) the core and start its thread; idempotent."""
         if self._thread is not None:
             return
-        self.core = self._build_core()
-        self.stats.version = self.core.version
+        self.core = core = self._build_core()
         if self.store is not None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-ckpt")
+            self._snapshots = Snapshots(core.spec, self.store.param_groups(core.spec))
+            if self._resume is not None:  # before a replay moves the model on from it
+                self._snapshots.restored(self._resume.version, core.model.changed)
+            self._open_journal(core)
+            if self._resume is None and self._mapped is not None:
+                self._checkpoint(core)  # whole once, from the file, before serving
+        self.stats.version = core.version
         self._thread = threading.Thread(target=self._run, name="crowdgrad-core", daemon=True)
         self._thread.start()
 
@@ -219,6 +256,11 @@ class CoreService:
         if self.store is not None:
             self.store.close()
             self.store = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        if self._mapped is not None:
+            self._mapped.close()
 
     def __enter__(self) -> CoreService:
         self.start()
@@ -264,6 +306,19 @@ class CoreService:
 
     # -- the thread ----------------------------------------------------------------
 
+    def _open_journal(self, core: Coordinator) -> None:
+        """With a journal: replay the merges logged after the restored checkpoint."""
+        if self._store_path is None or not self.ack_durable or not core.merges_in_place:
+            return
+        self._journal = Journal(self._store_path, core.spec)
+        before = core.version
+        replayed = core.replay(self._journal.merges(after_version=core.version))
+        self._journal.replayed = replayed
+        self.stats.journal = self._journal.summary()
+        if replayed:
+            self._journal.durable.update(core.book.accepted_ids())
+            log.info("journal: replayed %d merges, v%d -> v%d", replayed, before, core.version)
+
     def _build_core(self) -> Coordinator:
         core = self._make_core()
         if self.store is not None:  # the shards, content-addressed beside the checkpoints
@@ -278,9 +333,10 @@ class CoreService:
         result, so only ``allow_fresh_start`` may do it."""
         if self._store_path is None or self.store is not None:
             return
-        store = CheckpointStore.open(self._store_path)
+        store = CheckpointStore.open(self._store_path, limits=self._store_limits)
         try:
-            self._resume = store.load_latest()
+            into = None if self._mapped is None else self._mapped.blank()
+            self._resume = store.load_latest(into=into)
         except NoCheckpoint:
             self._resume = None
             damaged = [r.version for r in store.backend.records()]
@@ -306,14 +362,22 @@ class CoreService:
         return None if self._resume is None else self._resume.version
 
     def _make_core(self) -> Coordinator:
-        if self._store_path is None:
-            return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
         self.prepare()
         ckpt = self._resume
         if ckpt is None:
-            return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
+            if self._mapped is None:
+                return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
+            params = self._mapped.fresh(self.job.model.init_seed)
+            return Coordinator(
+                self.job, params, self._seed, dataset=self._dataset, share_params=True
+            )
+        mapped = self._mapped is not None
         core = Coordinator.restore(
-            self.job, from_checkpoint(ckpt), self._seed, dataset=self._dataset
+            self.job,
+            from_checkpoint(ckpt, params=not mapped),
+            self._seed,
+            dataset=self._dataset,
+            params=ckpt.params if mapped else None,  # restored into the file
         )
         self.stats.restored_from = ckpt.version
         self.history.load(ckpt.metadata.get("history"))
@@ -364,6 +428,9 @@ class CoreService:
                     continue
                 if kind == "written":
                     self._written(*item[1:])
+                    continue
+                if kind == "logged":
+                    self._logged(*item[1:])
                     continue
                 if self.stats.paused and kind in ("receive",):
                     held.append(item)
@@ -462,9 +529,15 @@ class CoreService:
             st.replication = core.verifier.summary()
         if core.upstream is not None:
             st.upstream = core.upstream.summary()
+        if self._journal is not None:
+            self._journal.observe(outputs)
+            st.journal = self._journal.summary()
         if self.ack_durable:
             outputs = [o for o in outputs if not self._hold(o)]
             st.acks_held = len(self._held)
+        if self._journal is not None:
+            inbox = self._inbox
+            self._journal.sealed(self._seq, lambda cover, ok: inbox.put(("logged", cover, ok)))
         if checkpoint:  # after holding: the snapshot is of now, so it covers their acks
             self._checkpoint(core)
         end = next((i for i, o in enumerate(outputs) if isinstance(o, ev.JobFinished)), None)
@@ -503,7 +576,10 @@ class CoreService:
         if (
             ack.reason == "duplicate"
             and ack.task_id.isdigit()
-            and int(ack.task_id) in self._committed
+            and (
+                int(ack.task_id) in self._committed
+                or (self._journal is not None and int(ack.task_id) in self._journal.durable)
+            )
         ):
             return False
         self._seq += 1
@@ -511,7 +587,10 @@ class CoreService:
         return True
 
     def _maybe_durable(self, core: Coordinator, now: float) -> None:
-        """Group commit: one snapshot for all acks held, at most every interval."""
+        """Group commit: one snapshot for all acks held, at most every interval
+        (with a journal, only while it has a gap: otherwise the log releases them)."""
+        if self._journal is not None and self._journal.gap is None:
+            return
         if (
             self._held
             and not self._inflight
@@ -524,7 +603,9 @@ class CoreService:
     def _written(self, cover: int, version: int, outcome: str, tasks: frozenset[int]) -> None:
         """The writer reports on the snapshot that covered held acks up to ``cover``."""
         self._inflight -= 1
-        if outcome == "failed":  # write it again once the interval has passed
+        if self._snapshots is not None:
+            self._snapshots.written(version, outcome)
+        if outcome in ("failed", "no-base"):  # write it again once the interval has passed
             self._written_version = min(self._written_version, version - 1)
             return
         released: list[ev.Output] = []
@@ -539,8 +620,29 @@ class CoreService:
                 log.warning("job finished: an ack for a result not in any checkpoint dropped")
         else:
             self._committed = tasks
+            if self._journal is not None:
+                self._journal.committed(version, tasks)
             while self._held and self._held[0][0] <= cover:
                 released.append(self._held.popleft()[1])
+        self._release(released)
+
+    def _logged(self, cover: int, ok: bool) -> None:
+        """The journal reports on the merges of the batch whose acks went up to ``cover``."""
+        journal = self._journal
+        if journal is None:
+            return
+        if not ok:
+            journal.failed(self.core.version if self.core is not None else 0)
+            return
+        if journal.gap is not None:
+            return  # a checkpoint after the gap releases them
+        released: list[ev.Output] = []
+        while self._held and self._held[0][0] <= cover:
+            released.append(self._held.popleft()[1])
+        self._release(released)
+
+    def _release(self, released: list[ev.Output]) -> None:
+        """Send acks that became durable; the job's last frames follow the last of them."""
         self.stats.acks_held = len(self._held)
         if self._tail is None or (self._held and self._held[0][0] <= self._tail[0]):
             self._dispatch(released)
@@ -551,14 +653,22 @@ class CoreService:
         self.done.set()
 
     def _checkpoint(self, core: Coordinator) -> int | None:
-        """Snapshot now, write on the writer thread; returns the version or None."""
-        if self.store is None or self._writer is None:
+        """Snapshot now, write on the writer thread (a whole mapped model: on this
+        one, from its file); returns the version or None."""
+        if self.store is None or self._writer is None or self._snapshots is None:
             return None
-        state = core.state_dict()
-        ckpt = to_checkpoint(
-            self.job, state, created_at=time.time(), history=self.history.to_json()
+        patch, inline = self._snapshots.take(
+            core.version, core.params, core.model.changed, mapped=self._mapped is not None
         )
-        store, keep, inbox = self.store, self._keep, self._inbox
+        state = core.state_dict(params=patch is None and not inline)
+        ckpt = to_checkpoint(
+            self.job,
+            state,
+            created_at=time.time(),
+            history=self.history.to_json(),
+            params=core.params if inline and patch is None else patch,
+        )
+        store, keep, inbox, journal = self.store, self._keep, self._inbox, self._journal
         cover, tasks = self._seq, frozenset(int(t) for t in state["accepted_tasks"])
         self._inflight += 1
         self._written_version = max(self._written_version, ckpt.version)
@@ -568,35 +678,57 @@ class CoreService:
             outcome = "failed"
             t0 = time.monotonic()
             try:
-                store.save(ckpt)
+                info = store.save(ckpt)
                 outcome = "ok"
                 took = time.monotonic() - t0
-                self.stats.last_checkpoint_s = took
+                st = self.stats
+                st.last_checkpoint_s, st.last_checkpoint_bytes = took, info.nbytes
+                st.last_checkpoint_base = info.base
+                st.checkpoints += 1
+                st.last_checkpoint = ckpt.version
                 for observe in self.checkpoint_observers:
                     observe(took)
             except CheckpointExists:  # same version again (e.g. every-N, then stop)
                 outcome = "exists"
+                return
+            except NoCheckpoint:  # the patch's base was deleted meanwhile
+                log.exception("checkpoint v%d: write failed; acks stay held", ckpt.version)
+                outcome = "no-base"
                 return
             except Exception:  # a future nobody waits on would swallow it: log here
                 log.exception("checkpoint v%d: write failed; acks stay held", ckpt.version)
                 return
             finally:
                 inbox.put(("written", cover, ckpt.version, outcome, tasks))
+            if journal is not None:
+                try:
+                    journal.truncate(ckpt.version)
+                except StorageError:
+                    log.exception("checkpoint v%d: journal truncate failed", ckpt.version)
             if keep:
                 try:
                     store.prune(RetentionPolicy(keep_last=keep))
                 except StorageError:
                     log.exception("checkpoint v%d: prune failed", ckpt.version)
-            self.stats.checkpoints += 1
-            self.stats.last_checkpoint = ckpt.version
 
         self._pending_writes = [f for f in self._pending_writes if not f.done()]
-        self._pending_writes.append(self._writer.submit(write))
+        if inline:  # after the writes before it: the store commits versions in order
+            for f in self._pending_writes:
+                f.result()
+            write()
+        else:
+            self._pending_writes.append(self._writer.submit(write))
         return ckpt.version
 
     def _final_checkpoint(self, core: Coordinator) -> None:
+        journal = self._journal
         try:
-            self._checkpoint(core)
+            if self._mapped is not None and journal is not None and journal.gap is None:
+                # The journal holds every merge since the last checkpoint: replaying
+                # it on restart is cheaper than writing a mapped model whole now.
+                log.info("stop: v%d is in the journal; no final checkpoint", core.version)
+            else:
+                self._checkpoint(core)
             for f in self._pending_writes:
                 f.result()
         except Exception:

@@ -24,6 +24,9 @@ from nn.params import Params
 from nn.rng import Xoshiro128ss
 from nn.spec import ModelSpec
 
+#: models above this many parameters (``init_params``' limit) live in a mapped file
+MAP_ABOVE_PARAMS = 2**31
+
 #: rows of a weight matrix initialised per call (bounds the generator's working set)
 _ROWS_PER_FILL = 1024
 

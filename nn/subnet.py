@@ -113,11 +113,15 @@ class Subnet:
 
     # -- slicing and merging ----------------------------------------------------------
 
+    def rows(self, layer: int) -> np.ndarray | slice:
+        """The rows (neurons) of layer ``layer`` whose parameters the subnet holds:
+        its kept ones, or every output unit of the last layer."""
+        return self.keep[layer] if layer < self.spec.num_layers - 1 else slice(None)
+
     def _index(self, layer: int) -> tuple[np.ndarray | slice, np.ndarray | slice, float]:
         """Rows and columns of layer ``layer``'s W the subnet keeps, and the scale
         its kept columns travel at ((n/k)^rescale of the layer below)."""
-        last = self.spec.num_layers - 1
-        rows: np.ndarray | slice = self.keep[layer] if layer < last else slice(None)
+        rows = self.rows(layer)
         cols: np.ndarray | slice = self.keep[layer - 1] if layer > 0 else slice(None)
         scale = 1.0
         if self.rescale and layer > 0:

@@ -69,7 +69,7 @@ from coordinator import events as ev
 from coordinator.core import Coordinator
 from coordinator.data import load_job_data
 from nn.data import Dataset
-from nn.mapped import create_mapped
+from nn.mapped import MAP_ABOVE_PARAMS, create_mapped
 from nn.optim import Optimizer, OptState
 from nn.params import Params
 from nn.train import evaluate, train_steps
@@ -83,9 +83,6 @@ from simulations.report import RunResult, Sample, run_summary
 from simulations.scenario import Scenario
 
 log = logging.getLogger(__name__)
-
-#: models above this many parameters (init_params' limit) are mapped from a file
-MAPPED_ABOVE_PARAMS = 2**31
 
 T = TypeVar("T")
 
@@ -452,7 +449,7 @@ class Simulation:
 
     def _coordinator(self, scenario: Scenario) -> Coordinator:
         spec = self.job.spec
-        if spec.num_params <= MAPPED_ABOVE_PARAMS:
+        if spec.num_params <= MAP_ABOVE_PARAMS:
             return Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
         # In memory-backed /dev/shm when it has room: every merge dirties its
         # slice's pages, and a disk's writeback would throttle the simulation.

@@ -10,6 +10,11 @@ give two guarantees:
 2. Reads made inside one ``snapshot()`` see one committed state, whatever a
    concurrent writer commits or deletes meanwhile.
 
+Incremental checkpoints: a chunk of a new version may be ``Inherited`` from an
+earlier one (a neuron group that did not change). The backend stores a reference,
+not the bytes, reads it back as that version's chunk, and keeps the referenced
+bytes for as long as any stored version refers to them, whatever is deleted.
+
 SQLite (``storage.sqlite.SqliteChunkStore``) is the embedded default.
 """
 
@@ -22,9 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 
+@dataclass(frozen=True, slots=True)
+class Inherited:
+    """In ``commit``'s chunks: this index's bytes are the same index of checkpoint
+    ``version`` (the one that wrote them; never itself a reference)."""
+
+    version: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ManifestRecord:
-    """One stored checkpoint as the backend sees it: a manifest blob and its hash."""
+    """One stored checkpoint as the backend sees it: a manifest blob and its hash.
+    ``nbytes`` counts the bytes this version wrote (its inherited chunks are not
+    counted again); ``n_chunks`` counts every chunk it reads back."""
 
     version: int
     created_at: float
@@ -42,14 +57,16 @@ class ChunkStore(ABC):
     def commit(
         self,
         version: int,
-        chunks: Sequence[Sequence[Any]],
+        chunks: Sequence[Sequence[Any] | Inherited],
         finish: Callable[[], ManifestRecord],
     ) -> ManifestRecord:
         """Store ``chunks`` and the record ``finish()`` returns, atomically.
 
-        A chunk is a sequence of buffers whose concatenation is its bytes; its index
-        is its position. ``finish`` is called after the chunks are written, inside
-        the transaction, so checksums can be computed while the chunks are written.
+        A chunk is a sequence of buffers whose concatenation is its bytes, or an
+        ``Inherited`` reference (``StorageError`` when the version it names holds no
+        such chunk); its index is its position. ``finish`` is called after the
+        chunks are written, inside the transaction, so checksums can be computed
+        while the chunks are written.
         Raises ``CheckpointExists`` when ``version`` is not above every stored,
         non-quarantined version; quarantined versions at or above it are replaced.
         """

@@ -117,14 +117,25 @@ class DeltaLog:
             return c.total_changes - before
 
     def replay(self, after_version: int = -1) -> Iterator[DeltaEntry]:
-        """Entries whose resulting ``version`` is above ``after_version``, in append order."""
+        """Entries whose resulting ``version`` is above ``after_version``, in append
+        order, read one at a time (a long log of big deltas never sits in memory)."""
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT seq, result_id, base_version, version, weight, meta, data, crc32"
-                " FROM deltas WHERE version>? ORDER BY seq",
-                (after_version,),
-            ).fetchall()
-        for seq, rid, base, version, weight, meta, data, crc in rows:
+            seqs = [
+                s
+                for (s,) in self._conn.execute(
+                    "SELECT seq FROM deltas WHERE version>? ORDER BY seq", (after_version,)
+                )
+            ]
+        for seq in seqs:
+            with self._lock:
+                row = self._conn.execute(
+                    "SELECT result_id, base_version, version, weight, meta, data, crc32"
+                    " FROM deltas WHERE seq=?",
+                    (seq,),
+                ).fetchone()
+            if row is None:  # truncated meanwhile
+                continue
+            rid, base, version, weight, meta, data, crc = row
             if zlib.crc32(data) != crc:
                 raise CorruptDeltaLog(f"delta log entry {seq} (result {rid!r}): crc32 mismatch")
             if len(data) % 4:

@@ -9,6 +9,12 @@ Chunks, in this order, each at most ``max_chunk_bytes`` and each with a sha256:
 2. State arrays (optimizer, then strategy; names sorted), each split into
    byte ranges of at most ``max_chunk_bytes``.
 
+An incremental checkpoint (``Checkpoint.params`` a ``ParamsPatch``) writes only
+the params chunks of the neuron groups that changed since its ``base``; the
+manifest entry of every other group keeps base's sha256 and names the version
+whose chunk holds the bytes (``"in"``), so a reader verifies it like any chunk.
+States are always written whole (they are small next to the model).
+
 Scalars of the state dicts, the spec, job metadata and the applied result ids
 go in the manifest JSON. The manifest's own sha256 sits beside it, so a damaged
 manifest is caught before anything it points at is trusted.
@@ -28,16 +34,69 @@ import numpy as np
 
 from nn.params import NeuronGroup, Params, plan_groups
 from nn.spec import ModelSpec
+from storage.chunkstore import Inherited
 from storage.errors import CorruptCheckpoint
 
 FORMAT = "crowdgrad-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: manifest format versions this code reads (2 added ``base`` and ``"in"``)
+READABLE_FORMATS = (1, 2)
 STATE_KINDS = ("optimizer", "strategy")
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("storage.layout writes little-endian float32 and assumes a little host")
 
 State = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamsPatch:
+    """The params of an incremental checkpoint: the neuron groups that changed
+    since checkpoint ``base``, copied; every other group is base's.
+
+    ``groups`` maps a chunk index of ``plan_groups(spec, max_chunk_bytes // 4)``
+    (the store's own plan, ``CheckpointStore.param_groups``) to that group's W rows
+    and biases: one float32 array, or a tuple of arrays whose concatenation it is
+    (views into a model nobody changes until the save returns). Only what changed
+    is copied, which is what lets a model too big to hold twice be checkpointed
+    while it trains.
+    """
+
+    spec: ModelSpec
+    base: int
+    groups: Mapping[int, np.ndarray | tuple[np.ndarray, ...]]
+
+    def __post_init__(self) -> None:
+        for i, a in self.groups.items():
+            for part in a if isinstance(a, tuple) else (a,):
+                if not isinstance(part, np.ndarray) or part.dtype != np.float32 or part.ndim != 1:
+                    raise ValueError(f"params patch: group {i} must be 1-D float32 arrays")
+
+    @classmethod
+    def of(
+        cls,
+        params: Params,
+        plan: list[NeuronGroup],
+        changed: Iterable[int],
+        base: int,
+        *,
+        copy: bool = True,
+    ) -> ParamsPatch:
+        """A patch holding ``params``' groups ``changed`` (indices into ``plan``, the
+        store's ``param_groups``), the rest to come from ``base``: copies, or with
+        ``copy=False`` views (saved before the model moves again)."""
+        groups: dict[int, np.ndarray | tuple[np.ndarray, ...]] = {}
+        for i in sorted(set(changed)):
+            ws, bs = params.group_slices(plan[i])
+            parts = (params.data[ws], params.data[bs])
+            groups[i] = np.concatenate(parts) if copy else parts
+        return cls(spec=params.spec, base=base, groups=groups)
+
+    def nbytes(self) -> int:
+        return sum(
+            sum(p.nbytes for p in (a if isinstance(a, tuple) else (a,)))
+            for a in self.groups.values()
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +110,7 @@ class Checkpoint:
 
     version: int
     created_at: float
-    params: Params
+    params: Params | ParamsPatch
     optimizer: State = field(default_factory=dict)
     strategy: State = field(default_factory=dict)
     metadata: Mapping[str, Any] = field(default_factory=dict)
@@ -100,21 +159,53 @@ def _split_state(kind: str, state: State) -> tuple[dict, dict, list[tuple[str, n
 Chunk = tuple[np.ndarray, ...]
 
 
-def encode(ckpt: Checkpoint, max_chunk_bytes: int) -> tuple[dict, list[Chunk]]:
+def group_values(spec: ModelSpec, g: NeuronGroup) -> int:
+    """How many float32 values group ``g``'s chunk holds (W rows and biases)."""
+    return g.rows * (spec.layer_shapes[g.layer][1] + 1)
+
+
+def encode(
+    ckpt: Checkpoint, max_chunk_bytes: int, base: dict | None = None
+) -> tuple[dict, list[Chunk | Inherited]]:
     """``(manifest without hashes, chunks)``; hashes are filled in by ``seal``.
 
     A chunk is a tuple of zero-copy uint8 views whose concatenation is its bytes
-    (a params chunk is ``(W rows, biases)``), so encoding copies nothing.
+    (a params chunk is ``(W rows, biases)``), so encoding copies nothing. For a
+    ``ParamsPatch``, ``base`` is the base checkpoint's manifest; each unchanged
+    group becomes an ``Inherited`` chunk whose entry already carries its sha256.
     """
     if ckpt.version < 0:
         raise ValueError(f"checkpoint version must be >= 0, got {ckpt.version}")
     params = ckpt.params
-    chunks: list[Chunk] = []
+    chunks: list[Chunk | Inherited] = []
     entries: list[dict] = []
-    for g in plan_groups(params.spec, max_chunk_bytes // 4):
-        ws, bs = params.group_slices(g)
-        chunks.append((params.data[ws].view(np.uint8), params.data[bs].view(np.uint8)))
-        entries.append({"kind": "params", "layer": g.layer, "rows": [g.row_start, g.row_end]})
+    groups = plan_groups(params.spec, max_chunk_bytes // 4)
+    if isinstance(params, ParamsPatch):
+        inherit = _inheritance(ckpt.version, params, base, groups, max_chunk_bytes)
+    for i, g in enumerate(groups):
+        entry: dict[str, Any] = {
+            "kind": "params",
+            "layer": g.layer,
+            "rows": [g.row_start, g.row_end],
+        }
+        if isinstance(params, Params):
+            ws, bs = params.group_slices(g)
+            chunks.append((params.data[ws].view(np.uint8), params.data[bs].view(np.uint8)))
+        elif i in params.groups:
+            vals = params.groups[i]
+            parts = vals if isinstance(vals, tuple) else (vals,)
+            have, need = sum(p.size for p in parts), group_values(params.spec, g)
+            if have != need:
+                raise ValueError(
+                    f"params patch: group {i} holds {have} values, layer {g.layer} "
+                    f"rows {g.row_start}:{g.row_end} need {need}"
+                )
+            chunks.append(tuple(p.view(np.uint8) for p in parts))
+        else:
+            owner, sha = inherit[i]
+            chunks.append(Inherited(owner))
+            entry["in"], entry["sha256"] = owner, sha
+        entries.append(entry)
     states: dict[str, dict] = {}
     for kind in STATE_KINDS:
         scalars, arrays, data = _split_state(kind, getattr(ckpt, kind))
@@ -124,7 +215,11 @@ def encode(ckpt: Checkpoint, max_chunk_bytes: int) -> tuple[dict, list[Chunk]]:
                 chunks.append((raw[start : start + max_chunk_bytes],))
                 entries.append({"kind": kind, "name": name, "start": start})
     for e, c in zip(entries, chunks, strict=True):
-        e["nbytes"] = sum(int(p.nbytes) for p in c)
+        if isinstance(c, Inherited):
+            layer, (r0, r1) = e["layer"], e["rows"]
+            e["nbytes"] = 4 * group_values(params.spec, NeuronGroup(layer, r0, r1))
+        else:
+            e["nbytes"] = sum(int(p.nbytes) for p in c)
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -137,13 +232,47 @@ def encode(ckpt: Checkpoint, max_chunk_bytes: int) -> tuple[dict, list[Chunk]]:
         "states": states,
         "chunks": entries,
     }
+    if isinstance(params, ParamsPatch):
+        manifest["base"] = int(params.base)
     return manifest, chunks
 
 
-def seal(manifest: dict, hashes: Iterable[str]) -> tuple[bytes, str]:
-    """Put chunk hashes into the manifest; return its bytes and their own sha256."""
+def _inheritance(
+    version: int,
+    patch: ParamsPatch,
+    base: dict | None,
+    groups: list[NeuronGroup],
+    max_chunk_bytes: int,
+) -> dict[int, tuple[int, str]]:
+    """``chunk index -> (owner version, sha256)`` of every group the patch does not
+    hold, from the base's manifest (which must be of the same model and plan)."""
+    if base is None:
+        raise ValueError(f"checkpoint v{version}: a params patch needs its base's manifest")
+    if patch.base >= version or base.get("version") != patch.base:
+        raise ValueError(
+            f"checkpoint v{version}: patch base v{patch.base} (manifest of "
+            f"v{base.get('version')}) must be an earlier checkpoint"
+        )
+    if base.get("spec") != patch.spec.to_dict() or base.get("max_chunk_bytes") != max_chunk_bytes:
+        raise ValueError(
+            f"checkpoint v{version}: base v{patch.base} has another model or chunk size"
+        )
+    extra = [i for i in patch.groups if not 0 <= i < len(groups)]
+    if extra:
+        raise ValueError(f"params patch: no neuron group {extra[0]} (the plan has {len(groups)})")
+    out = {}
+    for i, e in enumerate(base["chunks"][: len(groups)]):
+        if i not in patch.groups:
+            out[i] = (int(e.get("in", patch.base)), str(e["sha256"]))
+    return out
+
+
+def seal(manifest: dict, hashes: Iterable[str | None]) -> tuple[bytes, str]:
+    """Put chunk hashes into the manifest (None: an inherited chunk's entry already
+    has its own); return the manifest's bytes and their sha256."""
     for e, h in zip(manifest["chunks"], hashes, strict=True):
-        e["sha256"] = h
+        if h is not None:
+            e["sha256"] = h
     blob = json.dumps(manifest, separators=(",", ":"), allow_nan=True).encode()
     return blob, sha256_hex(blob)
 
@@ -155,11 +284,11 @@ def parse_manifest(version: int, blob: bytes, expected_sha256: str) -> dict:
         manifest = json.loads(blob)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptCheckpoint(version, f"manifest is not JSON ({exc})") from None
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format") != FORMAT or manifest.get("format_version") not in READABLE_FORMATS:
         raise CorruptCheckpoint(
             version,
             f"format {manifest.get('format')!r} v{manifest.get('format_version')}, "
-            f"expected {FORMAT!r} v{FORMAT_VERSION}",
+            f"expected {FORMAT!r} v{READABLE_FORMATS}",
         )
     if manifest.get("version") != version:
         raise CorruptCheckpoint(version, f"manifest says version {manifest.get('version')}")
@@ -171,11 +300,14 @@ def decode(
     manifest: dict,
     chunks: Iterator[tuple[int, bytes]],
     pool: Executor | None = None,
+    into: Params | None = None,
 ) -> Checkpoint:
     """Rebuild a checkpoint from its chunks, verifying every sha256.
 
     With a ``pool`` the hashing of chunk i overlaps the read of chunk i+1 (hashlib
-    releases the GIL on large buffers). Raises ``CorruptCheckpoint`` naming the chunk.
+    releases the GIL on large buffers). ``into``: params of the same spec to fill
+    (a mapped model) instead of a new buffer. Raises ``CorruptCheckpoint`` naming
+    the chunk.
     """
     try:
         spec = ModelSpec.from_dict(manifest["spec"])
@@ -185,7 +317,12 @@ def decode(
         raise CorruptCheckpoint(
             version, f"manifest is missing or has a bad field ({exc})"
         ) from None
-    params = Params(spec)
+    if into is not None and into.spec.widths != spec.widths:
+        raise ValueError(
+            f"checkpoint v{version}: widths {list(spec.widths)}, the params to fill "
+            f"have {list(into.spec.widths)}"
+        )
+    params = Params(spec) if into is None else into
     states: dict[str, dict[str, Any]] = {}
     dests: dict[tuple[str, str], np.ndarray] = {}
     for kind in STATE_KINDS:

@@ -13,8 +13,15 @@ Schema (one file, shared with ``storage.deltalog``)::
     checkpoints(version INTEGER PRIMARY KEY, created_at, nbytes, n_chunks,
                 quarantined, manifest BLOB, manifest_sha256)
     chunks(version, idx, data BLOB, PRIMARY KEY(version, idx))
+    chunk_refs(version, idx, owner, PRIMARY KEY(version, idx))   (schema 2)
     deltas(seq INTEGER PRIMARY KEY, result_id UNIQUE, base_version, version,
            weight, meta, data BLOB, crc32)
+
+An incremental checkpoint's unchanged chunks are rows of ``chunk_refs`` naming
+the version whose ``chunks`` row holds the bytes (the owner). Deleting a version
+deletes its own rows except those another version still refers to; such a row
+outlives its checkpoint and goes with the last reference to it. Schema 1 (no
+references) is upgraded in place when a store is opened for writing.
 
 ``synchronous=FULL`` fsyncs the WAL on every commit, so a commit that returned is
 on disk; ``NORMAL`` is offered for benchmarks and for stores whose commits do not
@@ -31,12 +38,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from storage.chunkstore import ChunkStore, ManifestRecord
+from storage.chunkstore import ChunkStore, Inherited, ManifestRecord
 from storage.errors import CheckpointExists, StorageError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: schema versions this code reads (1: before incremental checkpoints)
+READABLE_SCHEMAS = (1, 2)
 SYNCHRONOUS = ("FULL", "NORMAL", "EXTRA")
 
 _SCHEMA = """
@@ -56,6 +65,13 @@ CREATE TABLE IF NOT EXISTS chunks (
     data BLOB NOT NULL,
     PRIMARY KEY (version, idx)
 );
+CREATE TABLE IF NOT EXISTS chunk_refs (
+    version INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    owner INTEGER NOT NULL,
+    PRIMARY KEY (version, idx)
+);
+CREATE INDEX IF NOT EXISTS chunk_refs_owner ON chunk_refs(owner, idx);
 CREATE TABLE IF NOT EXISTS deltas (
     seq INTEGER PRIMARY KEY,
     result_id TEXT NOT NULL UNIQUE,
@@ -106,12 +122,19 @@ def connect(
                 (str(SCHEMA_VERSION),),
             )
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if not readonly and row is not None and row[0] == "1":
+            # 1 -> 2 only added chunk_refs, which the script above just created.
+            conn.execute(
+                "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
+            )
+            row = (str(SCHEMA_VERSION),)
     except sqlite3.DatabaseError as exc:
         raise StorageError(f"{path}: not a readable crowdgrad store ({exc})") from None
-    if row is None or int(row[0]) != SCHEMA_VERSION:
+    if row is None or int(row[0]) not in READABLE_SCHEMAS:
         conn.close()
         raise StorageError(
-            f"{path}: schema version {row[0] if row else None}, expected {SCHEMA_VERSION}"
+            f"{path}: schema version {row[0] if row else None}, expected one of "
+            f"{READABLE_SCHEMAS} (a newer crowdgrad wrote it?)"
         )
     return conn
 
@@ -170,6 +193,13 @@ class SqliteChunkStore(ChunkStore):
     ) -> None:
         self.path = os.fspath(path)
         self._conn = connect(self.path, synchronous=synchronous, readonly=readonly)
+        # A schema 1 file opened read-only has no reference table (and needs none).
+        self._refs = (
+            self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='chunk_refs'"
+            ).fetchone()
+            is not None
+        )
         self._lock = threading.RLock()
         self._depth = 0
         self._folder = None if readonly else WalFolder(self.path, synchronous)
@@ -213,6 +243,9 @@ class SqliteChunkStore(ChunkStore):
             ]
             self._delete_in(c, stale)
             for i, parts in enumerate(chunks):
+                if isinstance(parts, Inherited):
+                    self._refer(c, version, i, parts.version)
+                    continue
                 # zeroblob + incremental writes: the parts go straight from the
                 # caller's arrays into pages, with no joined temporary.
                 n = sum(memoryview(p).nbytes for p in parts)
@@ -245,10 +278,39 @@ class SqliteChunkStore(ChunkStore):
         return record
 
     @staticmethod
-    def _delete_in(c: sqlite3.Connection, versions: Sequence[int]) -> None:
+    def _refer(c: sqlite3.Connection, version: int, idx: int, owner: int) -> None:
+        if owner >= version:
+            raise StorageError(f"chunk {idx} of v{version}: inherits from v{owner}, not earlier")
+        held = c.execute("SELECT 1 FROM chunks WHERE version=? AND idx=?", (owner, idx)).fetchone()
+        if held is None:
+            raise StorageError(f"chunk {idx} of v{version}: v{owner} holds no such chunk")
+        c.execute(
+            "INSERT INTO chunk_refs(version, idx, owner) VALUES (?, ?, ?)", (version, idx, owner)
+        )
+
+    def _delete_in(self, c: sqlite3.Connection, versions: Sequence[int]) -> None:
+        owners: set[int] = set(versions)
         for v in versions:
-            c.execute("DELETE FROM chunks WHERE version=?", (v,))
+            if self._refs:
+                owners.update(
+                    o for (o,) in c.execute(
+                        "SELECT DISTINCT owner FROM chunk_refs WHERE version=?", (v,)
+                    )
+                )  # fmt: skip
+                c.execute("DELETE FROM chunk_refs WHERE version=?", (v,))
             c.execute("DELETE FROM checkpoints WHERE version=?", (v,))
+        # Rows of versions that are gone, unless a remaining version refers to them.
+        for o in owners:
+            if c.execute("SELECT 1 FROM checkpoints WHERE version=?", (o,)).fetchone():
+                continue
+            if not self._refs:
+                c.execute("DELETE FROM chunks WHERE version=?", (o,))
+                continue
+            c.execute(
+                "DELETE FROM chunks WHERE version=? AND NOT EXISTS (SELECT 1 FROM chunk_refs r"
+                " WHERE r.owner=chunks.version AND r.idx=chunks.idx)",
+                (o,),
+            )
 
     def delete(self, versions: Sequence[int]) -> None:
         if not versions:
@@ -312,9 +374,13 @@ class SqliteChunkStore(ChunkStore):
 
     def iter_chunks(self, version: int) -> Iterator[tuple[int, bytes]]:
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT idx, rowid FROM chunks WHERE version=? ORDER BY idx", (version,)
-            ).fetchall()
+            own = "SELECT idx, rowid FROM chunks WHERE version=?1"
+            if self._refs:
+                own += (
+                    " UNION ALL SELECT r.idx, c.rowid FROM chunk_refs r JOIN chunks c"
+                    " ON c.version=r.owner AND c.idx=r.idx WHERE r.version=?1"
+                )
+            rows = self._conn.execute(f"{own} ORDER BY 1", (version,)).fetchall()
             for idx, rowid in rows:
                 # Incremental blob I/O reads the pages straight into the bytes object.
                 with self._conn.blobopen("chunks", "data", rowid, readonly=True) as blob:

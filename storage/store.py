@@ -4,6 +4,11 @@ Call-order contract for a coordinator: ``open`` → ``load_latest`` (restore) �
 ``save`` every N versions and on shutdown → ``prune`` after a save → ``close``.
 Loading verifies every chunk; a corrupt newest checkpoint is logged, quarantined
 (kept for inspection, never loaded again) and the previous valid one is used.
+
+Incremental saves (a ``ParamsPatch`` as the params) write only the neuron groups
+that changed since their base and refer to the stored chunks for the rest, so a
+model trained by sub-model tasks costs per checkpoint what its merges touched.
+One stored chunk then backs several versions: damage to it fails each of them.
 """
 
 from __future__ import annotations
@@ -16,9 +21,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from storage.chunkstore import ChunkStore, ManifestRecord
-from storage.errors import CorruptCheckpoint, NoCheckpoint
-from storage.layout import Checkpoint, decode, encode, parse_manifest, seal, sha256_hex
+from nn.params import NeuronGroup, Params, plan_groups
+from nn.spec import ModelSpec
+from storage.chunkstore import ChunkStore, Inherited, ManifestRecord
+from storage.errors import CheckpointExists, CorruptCheckpoint, NoCheckpoint
+from storage.layout import (
+    Checkpoint,
+    Chunk,
+    ParamsPatch,
+    decode,
+    encode,
+    parse_manifest,
+    seal,
+    sha256_hex,
+)
 from storage.limits import StoreLimits, WriteBudget
 from storage.retention import RetentionPolicy
 from storage.sqlite import SqliteChunkStore
@@ -41,6 +57,8 @@ class CheckpointInfo:
     widths: tuple[int, ...]
     metadata: dict[str, Any]
     n_applied: int
+    #: the checkpoint an incremental one was written on (None: a full one)
+    base: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,26 +120,51 @@ class CheckpointStore:
 
     # -- writing ------------------------------------------------------------------
 
+    def param_groups(self, spec: ModelSpec) -> builtins.list[NeuronGroup]:
+        """The neuron groups a checkpoint of ``spec`` stores one chunk each, in chunk
+        order: the indices a ``ParamsPatch`` uses."""
+        return plan_groups(spec, self.limits.max_chunk_bytes // 4)
+
+    def _encode(self, ckpt: Checkpoint) -> tuple[dict, builtins.list[Chunk | Inherited]]:
+        base = None
+        if isinstance(ckpt.params, ParamsPatch):
+            if ckpt.params.base >= ckpt.version:  # the base is stored: so is a newer one
+                raise CheckpointExists(
+                    f"version {ckpt.version} is not above its base v{ckpt.params.base}"
+                )
+            record = self.backend.record(ckpt.params.base)
+            if record is None or record.quarantined:
+                raise NoCheckpoint(
+                    f"checkpoint v{ckpt.version}: its base v{ckpt.params.base} is not stored"
+                )
+            base = parse_manifest(record.version, record.manifest, record.manifest_sha256)
+        return encode(ckpt, self.limits.max_chunk_bytes, base)
+
     def write_cost(self, ckpt: Checkpoint) -> int:
-        """Writes a save costs against the budget: one per chunk plus the manifest."""
-        _, chunks = encode(ckpt, self.limits.max_chunk_bytes)
-        return len(chunks) + 1
+        """Writes a save costs against the budget: one per chunk written (inherited
+        ones are free) plus the manifest."""
+        _, chunks = self._encode(ckpt)
+        return sum(not isinstance(c, Inherited) for c in chunks) + 1
 
     def save(self, ckpt: Checkpoint, *, now: float | None = None) -> CheckpointInfo:
         """Store ``ckpt`` atomically; when this returns it is durable and visible.
 
         ``now`` feeds the write budget (required when ``writes_per_minute`` is
-        set; raises ``WriteBudgetExceeded`` with nothing written when spent).
+        set; raises ``WriteBudgetExceeded`` with nothing written when spent). A
+        ``ParamsPatch`` whose base is not stored raises ``NoCheckpoint``.
         """
-        manifest, chunks = encode(ckpt, self.limits.max_chunk_bytes)
+        manifest, chunks = self._encode(ckpt)
+        own = [c for c in chunks if not isinstance(c, Inherited)]
         if self.budget is not None:
             if now is None:
                 raise ValueError("save: a writes_per_minute budget needs the caller's `now`")
-            self.budget.require(len(chunks) + 1, now)
-        nbytes = sum(p.nbytes for c in chunks for p in c)
+            self.budget.require(len(own) + 1, now)
+        nbytes = sum(p.nbytes for c in own for p in c)
 
         def finish(hashes: list) -> ManifestRecord:
-            blob, digest = seal(manifest, (h if isinstance(h, str) else h.result() for h in hashes))
+            blob, digest = seal(
+                manifest, (h if h is None or isinstance(h, str) else h.result() for h in hashes)
+            )
             return ManifestRecord(
                 version=ckpt.version,
                 created_at=float(ckpt.created_at),
@@ -132,15 +175,21 @@ class CheckpointStore:
                 manifest_sha256=digest,
             )
 
-        if nbytes >= _POOL_MIN_BYTES and len(chunks) > 1:
+        if nbytes >= _POOL_MIN_BYTES and len(own) > 1:
             # Hash on worker threads while the backend writes the same chunks.
             with ThreadPoolExecutor(_workers()) as pool:
-                futures = [pool.submit(sha256_hex, *c) for c in chunks]
+                futures = [
+                    None if isinstance(c, Inherited) else pool.submit(sha256_hex, *c)
+                    for c in chunks
+                ]
                 record = self.backend.commit(ckpt.version, chunks, lambda: finish(futures))
         else:
-            hashes = [sha256_hex(*c) for c in chunks]
+            hashes = [None if isinstance(c, Inherited) else sha256_hex(*c) for c in chunks]
             record = self.backend.commit(ckpt.version, chunks, lambda: finish(hashes))
-        log.info("checkpoint v%d saved: %d chunks, %d bytes", ckpt.version, len(chunks), nbytes)
+        log.info(
+            "checkpoint v%d saved: %d of %d chunks written, %d bytes",
+            ckpt.version, len(own), len(chunks), nbytes,
+        )  # fmt: skip
         return self._info(record, manifest)
 
     # -- listing ------------------------------------------------------------------
@@ -157,6 +206,7 @@ class CheckpointStore:
             widths=tuple(m.get("spec", {}).get("widths", ())),
             metadata=dict(m.get("metadata", {})),
             n_applied=len(m.get("applied_results", ())),
+            base=m.get("base"),
         )
 
     def list(self) -> builtins.list[CheckpointInfo]:
@@ -175,8 +225,10 @@ class CheckpointStore:
 
     # -- reading ------------------------------------------------------------------
 
-    def load(self, version: int) -> Checkpoint:
-        """One version, every checksum verified; ``CorruptCheckpoint`` if any fails."""
+    def load(self, version: int, *, into: Params | None = None) -> Checkpoint:
+        """One version, every checksum verified; ``CorruptCheckpoint`` if any fails.
+        ``into``: fill these params (a mapped model) instead of allocating; on
+        failure they hold a partial mix and must not be used."""
         with self.backend.snapshot():
             record = self.backend.record(version)
             if record is None:
@@ -185,10 +237,10 @@ class CheckpointStore:
             chunks = self.backend.iter_chunks(version)
             if record.nbytes >= _POOL_MIN_BYTES and record.n_chunks > 1:
                 with ThreadPoolExecutor(_workers()) as pool:
-                    return decode(version, manifest, chunks, pool)
-            return decode(version, manifest, chunks)
+                    return decode(version, manifest, chunks, pool, into=into)
+            return decode(version, manifest, chunks, into=into)
 
-    def load_latest(self, *, quarantine: bool = True) -> Checkpoint:
+    def load_latest(self, *, quarantine: bool = True, into: Params | None = None) -> Checkpoint:
         """The newest checkpoint that verifies, falling back past corrupt ones.
 
         Each corrupt one is logged as a warning and, with ``quarantine``, marked so
@@ -196,7 +248,7 @@ class CheckpointStore:
         """
         for v in reversed(self.versions()):
             try:
-                return self.load(v)
+                return self.load(v, into=into)
             except NoCheckpoint:
                 continue  # deleted by a concurrent prune since we listed
             except CorruptCheckpoint as exc:

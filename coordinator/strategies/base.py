@@ -24,7 +24,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,17 +33,23 @@ from coordinator.config import DataSection, StrategySection
 from coordinator.leases import Task, TaskPlan
 from coordinator.strategies.aggregate import staleness_scale
 from coordinator.strategies.robust import aggregate
+from nn.changes import ChangedRows
 from nn.params import Params
 from nn.subnet import Subnet, covered_mean
 
 
 @dataclass(slots=True)
 class ModelState:
-    """The global model: params, its version, and how many results it merged."""
+    """The global model: params, its version, and how many results it merged;
+    ``changed``: its rows moved since the service last took them (checkpoints)."""
 
     params: Params
     version: int = 0
     contributions: int = 0
+    changed: ChangedRows = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changed = ChangedRows(self.params.spec)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +68,12 @@ class StepReport:
     stepped: bool
     merged: int
     dropped: tuple[int, ...] = ()
+    #: the step changed only this subnet's parameters (None: any of them), so an
+    #: incremental checkpoint rewrites only its neuron groups; with ``update``, the
+    #: step was exactly ``params += scale * within.expand(update)`` (a log entry)
+    within: Subnet | None = None
+    update: np.ndarray | None = None
+    scale: float = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +211,12 @@ class Strategy(ABC):
         shard it leased; a count the client claims is never used."""
         return float(task.rows) if task.rows else 1.0
 
+    @property
+    def merges_in_place(self) -> bool:
+        """Whether each sub-model result is merged alone, in place, as it arrives
+        (then a driver may log results instead of checkpointing the model)."""
+        return False
+
     def scale(self, staleness: int) -> float:
         st = self.config.staleness
         return staleness_scale(staleness, kind=st.kind, a=st.a, b=st.b)
@@ -210,10 +228,17 @@ class Strategy(ABC):
         bound = self.config.max_staleness
         return bound is not None and staleness > bound
 
-    def step_version(self, merged: int) -> StepReport:
+    def step_version(
+        self,
+        merged: int,
+        *,
+        within: Subnet | None = None,
+        update: np.ndarray | None = None,
+        scale: float = 1.0,
+    ) -> StepReport:
         self.model.version += 1
         self.model.contributions += merged
-        return StepReport(stepped=True, merged=merged)
+        return StepReport(stepped=True, merged=merged, within=within, update=update, scale=scale)
 
     # -- checkpoints ------------------------------------------------------------
 

@@ -66,6 +66,11 @@ class DecentralAsync(Strategy):
                 k, WINDOW_AUTO, WINDOW_AUTO, 4 * size / 1e6, WINDOW_AUTO_BYTES >> 20,
             )  # fmt: skip
 
+    @property
+    def merges_in_place(self) -> bool:
+        """Every sub-model result lands alone, in place (FedAsync without a window)."""
+        return self.recent is None and self.config.aggregation == "fedasync"
+
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
         self.crowd = client.connected
         return self.new_plan()
@@ -77,10 +82,12 @@ class DecentralAsync(Strategy):
         w = self.scale(s)
         if self.config.aggregation == "fedasync":
             if task.subnet is not None and self.recent is None:  # in place: the slice only
-                task.subnet.add_to(self.model.params, update, self.config.alpha * w)
-            else:
-                step = self._merged(w, self.dense(task, update))
-                self.model.params.data += np.float32(self.config.alpha) * step
+                scale = self.config.alpha * w
+                task.subnet.add_to(self.model.params, update, scale)
+                step = self.step_version(1, within=task.subnet, update=update, scale=scale)
+                return Outcome(accepted=True, staleness=s, step=step)
+            step = self._merged(w, self.dense(task, update))
+            self.model.params.data += np.float32(self.config.alpha) * step
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
         self.buffer.append((np.float32(w) * self.dense(task, update)).astype(np.float32))
         self.buffer_weights.append(self.sample_weight(task))

@@ -151,6 +151,7 @@ def _list(console: Console, args: argparse.Namespace, store: CheckpointStore) ->
                 "quarantined": i.quarantined,
                 "widths": list(i.widths),
                 "n_applied": i.n_applied,
+                "base": i.base,
                 "metadata": i.metadata,
             }
             for i in infos
@@ -164,6 +165,8 @@ def _list(console: Console, args: argparse.Namespace, store: CheckpointStore) ->
         note = "QUARANTINED" if i.quarantined else ""
         if "restored_from" in i.metadata:
             note = f"restored from v{i.metadata['restored_from']} {note}".strip()
+        if i.base is not None:  # the rest of its chunks are an earlier version's
+            note = f"patch on v{i.base} {note}".strip()
         table.add_row(
             str(i.version),
             _when(i.created_at),

@@ -118,3 +118,16 @@ def test_replace_revalidates() -> None:
     assert job.replace(strategy={"tau": 3}).strategy.tau == 3
     with pytest.raises(JobConfigError, match=r"strategy\.tau"):
         job.replace(strategy={"tau": 0})
+
+
+def test_the_extreme_example_job_is_valid_and_merges_in_place() -> None:
+    """examples/extreme/job.toml: what `crowdgrad coordinator` maps and journals."""
+    from pathlib import Path
+
+    from coordinator.config import load_job
+    from nn.mapped import MAP_ABOVE_PARAMS
+
+    job = load_job(Path(__file__).parents[2] / "examples" / "extreme" / "job.toml")
+    assert job.spec.num_params > MAP_ABOVE_PARAMS  # held in a mapped file
+    assert job.submodel is not None and job.strategy.name == "decentral-async"
+    assert job.strategy.aggregation == "fedasync" and job.strategy.window == 1  # journaled

@@ -29,7 +29,7 @@ def test_the_same_seed_gives_the_same_run() -> None:
 
 
 def test_a_mapped_model_trains_as_an_allocated_one(monkeypatch) -> None:
-    """Above MAPPED_ABOVE_PARAMS the simulator maps the parameters from a file
+    """Above MAP_ABOVE_PARAMS the simulator maps the parameters from a file
     (nn/mapped.py) and the core trains them in place: the same run, bit for bit."""
     import numpy as np
 
@@ -38,7 +38,7 @@ def test_a_mapped_model_trains_as_an_allocated_one(monkeypatch) -> None:
     data = load_raw(resolve("submodel-smoke"))
     plain = Simulation(parse_scenario(data, source="submodel-smoke"))
     a = plain.run().summary
-    monkeypatch.setattr(driver, "MAPPED_ABOVE_PARAMS", 0)
+    monkeypatch.setattr(driver, "MAP_ABOVE_PARAMS", 0)
     mapped = Simulation(parse_scenario(data, source="submodel-smoke"))
     assert isinstance(mapped.core.model.params.data, np.memmap)
     b = mapped.run().summary

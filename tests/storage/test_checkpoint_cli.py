@@ -109,3 +109,26 @@ def test_show_is_a_summary_and_restore_a_sentence(
     assert said.startswith(f"Restored checkpoint v1 of {store_path} as its newest checkpoint, v3")
     assert main(["checkpoint", "list"]) == 2
     assert "list: --store FILE is required" in capsys.readouterr().err
+
+
+def test_an_incremental_checkpoint_lists_its_base_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from storage import ParamsPatch, StoreLimits
+
+    path, spec = tmp_path / "inc.db", ModelSpec.preset("medium")
+    params = spec.init_params(0)
+    with CheckpointStore.open(path, limits=StoreLimits(max_chunk_bytes=4096)) as store:
+        store.save(Checkpoint(version=1, created_at=1.7e9, params=params))
+        plan = store.param_groups(spec)
+        params.W[1][:3] += 1.0  # rows 0-2 of layer 1: its first group
+        changed = [i for i, g in enumerate(plan) if g.layer == 1 and g.row_start == 0]
+        patch = ParamsPatch.of(params, plan, changed, base=1)
+        store.save(Checkpoint(version=2, created_at=1.7e9 + 1, params=patch))
+    assert main(["checkpoint", "list", "--store", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["version"], r["base"]) for r in rows] == [(1, None), (2, 1)]
+    assert rows[1]["nbytes"] < rows[0]["nbytes"] / 10
+    assert main(["checkpoint", "list", "--store", str(path)]) == 0
+    assert "patch on v1" in capsys.readouterr().out
+    assert main(["checkpoint", "verify", "--store", str(path)]) == 0

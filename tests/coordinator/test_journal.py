@@ -1,0 +1,148 @@
+"""The journal (coordinator/journal.py): a job whose results are in-place sub-model
+merges acknowledges each once its merge is logged, without a checkpoint, and a
+coordinator killed with SIGKILL restarts with every acknowledged result in the
+model, by replaying the log on the last checkpoint (real processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator import events as ev
+from coordinator.config import parse_job
+from coordinator.journal import Journal
+from coordinator.service import CoreService
+from nn.spec import ModelSpec
+from nn.subnet import Subnet
+from protocol import messages as m
+from storage import CheckpointStore
+from tests.coordinator.coord_helpers import result_messages
+from tests.coordinator.journal_worker import JOB
+from tests.coordinator.test_incremental_checkpoints import Tasks
+
+WORKER = Path(__file__).with_name("journal_worker.py")
+
+
+def _run_and_kill(store: Path, results: int, *, dump: bool, after_s: float = 0.0) -> list[str]:
+    """Start the worker, SIGKILL it (after ``dumped``, or ``after_s`` after ready)."""
+    args = [sys.executable, str(WORKER), str(store), str(results), *(["dump"] if dump else [])]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    go = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            if line.endswith("\n"):
+                lines.append(line.strip())
+                if line.startswith("dumped" if dump else "ready"):
+                    go.set()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    if not go.wait(60):
+        proc.kill()
+        raise AssertionError(f"worker: {proc.stderr.read()}")
+    time.sleep(after_s)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    t.join(10)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    return lines
+
+
+def _restored(store: Path) -> tuple[np.ndarray, int, set[int]]:
+    with CoreService(parse_job(JOB), store=store) as service:
+        return service.call(
+            lambda c: (c.params.data.copy(), c.version, set(c.book.accepted_ids()))
+        ).result(30)
+
+
+def test_a_killed_coordinator_replays_every_acknowledged_merge_bit_for_bit(tmp_path: Path) -> None:
+    store = tmp_path / "job.db"
+    lines = _run_and_kill(store, 10, dump=True)
+    assert sum(line.startswith("acked") for line in lines) == 10
+    dumped = np.load(f"{store}.npy")
+    params, version = dumped[:-1], int(dumped[-1])
+    with CheckpointStore.open(store, readonly=True) as s:
+        stored = s.versions()
+    assert stored and max(stored) < version == 10  # checkpoints every 7: v7 and the log
+    got, got_version, accepted = _restored(store)
+    assert got_version == version and len(accepted) == 10
+    np.testing.assert_array_equal(got, params)
+
+
+@pytest.mark.parametrize("after_s", [0.05, 0.3])
+def test_no_acknowledged_result_is_lost_whenever_the_kill_comes(
+    tmp_path: Path, after_s: float
+) -> None:
+    store = tmp_path / "job.db"
+    lines = _run_and_kill(store, 400, dump=False, after_s=after_s)
+    acked = {int(line.split()[1]) for line in lines if line.startswith("acked")}
+    _, version, accepted = _restored(store)
+    assert acked <= accepted, sorted(acked - accepted)
+    assert version >= len(acked)
+
+
+def test_acks_go_out_from_the_log_without_a_checkpoint(tmp_path: Path) -> None:
+    job = parse_job({**JOB, "checkpoint": {"every_versions": 0}})
+    sink, acks = Tasks(), []
+    service = CoreService(job, store=tmp_path / "job.db", durable_interval=1e4)
+    service.add_sink(sink)
+    service.add_sink(
+        lambda outs: acks.extend(
+            o.message for o in outs if isinstance(o, ev.Send) and isinstance(o.message, m.Ack)
+        )
+    )
+    with service:
+        service.submit_connect("a", m.Hello(client="a"))
+        for n in range(1, 6):
+            for msg in result_messages(sink.next(n)):
+                service.submit_receive("a", msg, len(m.encode(msg)))
+        deadline = time.monotonic() + 10
+        while len(acks) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(acks) == 5 and all(a.accepted for a in acks)
+        # no snapshot was taken for them: the log made them durable
+        assert service.stats.checkpoints == 0 and service.stats.durable_checkpoints == 0
+
+
+def test_a_step_the_log_cannot_redo_opens_a_gap_until_a_checkpoint_after_it(
+    tmp_path: Path,
+) -> None:
+    spec = ModelSpec(widths=(8, 16, 4))
+    journal = Journal(tmp_path / "s.db", spec)
+    try:
+        sub = Subnet(spec, (np.arange(4),))
+        update = np.arange(sub.sub.num_params, dtype=np.float32)
+        merged = ev.MergedInPlace(
+            task_id=1, version=1, subnet=sub, update=update, scale=0.5, now=0.0
+        )
+        journal.observe([ev.ModelUpdated(version=1, contributions=1, now=0.0), merged])
+        assert journal.gap is None
+        journal.observe([ev.ModelUpdated(version=2, contributions=1, now=0.0)])  # a rebase
+        assert journal.gap == 2
+        journal.committed(1, frozenset())
+        assert journal.gap == 2
+        journal.committed(2, frozenset())
+        assert journal.gap is None
+        done = threading.Event()
+        journal.sealed(0, lambda cover, ok: done.set())  # nothing new: no report
+        assert not done.is_set()
+        journal.observe([merged])
+        journal.sealed(3, lambda cover, ok: done.set() if (cover, ok) == (3, True) else None)
+        assert done.wait(10)
+        assert 1 in journal.durable
+        ((task_id, version, subnet, logged, scale),) = journal.merges(after_version=0)
+        assert (task_id, version, scale) == (1, 1, 0.5)
+        assert np.array_equal(subnet.to_wire(), sub.to_wire())
+        assert np.array_equal(logged, update)
+    finally:
+        journal.close()
