@@ -462,16 +462,30 @@ class Coordinator:
         a log of them, replayed on a checkpoint, restores the model exactly."""
         return self.submodels is not None and self.strategy.merges_in_place
 
-    def replay(self, merges: Iterable[tuple[int, int, Subnet, np.ndarray, float]]) -> int:
+    def replay(
+        self,
+        merges: Iterable[tuple[int, int, Subnet, np.ndarray, float]],
+        *,
+        rows_as_of: list[np.ndarray] | None = None,
+    ) -> int:
         """Apply logged merges ``(task_id, version, subnet, update, scale)`` again,
         in order, after ``restore``: the same arithmetic, so the same model bit for
         bit. Stops at the first that does not make the next version (a step the
-        log does not hold came between); returns how many were applied."""
+        log does not hold came between); returns how many were applied.
+
+        ``rows_as_of``: per layer, the version each row of the restored model is
+        at (a checkpoint taken while the model trained copies each neuron group as
+        of its own version); a merge lands only on rows older than it."""
         n = 0
         for task_id, version, subnet, update, scale in merges:
             if version != self.model.version + 1:
                 break
-            subnet.add_to(self.model.params, update, scale)
+            rows = None
+            if rows_as_of is not None:
+                rows = [r < version for r in rows_as_of]
+                if all(m.all() for m in rows):
+                    rows_as_of, rows = None, None  # every row is older from here on
+            subnet.add_to(self.model.params, update, scale, rows=rows)
             self.model.changed.mark(subnet)
             self.model.version = version
             self.model.contributions += 1
@@ -499,8 +513,10 @@ class Coordinator:
             )
         if not np.isfinite(flat).all():
             raise ValueError("replace_model: the new model is not finite")
-        self.model.params.data[:] = flat
-        self.model.version += 1
+        with self.model.lock:
+            self.model.params.data[:] = flat
+            self.model.version += 1
+            self.model.whole_steps += 1
         self._stepped(StepReport(stepped=True, merged=0), now, out)
         self._dispatch(now, out)
         self.connections.flush_all(now, out)

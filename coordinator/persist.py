@@ -15,7 +15,7 @@ import numpy as np
 
 from coordinator.config import JobConfig
 from nn.params import Params
-from storage.layout import Checkpoint, ParamsPatch
+from storage.layout import Checkpoint, LiveParams, ParamsPatch
 
 _ARRAY = "$a"
 _DICT = "$d"
@@ -55,12 +55,13 @@ def to_checkpoint(
     *,
     created_at: float,
     history: dict[str, Any] | None = None,
-    params: Params | ParamsPatch | None = None,
+    params: Params | ParamsPatch | LiveParams | None = None,
 ) -> Checkpoint:
     """A storable checkpoint of ``Coordinator.state_dict()`` (already a copy);
     ``history``: the run's series (coordinator.history), kept as plain JSON;
     ``params``: used instead of ``state["params"]`` (the changed groups of an
-    incremental checkpoint, or a mapped model's live params written in place)."""
+    incremental checkpoint, a mapped model written from its file, or one copied
+    while it trains)."""
     rest = {k: v for k, v in state.items() if k != "params"}
     arrays: dict[str, np.ndarray] = {}
     packed = _pack(rest, arrays)

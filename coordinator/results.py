@@ -284,8 +284,10 @@ class ResultPath:
                         self._stepped(outcome.step, now, out)
                 case Exclusion():
                     if item.revert is not None:  # its unchecked steps, subtracted again
-                        self._model.params.data -= item.revert
-                        self._model.version += 1
+                        with self._model.lock:
+                            self._model.params.data -= item.revert
+                            self._model.version += 1
+                            self._model.whole_steps += 1
                         self._stepped(StepReport(stepped=True, merged=0), now, out)
                     out.append(item.event)
                     conn = self._conns.by_id.get(item.event.client_id)

@@ -25,8 +25,9 @@ Checkpoints after the first are incremental where they can be: a snapshot copies
 only the neuron groups that changed since the last committed checkpoint
 (coordinator/snapshots.py). A model over ``MAP_ABOVE_PARAMS`` parameters (or any
 with ``mapped=True``) lives in a memory-mapped file beside the store, so it is
-never held twice: its first checkpoint is written whole from the file before the
-thread starts, and a restart restores the newest checkpoint into the file.
+never held twice: a whole checkpoint of it is written from the file (while the
+model trains, when a journal can complete it; else with the core waiting), and a
+restart restores the newest checkpoint into the file.
 
 Acknowledge after durable (``ack_durable``, on by default with a store): the
 ``Ack`` frames that tell a client its result is in (accepted, or a duplicate of
@@ -43,9 +44,14 @@ held before them are released (a final snapshot is taken at once), so every
 result a client was told is in gets its ack before the ``bye``; the service is
 ``done`` only then.
 
+With a journal (coordinator/journal.py: every result an in-place sub-model
+merge) the held acks are released when the journal reports their merges logged,
+and snapshots are taken only when the job asks (every N versions, the end).
+
 Why long: the core's thread, its inbox and the durable-ack machinery (group
-commit, held acks, the final snapshot) share one lock-free loop; split, the
-ordering guarantees above would span modules.
+commit, held acks released by checkpoints or by the journal, the final
+snapshot) share one lock-free loop; split, the ordering guarantees above would
+span modules. What a snapshot copies is in coordinator/snapshots.py.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from coordinator import events as ev
 from coordinator.config import JobConfig
 from coordinator.core import Coordinator
@@ -70,9 +78,10 @@ from coordinator.persist import from_checkpoint, to_checkpoint
 from coordinator.snapshots import MappedModel, Snapshots
 from nn.data import Dataset
 from nn.mapped import MAP_ABOVE_PARAMS
+from nn.params import Params
 from protocol import messages as m
 from storage.errors import CheckpointExists, NoCheckpoint, StorageError
-from storage.layout import Checkpoint
+from storage.layout import Checkpoint, LiveParams, ParamsPatch
 from storage.limits import StoreLimits
 from storage.retention import RetentionPolicy
 from storage.store import CheckpointStore
@@ -232,6 +241,8 @@ class CoreService:
         if self._thread is not None:
             return
         self.core = core = self._build_core()
+        if self._mapped is not None:  # the writer thread may copy it as merges go on
+            core.model.lock = threading.Lock()
         if self.store is not None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-ckpt")
             self._snapshots = Snapshots(core.spec, self.store.param_groups(core.spec))
@@ -312,7 +323,16 @@ class CoreService:
             return
         self._journal = Journal(self._store_path, core.spec)
         before = core.version
-        replayed = core.replay(self._journal.merges(after_version=core.version))
+        rows_as_of = None
+        resume = self._resume
+        if resume is not None and any(v != resume.version for v in resume.as_of):
+            assert self.store is not None  # a fuzzy checkpoint: groups of their own versions
+            rows_as_of = [np.full(n, resume.version, np.int64) for n, _ in core.spec.layer_shapes]
+            for g, v in zip(self.store.param_groups(core.spec), resume.as_of, strict=True):
+                rows_as_of[g.layer][g.row_start : g.row_end] = v
+        replayed = core.replay(
+            self._journal.merges(after_version=core.version), rows_as_of=rows_as_of
+        )
         self._journal.replayed = replayed
         self.stats.journal = self._journal.summary()
         if replayed:
@@ -661,12 +681,15 @@ class CoreService:
             core.version, core.params, core.model.changed, mapped=self._mapped is not None
         )
         state = core.state_dict(params=patch is None and not inline)
+        params: Params | ParamsPatch | LiveParams | None = patch
+        if inline and self._journal is not None and self._journal.gap is None:
+            # Fuzzy: copied group by group on the writer thread while merges go on;
+            # the journal redoes on each group what came after its copy.
+            params, inline = self._live(core, patch), False
+        elif inline and patch is None:
+            params = core.params
         ckpt = to_checkpoint(
-            self.job,
-            state,
-            created_at=time.time(),
-            history=self.history.to_json(),
-            params=core.params if inline and patch is None else patch,
+            self.job, state, created_at=time.time(), history=self.history.to_json(), params=params
         )
         store, keep, inbox, journal = self.store, self._keep, self._inbox, self._journal
         cover, tasks = self._seq, frozenset(int(t) for t in state["accepted_tasks"])
@@ -719,6 +742,23 @@ class CoreService:
         else:
             self._pending_writes.append(self._writer.submit(write))
         return ckpt.version
+
+    @staticmethod
+    def _live(core: Coordinator, patch: ParamsPatch | None) -> LiveParams:
+        model, whole = core.model, core.model.whole_steps
+
+        def guard() -> None:  # under the model's lock, before each group's copy
+            if model.whole_steps != whole:
+                raise StorageError("a step the journal cannot redo came during the save")
+
+        return LiveParams(
+            params=model.params,
+            lock=model.lock,
+            version=lambda: model.version,
+            base=None if patch is None else patch.base,
+            groups=None if patch is None else frozenset(patch.groups),
+            guard=guard,
+        )
 
     def _final_checkpoint(self, core: Coordinator) -> None:
         journal = self._journal

@@ -16,8 +16,12 @@ their acks): on the report the next snapshot is whole again.
 
 A model in a mapped file (nn/mapped.py) is never copied whole: a whole snapshot of
 it (the first one, or one after a step that moved everything), or a patch of more
-than ``COPY_MAX_BYTES``, is written from the live pages on the core thread, which
-waits for it; smaller patches are copied and written by the writer thread.
+than ``COPY_MAX_BYTES``, is written from the file itself (``take`` says so);
+smaller patches are copied and written by the writer thread. With a journal
+(coordinator/journal.py) the service writes such a snapshot on the writer thread
+while merges go on, each group copied under the model's lock and tagged with
+its version (storage ``LiveParams``: a fuzzy checkpoint the journal completes on
+restart); without one, on the core thread, which waits for it.
 """
 
 from __future__ import annotations

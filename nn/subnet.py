@@ -153,17 +153,34 @@ class Subnet:
             out.b[li][rows] = sub.b[li]
         return out.data
 
-    def add_to(self, params: Params, update: np.ndarray, scale: float = 1.0) -> None:
+    def add_to(
+        self,
+        params: Params,
+        update: np.ndarray,
+        scale: float = 1.0,
+        *,
+        rows: Sequence[np.ndarray] | None = None,
+    ) -> None:
         """``params += scale * expand(update)`` in place, touching only the subnet's
         parameters: no model-sized temporary, so a merge costs the slice, not the
-        model (the huge and extreme presets)."""
+        model (the huge and extreme presets). ``rows``: per layer, a boolean mask
+        over the whole layer's rows; only those rows take the update (a replay
+        onto a checkpoint whose groups are of different versions)."""
         sub = Params.from_flat(self.sub, np.ascontiguousarray(update, dtype=np.float32), copy=False)
         s = np.float32(scale)
         for li in range(self.spec.num_layers):
-            rows, cols, col_scale = self._index(li)
-            grid = _grid(rows, cols)
-            params.W[li][grid] += sub.W[li] * (s / np.float32(col_scale))
-            params.b[li][rows] += sub.b[li] * s
+            kept, cols, col_scale = self._index(li)
+            dW, db = sub.W[li], sub.b[li]
+            if rows is not None:
+                take = rows[li][kept]
+                if not take.any():
+                    continue
+                if not take.all():
+                    kept = np.arange(params.W[li].shape[0])[kept][take]
+                    dW, db = dW[take], db[take]
+            grid = _grid(kept, cols)
+            params.W[li][grid] += dW * (s / np.float32(col_scale))
+            params.b[li][kept] += db * s
 
     def cover(self, into: np.ndarray, weight: float = 1.0) -> None:
         """Add ``weight`` to every coordinate of ``into`` (the whole model's layout)

@@ -1,6 +1,6 @@
 """Persistent chunked checkpoint store (SQLite by default) and the durable delta log."""
 
-from storage.chunkstore import ChunkStore, Inherited, ManifestRecord
+from storage.chunkstore import ChunkStore, Deferred, Inherited, ManifestRecord
 from storage.deltalog import DeltaEntry, DeltaLog
 from storage.errors import (
     CheckpointExists,
@@ -11,7 +11,7 @@ from storage.errors import (
     WriteBudgetExceeded,
 )
 from storage.groupcommit import GroupCommit
-from storage.layout import Checkpoint, ParamsPatch
+from storage.layout import Checkpoint, LiveParams, ParamsPatch
 from storage.limits import StoreLimits, WriteBudget
 from storage.retention import RetentionPolicy
 from storage.sqlite import SqliteChunkStore
@@ -25,10 +25,12 @@ __all__ = [
     "ChunkStore",
     "CorruptCheckpoint",
     "CorruptDeltaLog",
+    "Deferred",
     "DeltaEntry",
     "DeltaLog",
     "GroupCommit",
     "Inherited",
+    "LiveParams",
     "ManifestRecord",
     "NoCheckpoint",
     "ParamsPatch",

@@ -35,6 +35,15 @@ class Inherited:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """In ``commit``'s chunks: bytes read only when the backend writes this chunk
+    (``read()`` gives its buffers), so a chunk of a model that keeps changing is
+    copied one at a time, never all at once."""
+
+    read: Callable[[], Sequence[Any]]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ManifestRecord:
     """One stored checkpoint as the backend sees it: a manifest blob and its hash.
@@ -57,14 +66,15 @@ class ChunkStore(ABC):
     def commit(
         self,
         version: int,
-        chunks: Sequence[Sequence[Any] | Inherited],
+        chunks: Sequence[Sequence[Any] | Inherited | Deferred],
         finish: Callable[[], ManifestRecord],
     ) -> ManifestRecord:
         """Store ``chunks`` and the record ``finish()`` returns, atomically.
 
-        A chunk is a sequence of buffers whose concatenation is its bytes, or an
-        ``Inherited`` reference (``StorageError`` when the version it names holds no
-        such chunk); its index is its position. ``finish`` is called after the
+        A chunk is a sequence of buffers whose concatenation is its bytes, a
+        ``Deferred`` one (read when written, in index order), or an ``Inherited``
+        reference (``StorageError`` when the version it names holds no such
+        chunk); its index is its position. ``finish`` is called after the
         chunks are written, inside the transaction, so checksums can be computed
         while the chunks are written.
         Raises ``CheckpointExists`` when ``version`` is not above every stored,

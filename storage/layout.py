@@ -22,11 +22,13 @@ manifest is caught before anything it points at is trusted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +102,48 @@ class ParamsPatch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LiveParams:
+    """A model that keeps training while it is saved: a *fuzzy* checkpoint.
+
+    Each group is copied when the store writes it (``read``), under ``lock`` (held
+    by every write to the model together with its version step), and its manifest
+    entry records ``as_of``, the model version it was copied at. Such a
+    checkpoint is not the model of one version: it is usable with a log of what
+    changed after ``Checkpoint.version``, replayed on each group from its own
+    ``as_of`` on (coordinator/journal.py). With ``base``, only ``groups`` are
+    read and the rest is inherited, as for a ``ParamsPatch``. ``guard`` is called
+    under the lock before each copy and raises to abandon the save (a write the
+    log cannot redo happened meanwhile).
+    """
+
+    params: Params
+    lock: AbstractContextManager[Any]
+    version: Callable[[], int]
+    base: int | None = None
+    groups: frozenset[int] | None = None
+    guard: Callable[[], None] | None = None
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.params.spec
+
+    def read(self, g: NeuronGroup) -> tuple[tuple[np.ndarray, ...], int]:
+        with self.lock:
+            if self.guard is not None:
+                self.guard()
+            ws, bs = self.params.group_slices(g)
+            copy = np.concatenate((self.params.data[ws], self.params.data[bs]))
+            return (copy.view(np.uint8),), int(self.version())
+
+
+@dataclass(frozen=True, slots=True)
+class LiveChunk:
+    """A chunk of ``LiveParams``: ``read()`` gives its buffers and its ``as_of``."""
+
+    read: Callable[[], tuple[tuple[np.ndarray, ...], int]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoint:
     """Everything the coordinator needs to carry on: model, states, job, applied ids.
 
@@ -110,11 +154,14 @@ class Checkpoint:
 
     version: int
     created_at: float
-    params: Params | ParamsPatch
+    params: Params | ParamsPatch | LiveParams
     optimizer: State = field(default_factory=dict)
     strategy: State = field(default_factory=dict)
     metadata: Mapping[str, Any] = field(default_factory=dict)
     applied_results: tuple[str, ...] = ()
+    #: as loaded: per params chunk, the version its bytes are of (``version`` for
+    #: each, except in a fuzzy checkpoint, see ``LiveParams``)
+    as_of: tuple[int, ...] = ()
 
     @property
     def spec(self) -> ModelSpec:
@@ -166,22 +213,29 @@ def group_values(spec: ModelSpec, g: NeuronGroup) -> int:
 
 def encode(
     ckpt: Checkpoint, max_chunk_bytes: int, base: dict | None = None
-) -> tuple[dict, list[Chunk | Inherited]]:
+) -> tuple[dict, list[Chunk | Inherited | LiveChunk]]:
     """``(manifest without hashes, chunks)``; hashes are filled in by ``seal``.
 
     A chunk is a tuple of zero-copy uint8 views whose concatenation is its bytes
-    (a params chunk is ``(W rows, biases)``), so encoding copies nothing. For a
-    ``ParamsPatch``, ``base`` is the base checkpoint's manifest; each unchanged
-    group becomes an ``Inherited`` chunk whose entry already carries its sha256.
+    (a params chunk is ``(W rows, biases)``), so encoding copies nothing, or a
+    ``LiveChunk`` read when it is written. For a ``ParamsPatch`` (or a
+    ``LiveParams`` with a base), ``base`` is the base checkpoint's manifest; each
+    unchanged group becomes an ``Inherited`` chunk whose entry already carries its
+    sha256 (and its ``as_of``, if it has one).
     """
     if ckpt.version < 0:
         raise ValueError(f"checkpoint version must be >= 0, got {ckpt.version}")
     params = ckpt.params
-    chunks: list[Chunk | Inherited] = []
+    chunks: list[Chunk | Inherited | LiveChunk] = []
     entries: list[dict] = []
     groups = plan_groups(params.spec, max_chunk_bytes // 4)
+    present: Collection[int] | None = None  # None: every group is written
     if isinstance(params, ParamsPatch):
-        inherit = _inheritance(ckpt.version, params, base, groups, max_chunk_bytes)
+        present = params.groups.keys()
+    elif isinstance(params, LiveParams) and params.base is not None:
+        present = params.groups if params.groups is not None else range(len(groups))
+    if present is not None:
+        inherit = _inheritance(ckpt.version, params, present, base, groups, max_chunk_bytes)
     for i, g in enumerate(groups):
         entry: dict[str, Any] = {
             "kind": "params",
@@ -191,7 +245,9 @@ def encode(
         if isinstance(params, Params):
             ws, bs = params.group_slices(g)
             chunks.append((params.data[ws].view(np.uint8), params.data[bs].view(np.uint8)))
-        elif i in params.groups:
+        elif isinstance(params, LiveParams) and (present is None or i in present):
+            chunks.append(LiveChunk(functools.partial(params.read, g)))
+        elif isinstance(params, ParamsPatch) and i in params.groups:
             vals = params.groups[i]
             parts = vals if isinstance(vals, tuple) else (vals,)
             have, need = sum(p.size for p in parts), group_values(params.spec, g)
@@ -202,9 +258,11 @@ def encode(
                 )
             chunks.append(tuple(p.view(np.uint8) for p in parts))
         else:
-            owner, sha = inherit[i]
+            owner, sha, as_of = inherit[i]
             chunks.append(Inherited(owner))
             entry["in"], entry["sha256"] = owner, sha
+            if as_of is not None:
+                entry["as_of"] = as_of
         entries.append(entry)
     states: dict[str, dict] = {}
     for kind in STATE_KINDS:
@@ -215,7 +273,7 @@ def encode(
                 chunks.append((raw[start : start + max_chunk_bytes],))
                 entries.append({"kind": kind, "name": name, "start": start})
     for e, c in zip(entries, chunks, strict=True):
-        if isinstance(c, Inherited):
+        if isinstance(c, Inherited | LiveChunk):
             layer, (r0, r1) = e["layer"], e["rows"]
             e["nbytes"] = 4 * group_values(params.spec, NeuronGroup(layer, r0, r1))
         else:
@@ -232,20 +290,23 @@ def encode(
         "states": states,
         "chunks": entries,
     }
-    if isinstance(params, ParamsPatch):
+    if present is not None:
+        assert isinstance(params, ParamsPatch | LiveParams) and params.base is not None
         manifest["base"] = int(params.base)
     return manifest, chunks
 
 
 def _inheritance(
     version: int,
-    patch: ParamsPatch,
+    patch: ParamsPatch | LiveParams,
+    present: Collection[int],
     base: dict | None,
     groups: list[NeuronGroup],
     max_chunk_bytes: int,
-) -> dict[int, tuple[int, str]]:
-    """``chunk index -> (owner version, sha256)`` of every group the patch does not
-    hold, from the base's manifest (which must be of the same model and plan)."""
+) -> dict[int, tuple[int, str, int | None]]:
+    """``chunk index -> (owner version, sha256, as_of)`` of every group the patch
+    does not hold, from the base's manifest (same model and plan)."""
+    assert patch.base is not None
     if base is None:
         raise ValueError(f"checkpoint v{version}: a params patch needs its base's manifest")
     if patch.base >= version or base.get("version") != patch.base:
@@ -257,13 +318,13 @@ def _inheritance(
         raise ValueError(
             f"checkpoint v{version}: base v{patch.base} has another model or chunk size"
         )
-    extra = [i for i in patch.groups if not 0 <= i < len(groups)]
+    extra = [i for i in present if not 0 <= i < len(groups)]
     if extra:
         raise ValueError(f"params patch: no neuron group {extra[0]} (the plan has {len(groups)})")
     out = {}
     for i, e in enumerate(base["chunks"][: len(groups)]):
-        if i not in patch.groups:
-            out[i] = (int(e.get("in", patch.base)), str(e["sha256"]))
+        if i not in present:
+            out[i] = (int(e.get("in", patch.base)), str(e["sha256"]), e.get("as_of"))
     return out
 
 
@@ -333,6 +394,7 @@ def decode(
             states[kind][name] = arr
             dests[(kind, name)] = arr.reshape(-1).view(np.uint8)
     pending = []
+    as_of: list[int] = []
     seen = 0
     for idx, data in chunks:
         if idx != seen or idx >= len(entries):
@@ -353,6 +415,7 @@ def decode(
                 raise CorruptCheckpoint(version, f"chunk {idx} does not fit group {g}")
             params.data[ws] = vals[:nw]
             params.data[bs] = vals[nw:]
+            as_of.append(int(e.get("as_of", version)))
         else:
             dest = dests.get((e["kind"], e["name"]))
             if dest is None or e["start"] + src.size > dest.size:
@@ -373,6 +436,7 @@ def decode(
         strategy=states["strategy"],
         metadata=manifest.get("metadata", {}),
         applied_results=tuple(manifest.get("applied_results", ())),
+        as_of=tuple(as_of),
     )
 
 

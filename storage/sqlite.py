@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from storage.chunkstore import ChunkStore, Inherited, ManifestRecord
+from storage.chunkstore import ChunkStore, Deferred, Inherited, ManifestRecord
 from storage.errors import CheckpointExists, StorageError
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,8 @@ class SqliteChunkStore(ChunkStore):
                 if isinstance(parts, Inherited):
                     self._refer(c, version, i, parts.version)
                     continue
+                if isinstance(parts, Deferred):
+                    parts = parts.read()
                 # zeroblob + incremental writes: the parts go straight from the
                 # caller's arrays into pages, with no joined temporary.
                 n = sum(memoryview(p).nbytes for p in parts)

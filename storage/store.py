@@ -21,13 +21,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from nn.params import NeuronGroup, Params, plan_groups
 from nn.spec import ModelSpec
-from storage.chunkstore import ChunkStore, Inherited, ManifestRecord
+from storage.chunkstore import ChunkStore, Deferred, Inherited, ManifestRecord
 from storage.errors import CheckpointExists, CorruptCheckpoint, NoCheckpoint
 from storage.layout import (
     Checkpoint,
     Chunk,
+    LiveChunk,
+    LiveParams,
     ParamsPatch,
     decode,
     encode,
@@ -125,9 +129,12 @@ class CheckpointStore:
         order: the indices a ``ParamsPatch`` uses."""
         return plan_groups(spec, self.limits.max_chunk_bytes // 4)
 
-    def _encode(self, ckpt: Checkpoint) -> tuple[dict, builtins.list[Chunk | Inherited]]:
+    def _encode(
+        self, ckpt: Checkpoint
+    ) -> tuple[dict, builtins.list[Chunk | Inherited | LiveChunk]]:
         base = None
-        if isinstance(ckpt.params, ParamsPatch):
+        based = isinstance(ckpt.params, ParamsPatch | LiveParams)
+        if based and ckpt.params.base is not None:  # type: ignore[union-attr]
             if ckpt.params.base >= ckpt.version:  # the base is stored: so is a newer one
                 raise CheckpointExists(
                     f"version {ckpt.version} is not above its base v{ckpt.params.base}"
@@ -146,6 +153,27 @@ class CheckpointStore:
         _, chunks = self._encode(ckpt)
         return sum(not isinstance(c, Inherited) for c in chunks) + 1
 
+    @staticmethod
+    def _deferred(
+        chunks: builtins.list[Chunk | Inherited | LiveChunk], manifest: dict, hashes: list
+    ) -> builtins.list[Chunk | Inherited | Deferred]:
+        """Live chunks as the backend reads them: each copy hashed, and its
+        ``as_of`` put in the manifest, when the backend writes it."""
+        out: builtins.list[Chunk | Inherited | Deferred] = []
+        for i, c in enumerate(chunks):
+            if not isinstance(c, LiveChunk):
+                out.append(c)
+                continue
+
+            def read(c: LiveChunk = c, i: int = i) -> tuple[np.ndarray, ...]:
+                parts, as_of = c.read()
+                hashes[i] = sha256_hex(*parts)
+                manifest["chunks"][i]["as_of"] = as_of
+                return parts
+
+            out.append(Deferred(read))
+        return out
+
     def save(self, ckpt: Checkpoint, *, now: float | None = None) -> CheckpointInfo:
         """Store ``ckpt`` atomically; when this returns it is durable and visible.
 
@@ -159,7 +187,11 @@ class CheckpointStore:
             if now is None:
                 raise ValueError("save: a writes_per_minute budget needs the caller's `now`")
             self.budget.require(len(own) + 1, now)
-        nbytes = sum(p.nbytes for c in own for p in c)
+        nbytes = sum(
+            e["nbytes"]
+            for e, c in zip(manifest["chunks"], chunks, strict=True)
+            if not isinstance(c, Inherited)
+        )
 
         def finish(hashes: list) -> ManifestRecord:
             blob, digest = seal(
@@ -175,6 +207,17 @@ class CheckpointStore:
                 manifest_sha256=digest,
             )
 
+        if any(isinstance(c, LiveChunk) for c in chunks):
+            # Read, hashed and written one at a time: the model keeps training.
+            hashes: list = [None] * len(chunks)
+            for i, c in enumerate(chunks):
+                if not isinstance(c, Inherited | LiveChunk):
+                    hashes[i] = sha256_hex(*c)
+            record = self.backend.commit(
+                ckpt.version, self._deferred(chunks, manifest, hashes), lambda: finish(hashes)
+            )
+            log.info("checkpoint v%d saved while training: %d bytes", ckpt.version, nbytes)
+            return self._info(record, manifest)
         if nbytes >= _POOL_MIN_BYTES and len(own) > 1:
             # Hash on worker threads while the backend writes the same chunks.
             with ThreadPoolExecutor(_workers()) as pool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -41,12 +42,20 @@ from nn.subnet import Subnet, covered_mean
 @dataclass(slots=True)
 class ModelState:
     """The global model: params, its version, and how many results it merged;
-    ``changed``: its rows moved since the service last took them (checkpoints)."""
+    ``changed``: its rows moved since the service last took them (checkpoints).
+
+    ``lock`` is held by every write to ``params`` together with its version step,
+    so that a reader on another thread (a checkpoint taken while the model keeps
+    training: coordinator/snapshots.py) copies a neuron group as of one version.
+    The core has no threads: a driver that reads from another one sets a real
+    lock. ``whole_steps`` counts the writes that were not in-place merges."""
 
     params: Params
     version: int = 0
     contributions: int = 0
     changed: ChangedRows = field(init=False)
+    lock: AbstractContextManager[Any] = field(default_factory=nullcontext, repr=False)
+    whole_steps: int = 0
 
     def __post_init__(self) -> None:
         self.changed = ChangedRows(self.params.spec)

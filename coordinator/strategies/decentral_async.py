@@ -83,8 +83,9 @@ class DecentralAsync(Strategy):
         if self.config.aggregation == "fedasync":
             if task.subnet is not None and self.recent is None:  # in place: the slice only
                 scale = self.config.alpha * w
-                task.subnet.add_to(self.model.params, update, scale)
-                step = self.step_version(1, within=task.subnet, update=update, scale=scale)
+                with self.model.lock:
+                    task.subnet.add_to(self.model.params, update, scale)
+                    step = self.step_version(1, within=task.subnet, update=update, scale=scale)
                 return Outcome(accepted=True, staleness=s, step=step)
             step = self._merged(w, self.dense(task, update))
             self.model.params.data += np.float32(self.config.alpha) * step

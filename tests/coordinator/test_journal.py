@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from coordinator import events as ev
+from coordinator import snapshots
 from coordinator.config import parse_job
 from coordinator.journal import Journal
 from coordinator.service import CoreService
@@ -146,3 +147,45 @@ def test_a_step_the_log_cannot_redo_opens_a_gap_until_a_checkpoint_after_it(
         assert np.array_equal(logged, update)
     finally:
         journal.close()
+
+
+def test_a_checkpoint_taken_while_merges_go_on_restores_with_the_journal(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A mapped model's whole checkpoint is copied group by group on the writer
+    thread while results keep merging (each group as of its own version); the
+    service stops with no final checkpoint, and the restart (that checkpoint,
+    then the journal replayed on each group from its own version) has the model
+    the first run stopped with, bit for bit."""
+    from storage import LiveParams, StoreLimits
+
+    read = LiveParams.read
+
+    def slow(self, g):  # a slow disk: merges land between the copies
+        time.sleep(0.003)
+        return read(self, g)
+
+    monkeypatch.setattr(LiveParams, "read", slow)
+    monkeypatch.setattr(snapshots, "COPY_MAX_BYTES", 0)  # every patch copied live too
+    job = parse_job({**JOB, "checkpoint": {"every_versions": 0}})
+    store, limits = tmp_path / "job.db", StoreLimits(max_chunk_bytes=1 << 14)
+    sink, rng = Tasks(), np.random.default_rng(3)
+    service = CoreService(job, store=store, mapped=True, store_limits=limits, durable_interval=1e4)
+    with service:
+        service.add_sink(sink)
+        service.submit_connect("a", m.Hello(client="a"))
+        for n in range(1, 31):
+            task = sink.next(n)
+            update = rng.standard_normal(task.spec.num_params).astype(np.float32) * 1e-2
+            for msg in result_messages(task, update):
+                service.submit_receive("a", msg, len(m.encode(msg)))
+            if n == 5:
+                service.checkpoint_now()  # not waited for: results keep coming
+        final = service.call(lambda c: c.params.data.copy()).result(30)
+    with CheckpointStore.open(store, readonly=True) as s:
+        newest = s.load(s.versions()[-1])
+    assert newest.version >= 5 and max(newest.as_of) > newest.version  # merges went on
+    with CoreService(job, store=store, mapped=True, store_limits=limits) as again:
+        restored = again.call(lambda c: c.params.data.copy()).result(30)
+        assert again.stats.journal is not None and again.stats.journal["replayed"] > 0
+    np.testing.assert_array_equal(restored, final)

@@ -151,3 +151,27 @@ def test_in_place_merge_equals_the_placed_delta(case: tuple) -> None:
     p = Params.from_flat(s.spec, base)
     s.add_to(p, upd, 0.3)
     np.testing.assert_allclose(p.data, dense, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(subnets(), st.integers(0, 2**32 - 1))
+def test_a_merge_on_some_rows_lands_there_exactly_as_the_whole_merge_does(
+    case: tuple, mask_seed: int
+) -> None:
+    """``add_to(rows=...)`` (a replay onto groups of different versions): rows in
+    the mask get the bits the whole merge gives them, the others stay as they were."""
+    s, rng = case
+    base = rng.standard_normal(s.spec.num_params).astype(np.float32)
+    upd = rng.standard_normal(s.sub.num_params).astype(np.float32)
+    whole = Params.from_flat(s.spec, base.copy())
+    s.add_to(whole, upd, 0.3)
+    pick = np.random.default_rng(mask_seed)
+    rows = [pick.random(out) < 0.5 for out, _ in s.spec.layer_shapes]
+    part = Params.from_flat(s.spec, base.copy())
+    s.add_to(part, upd, 0.3, rows=rows)
+    orig = Params.from_flat(s.spec, base)
+    for li, mask in enumerate(rows):
+        np.testing.assert_array_equal(part.W[li][mask], whole.W[li][mask])
+        np.testing.assert_array_equal(part.b[li][mask], whole.b[li][mask])
+        np.testing.assert_array_equal(part.W[li][~mask], orig.W[li][~mask])
+        np.testing.assert_array_equal(part.b[li][~mask], orig.b[li][~mask])

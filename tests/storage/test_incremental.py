@@ -229,3 +229,64 @@ def _differs(params: Params, before: np.ndarray, g) -> bool:
     return not (
         np.array_equal(params.data[ws], before[ws]) and np.array_equal(params.data[bs], before[bs])
     )
+
+
+def test_a_live_save_copies_each_group_as_of_one_version_while_the_model_moves(
+    tmp_path: Path,
+) -> None:
+    """A fuzzy checkpoint (LiveParams): another thread keeps adding 1 to whole
+    groups under the lock, one version each; every stored group equals the model
+    at the ``as_of`` recorded for it, and a patch on it inherits those."""
+    import threading
+    import time
+
+    from storage import LiveParams
+
+    rng = np.random.default_rng(4)
+    live = SPEC.init_params(9)
+    live.data[:] = np.arange(live.data.size) % 1000  # integers: every sum is exact
+    start = live.data.copy()
+    lock, state = threading.Lock(), {"version": 0}
+    with _store(tmp_path / "s.db") as store:
+        plan = store.param_groups(SPEC)
+        history: list[tuple[int, int]] = []  # (version, group) of each step
+        stop = threading.Event()
+
+        def train() -> None:
+            while not stop.is_set():
+                g = int(rng.integers(len(plan)))
+                with lock:
+                    ws, bs = live.group_slices(plan[g])
+                    live.data[ws] += 1.0
+                    live.data[bs] += 1.0
+                    state["version"] += 1
+                    history.append((state["version"], g))
+                time.sleep(0)
+
+        class SlowLock:  # the saver waits a little per group: training interleaves
+            def __enter__(self) -> None:
+                time.sleep(0.002)
+                lock.acquire()
+
+            def __exit__(self, *exc: object) -> None:
+                lock.release()
+
+        t = threading.Thread(target=train)
+        t.start()
+        try:
+            params = LiveParams(params=live, lock=SlowLock(), version=lambda: state["version"])
+            store.save(Checkpoint(version=0, created_at=0.0, params=params))
+        finally:
+            stop.set()
+            t.join()
+        back = store.load(0)
+        assert len(set(back.as_of)) > 3  # the groups were copied at different versions
+        for i, g in enumerate(plan):
+            steps = sum(1 for v, h in history if h == i and v <= back.as_of[i])
+            for span in live.group_slices(g):
+                np.testing.assert_array_equal(back.params.data[span], start[span] + steps)
+        # A patch on it keeps the inherited groups' as_of.
+        patch = ParamsPatch.of(live, plan, [0], base=0)
+        store.save(Checkpoint(version=1, created_at=0.0, params=patch))
+        again = store.load(1)
+        assert again.as_of[1:] == back.as_of[1:] and again.as_of[0] == 1
