@@ -189,3 +189,42 @@ def test_a_checkpoint_taken_while_merges_go_on_restores_with_the_journal(
         restored = again.call(lambda c: c.params.data.copy()).result(30)
         assert again.stats.journal is not None and again.stats.journal["replayed"] > 0
     np.testing.assert_array_equal(restored, final)
+
+
+def test_no_ack_leaves_before_its_merge_is_in_the_log(tmp_path: Path, monkeypatch) -> None:
+    """The journal's append is held: the result is merged but its ack waits;
+    released, the ack goes out (and no checkpoint was needed for it)."""
+    from storage import DeltaLog
+
+    gate, entered = threading.Event(), threading.Event()
+    append = DeltaLog.append
+
+    def held(self, entries):
+        entered.set()
+        assert gate.wait(30)
+        return append(self, entries)
+
+    monkeypatch.setattr(DeltaLog, "append", held)
+    job = parse_job({**JOB, "checkpoint": {"every_versions": 0}})
+    sink, acks = Tasks(), []
+    service = CoreService(job, store=tmp_path / "job.db", durable_interval=1e4)
+    service.add_sink(sink)
+    service.add_sink(
+        lambda outs: acks.extend(
+            o.message for o in outs if isinstance(o, ev.Send) and isinstance(o.message, m.Ack)
+        )
+    )
+    with service:
+        service.submit_connect("a", m.Hello(client="a"))
+        for msg in result_messages(sink.next(1)):
+            service.submit_receive("a", msg, len(m.encode(msg)))
+        assert entered.wait(10)
+        assert service.call(lambda c: c.version).result(10) == 1  # merged...
+        time.sleep(0.2)
+        assert acks == []  # ...but not acknowledged while the log holds it back
+        gate.set()
+        deadline = time.monotonic() + 10
+        while not acks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [a.accepted for a in acks] == [True]
+        assert service.stats.checkpoints == 0

@@ -26,9 +26,10 @@ import pytest
 
 from coordinator import events as ev
 from coordinator.config import JobConfig
+from coordinator.journal import journal_path
 from coordinator.service import CoreService
 from protocol import messages as m
-from storage import CheckpointStore
+from storage import CheckpointStore, DeltaLog
 from tests.e2e.e2e_helpers import ROOT, clients, digits_job, free_port, running
 
 #: A desktop client that appends each ack promising its result is in the model to a file.
@@ -55,13 +56,39 @@ sys.exit(asyncio.run(client.run()))
 ENV = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
-def _coordinator(store: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+#: A job whose results are in-place sub-model merges: acks wait for the journal.
+JOURNAL_JOB = """
+name = "journaled"
+[model]
+widths = [64, 128, 10]
+[data]
+dataset = "digits"
+batch = 16
+[strategy]
+name = "decentral-async"
+tau = 10
+lr = 0.1
+window = 1
+[submodel]
+mode = "ist"
+fraction = 0.25
+[stop]
+max_versions = 1000000
+"""
+
+
+def _coordinator(
+    store: Path, port: int, log: Path, job: Path | None = None
+) -> subprocess.Popen[bytes]:
     args = [
         *("--port", str(port), "--store", str(store), "--dataset", "digits"),
         *("--widths", "64,64,10", "--strategy", "decentral-async", "--tau", "10"),
         *("--lr", "0.1", "--batch", "16", "--max-versions", "1000000"),
         *("--checkpoint-every", "7"),
     ]
+    if job is not None:  # the job file's model and strategy, the same store and port
+        args = [*("--job", str(job)), *("--port", str(port), "--store", str(store))]
+        args += ["--checkpoint-every", "7"]
     with log.open("ab") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "crowdgrad", "coordinator", *args],
@@ -109,15 +136,42 @@ def _check_store(store: Path, seen: dict[int, str], newest: int, acked: set[str]
     return ckpt.version
 
 
-def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
+def _check_journaled(store: Path, acked: set[str], newest: int) -> int:
+    """After a kill of a journaled job: every acked id is in the newest checkpoint
+    or in the journal's run of merges that follows it (what a restart replays)."""
+    with CheckpointStore.open(store) as s:
+        assert all(r.ok for r in s.verify()), "corrupt checkpoints after a kill"
+        ckpt = s.load_latest() if s.versions() else None
+    version = -1 if ckpt is None else ckpt.version
+    applied = set() if ckpt is None else set(ckpt.applied_results)
+    log = DeltaLog(journal_path(store))
+    try:
+        for entry in log.replay(after_version=max(version, 0)):
+            if entry.version != max(version, 0) + 1:
+                break
+            applied.add(entry.result_id)
+            version = entry.version
+    finally:
+        log.close()
+    lost = acked - applied
+    assert not lost, f"acknowledged but neither checkpointed nor journaled: {sorted(lost)}"
+    assert version >= newest, f"went back from v{newest} to v{version}"
+    return version
+
+
+def _crash_loop(tmp_path: Path, kills: int, seed: int, *, journaled: bool = False) -> None:
     rng = random.Random(seed)
     store, port = tmp_path / "store.db", free_port()
+    job = None
+    if journaled:
+        job = tmp_path / "job.toml"
+        job.write_text(JOURNAL_JOB)
     url = f"ws://127.0.0.1:{port}/ws"
     logs = [tmp_path / f"acks{i}.txt" for i in range(2)]
     err = tmp_path / "coordinator.log"
     seen: dict[int, str] = {}
     newest = -1
-    coord = _coordinator(store, port, err)
+    coord = _coordinator(store, port, err, job)
     _wait_ready(coord, port)
     clients = [
         subprocess.Popen(
@@ -134,8 +188,11 @@ def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
             time.sleep(rng.uniform(0.2, 1.5))
             coord.send_signal(signal.SIGKILL)
             coord.wait(10)
-            newest = _check_store(store, seen, newest, _acked(logs))
-            coord = _coordinator(store, port, err)
+            if journaled:
+                newest = _check_journaled(store, _acked(logs), newest)
+            else:
+                newest = _check_store(store, seen, newest, _acked(logs))
+            coord = _coordinator(store, port, err, job)
             _wait_ready(coord, port)
         for i, c in enumerate(clients):
             why = (tmp_path / f"client{i}.log").read_text(errors="replace")[-2000:]
@@ -152,9 +209,12 @@ def _crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
                 c.kill()
             c.wait(10)
     acked = _acked(logs)
-    newest = _check_store(store, seen, newest, acked)
     # not vacuous: training went on across the restarts and acks did get through
     assert len(acked) >= kills, f"only {len(acked)} acks in {kills} runs"
+    if journaled:
+        assert _check_journaled(store, acked, newest) >= len(acked)
+        return
+    newest = _check_store(store, seen, newest, acked)
     assert len(seen) >= kills // 2, f"only {len(seen)} distinct versions seen"
 
 
@@ -198,6 +258,12 @@ def test_ack_durable_needs_a_store_and_a_positive_interval(tmp_path: Path) -> No
 
 def test_acknowledged_results_survive_kill_9(tmp_path: Path) -> None:
     _crash_loop(tmp_path, kills=10, seed=1)
+
+
+def test_journaled_results_survive_kill_9(tmp_path: Path) -> None:
+    """The same with sub-model results merged in place: their acks come from the
+    journal, and what a restart replays holds every one of them."""
+    _crash_loop(tmp_path, kills=6, seed=3, journaled=True)
 
 
 @pytest.mark.slow
