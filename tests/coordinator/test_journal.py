@@ -92,16 +92,22 @@ def test_no_acknowledged_result_is_lost_whenever_the_kill_comes(
     assert version >= len(acked)
 
 
-def test_acks_go_out_from_the_log_without_a_checkpoint(tmp_path: Path) -> None:
+def _journaled_service(store: Path) -> tuple[CoreService, Tasks, list[m.Ack]]:
+    """A journaled job with no periodic checkpoint; its tasks and acks as they leave."""
     job = parse_job({**JOB, "checkpoint": {"every_versions": 0}})
     sink, acks = Tasks(), []
-    service = CoreService(job, store=tmp_path / "job.db", durable_interval=1e4)
+    service = CoreService(job, store=store, durable_interval=1e4)
     service.add_sink(sink)
     service.add_sink(
         lambda outs: acks.extend(
             o.message for o in outs if isinstance(o, ev.Send) and isinstance(o.message, m.Ack)
         )
     )
+    return service, sink, acks
+
+
+def test_acks_go_out_from_the_log_without_a_checkpoint(tmp_path: Path) -> None:
+    service, sink, acks = _journaled_service(tmp_path / "job.db")
     with service:
         service.submit_connect("a", m.Hello(client="a"))
         for n in range(1, 6):
@@ -205,15 +211,7 @@ def test_no_ack_leaves_before_its_merge_is_in_the_log(tmp_path: Path, monkeypatc
         return append(self, entries)
 
     monkeypatch.setattr(DeltaLog, "append", held)
-    job = parse_job({**JOB, "checkpoint": {"every_versions": 0}})
-    sink, acks = Tasks(), []
-    service = CoreService(job, store=tmp_path / "job.db", durable_interval=1e4)
-    service.add_sink(sink)
-    service.add_sink(
-        lambda outs: acks.extend(
-            o.message for o in outs if isinstance(o, ev.Send) and isinstance(o.message, m.Ack)
-        )
-    )
+    service, sink, acks = _journaled_service(tmp_path / "job.db")
     with service:
         service.submit_connect("a", m.Hello(client="a"))
         for msg in result_messages(sink.next(1)):
