@@ -123,11 +123,19 @@ class StalenessSection(_Section):
     per task time, so the model moves ~N·f(N) per task time. The polynomial's
     N^(1-a) grows with the crowd (700 players on digits collapsed to one class),
     the hinge's ~1/a does not, and up to b versions it takes the whole step
-    (docs/simulations.md, "Beyond the seed")."""
+    (docs/simulations.md, "Beyond the seed").
+
+    ``count``: what s counts. ``versions`` (the default): every version since the
+    task was created. ``overlap`` (decentral-async): the versions that touched
+    the task's subnet's neurons, averaged over its neurons
+    (coordinator/strategies/overlap.py): a sub-model slice is as old as its own
+    coordinates, not the crowd's merges elsewhere. Without sub-model tasks they
+    agree."""
 
     kind: Literal["constant", "polynomial", "hinge"] = "hinge"
     a: float = Field(default=0.5, ge=0)
     b: int = Field(default=4, ge=0)
+    count: Literal["versions", "overlap"] = "versions"
 
 
 #: "auto" windows: this many deltas, while they fit in this many bytes
@@ -183,6 +191,15 @@ class StrategySection(_Section):
     def _window_in_range(self) -> StrategySection:
         if self.window != "auto" and not 1 <= self.window <= 64:
             raise ValueError(f"window must be 'auto' or 1..64, got {self.window}")
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_needs_decentral_async(self) -> StrategySection:
+        if self.staleness.count == "overlap" and self.name != "decentral-async":
+            raise ValueError(
+                f"staleness.count 'overlap': needs decentral-async (its merges touch "
+                f"subnets), not {self.name!r}"
+            )
         return self
 
     def window_for(self, num_params: int) -> int:

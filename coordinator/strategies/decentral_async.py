@@ -8,7 +8,9 @@ staleness-weighted deltas (robust.SlidingWindow): one result is still one
 version, but a bad delta meets honest ones before it moves the model.
 ``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and takes one
 outer step on their mean (FedBuff). A delta older than
-``max_staleness`` versions is refused as stale.
+``max_staleness`` versions is refused as stale. With ``staleness.count =
+"overlap"`` a result's staleness counts only the versions that touched its
+subnet's neurons (overlap.OverlapClock), for the weight and ``max_staleness``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from coordinator.config import (
 from coordinator.leases import Task, TaskPlan
 from coordinator.strategies.aggregate import OuterOptimizer
 from coordinator.strategies.base import ClientView, Outcome, Strategy
+from coordinator.strategies.overlap import OverlapClock
 from coordinator.strategies.robust import SlidingWindow
 from nn.subnet import Subnet
 
@@ -51,6 +54,10 @@ class DecentralAsync(Strategy):
         self.buffer_subnets: list[Subnet | None] = []
         #: clients connected at the last lease ("auto" windows scale with it)
         self.crowd = 0
+        #: staleness.count = "overlap": the steps that touched each hidden neuron
+        self.overlap = (
+            OverlapClock(self.model.params.spec) if c.staleness.count == "overlap" else None
+        )
         #: FedAsync's last ``window`` deltas (window > 1 only)
         size = self.model.params.data.size
         k = c.window_for(size)
@@ -75,8 +82,19 @@ class DecentralAsync(Strategy):
         self.crowd = client.connected
         return self.new_plan()
 
+    def on_task_created(self, task: Task) -> None:
+        if self.overlap is not None:
+            self.overlap.created(task)
+
+    def staleness_of(self, task: Task) -> int:
+        versions = super().staleness_of(task)
+        return versions if self.overlap is None else self.overlap.staleness(task, versions)
+
     def on_result(self, task: Task, update: np.ndarray, now: float) -> Outcome:
         s = self.staleness_of(task)
+        clock = self.overlap
+        if clock is not None:
+            clock.forget(task)
         if self.too_stale(s):
             return Outcome(accepted=False, staleness=s, reason="stale")
         w = self.scale(s)
@@ -86,9 +104,13 @@ class DecentralAsync(Strategy):
                 with self.model.lock:
                     task.subnet.add_to(self.model.params, update, scale)
                     step = self.step_version(1, within=task.subnet, update=update, scale=scale)
+                if clock is not None:
+                    clock.step_one(task.subnet)
                 return Outcome(accepted=True, staleness=s, step=step)
             step = self._merged(w, self.dense(task, update))
             self.model.params.data += np.float32(self.config.alpha) * step
+            if clock is not None:  # a window's step moves its other deltas' subnets too
+                clock.step([task.subnet if self.recent is None else None])
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
         self.buffer.append((np.float32(w) * self.dense(task, update)).astype(np.float32))
         self.buffer_weights.append(self.sample_weight(task))
@@ -97,6 +119,8 @@ class DecentralAsync(Strategy):
             return Outcome(accepted=True, staleness=s)
         combined = self.combine(self.buffer, self.buffer_weights, self.buffer_subnets)
         merged = len(self.buffer)
+        if clock is not None:
+            clock.step(self.buffer_subnets)
         self.buffer, self.buffer_weights, self.buffer_subnets = [], [], []
         self.outer.step(self.model.params.data, combined)
         return Outcome(accepted=True, staleness=s, step=self.step_version(merged))
@@ -128,6 +152,7 @@ class DecentralAsync(Strategy):
             "buffer_weights": list(self.buffer_weights),
             "buffer_subnets": [None if s is None else s.to_state() for s in self.buffer_subnets],
             "recent": None if self.recent is None else self.recent.state_dict(),
+            **({} if self.overlap is None else self.overlap.state_dict()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -141,3 +166,5 @@ class DecentralAsync(Strategy):
         self.buffer_subnets = [None if s is None else Subnet.from_state(spec, s) for s in subnets]
         if self.recent is not None and state.get("recent") is not None:
             self.recent.load_state_dict(state["recent"])
+        if self.overlap is not None:
+            self.overlap.load_state_dict(state)
