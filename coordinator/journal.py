@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 Merge = tuple[int, int, Subnet, np.ndarray, float]
 
+#: logged deltas waiting for the disk beyond this many bytes make the core wait
+MAX_QUEUED_BYTES = 256 << 20
+
 
 def journal_path(store: Path) -> Path:
     return Path(f"{store}.journal")
@@ -54,7 +57,9 @@ class Journal:
         self.path = journal_path(store)
         self.spec = spec
         self.log = DeltaLog(self.path)
-        self._commit = GroupCommit(self.log)
+        # A disk that falls behind (its fsyncs waiting on a big checkpoint) slows
+        # the core thread here instead of queueing deltas without bound.
+        self._commit = GroupCommit(self.log, max_queued_bytes=MAX_QUEUED_BYTES)
         self._pending: list[Future[None]] = []  # this batch's submissions
         #: version of the first model step since the last commit the log misses
         self.gap: int | None = None

@@ -86,3 +86,38 @@ def test_a_failed_append_fails_every_waiter_of_that_batch(tmp_path: Path) -> Non
     with pytest.raises(Exception, match="closed"):
         fut.result(timeout=30)
     gc.close()
+
+
+def test_a_full_queue_makes_the_producer_wait_for_the_disk(tmp_path: Path) -> None:
+    """``max_queued_bytes``: while an append is held, a producer past the bound
+    waits (memory does not grow), and goes on once the disk catches up."""
+    log = GatedLog(tmp_path / "s.db")
+    gc = GroupCommit(log, max_queued_bytes=3 * 4000)
+    delta = np.zeros(1000, np.float32)  # 4,000 bytes each
+    first = gc.submit(
+        DeltaEntry(result_id="r0", base_version=0, version=1, weight=1.0, delta=delta)
+    )
+    assert log.entered.wait(10)  # the writer holds r0 in a gated append
+    for i in (1, 2):
+        gc.submit(DeltaEntry(result_id=f"r{i}", base_version=i, version=i + 1, weight=1.0,
+                             delta=delta))  # fmt: skip
+    blocked = threading.Event()
+    done = threading.Event()
+
+    def producer() -> None:
+        blocked.set()
+        gc.submit(DeltaEntry(result_id="r3", base_version=3, version=4, weight=1.0, delta=delta))
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    assert blocked.wait(10)
+    assert not done.wait(0.3)  # 3 x 4,000 bytes queued: the fourth waits
+    assert gc.queued_bytes == 3 * 4000
+    log.gate.set()
+    assert done.wait(10) and first.result(10) is None
+    t.join(10)
+    gc.close()
+    assert gc.queued_bytes == 0 and gc.waited_s > 0.2
+    with DeltaLog(tmp_path / "s.db") as again:
+        assert [e.result_id for e in again.replay()] == ["r0", "r1", "r2", "r3"]
