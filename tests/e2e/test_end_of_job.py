@@ -29,15 +29,23 @@ async def _peer(url: str, name: str) -> tuple[list[str], list[m.Ack], list[m.Mes
     answered: list[str] = []
     got_acks: list[m.Ack] = []
     after: list[m.Message] = []
+    outbox: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def send(ws) -> None:  # results go out beside the reads, never instead of them
+        while True:
+            frame = await outbox.get()
+            await ws.send(frame)
+
     async with connect(url, max_size=None, compression=None) as ws:
         await ws.send(hello_frame(name))
+        sender = asyncio.create_task(send(ws))
         try:
             async for frame in ws:
                 msg = m.decode(frame)
                 if isinstance(msg, m.Task):
                     answered.append(msg.task_id)
                     for out in result_messages(msg):
-                        await ws.send(m.encode(out))
+                        outbox.put_nowait(m.encode(out))
                 elif isinstance(msg, m.Ack):
                     got_acks.append(msg)
                     after.clear()
@@ -45,13 +53,17 @@ async def _peer(url: str, name: str) -> tuple[list[str], list[m.Ack], list[m.Mes
                     after.append(msg)
         except ConnectionClosed:
             pass
+        finally:
+            sender.cancel()
         return answered, got_acks, after, ws.close_code
 
 
 def test_every_accepted_result_is_acked_before_the_bye(tmp_path: Path) -> None:
     # Run in a fresh interpreter: after ~300 other tests in the same process two of
-    # the three peers were seen to get neither acks nor bye (not understood yet;
-    # the closing note of the session that added this says so). Isolated, it holds.
+    # the three peers were seen to get neither acks nor bye. Found since: the peers
+    # awaited their own result frames without reading, so under flow control a peer
+    # and the server could each wait for the other, until the close timeout (1 run
+    # in 4 failed so, isolated too); _peer now sends beside its reads (12 of 12).
     if os.environ.get("CROWDGRAD_END_OF_JOB_CHILD") != "1":
         res = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
