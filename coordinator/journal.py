@@ -26,6 +26,7 @@ big model never holds the log's write lock.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -111,11 +112,14 @@ class Journal:
         self.logged += len(pending)
         left = [len(pending)]
         failed = [False]
+        lock = threading.Lock()  # an entry done already calls back on this thread
 
         def one(f: Future[None]) -> None:
-            failed[0] |= f.exception() is not None
-            left[0] -= 1
-            if left[0] == 0:
+            with lock:
+                failed[0] |= f.exception() is not None
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
                 report(cover, not failed[0])
 
         for f in pending:
