@@ -94,12 +94,6 @@ class ParamsPatch:
             groups[i] = np.concatenate(parts) if copy else parts
         return cls(spec=params.spec, base=base, groups=groups)
 
-    def nbytes(self) -> int:
-        return sum(
-            sum(p.nbytes for p in (a if isinstance(a, tuple) else (a,)))
-            for a in self.groups.values()
-        )
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LiveParams:
