@@ -541,7 +541,12 @@ class Coordinator:
             case m.Result():
                 task = self.book.tasks.get(int(msg.task_id)) if msg.task_id.isdigit() else None
                 subnet = None if task is None else task.subnet
-                conn.uploads.start(msg, nbytes, spec=None if subnet is None else subnet.sub)
+                conn.uploads.start(
+                    msg,
+                    nbytes,
+                    spec=None if subnet is None else subnet.sub,
+                    taken=task is not None and self.results.lease_for(task, rec) is not None,
+                )
             case m.Chunk():
                 upload = conn.uploads.chunk(msg, nbytes)
                 if upload is not None:

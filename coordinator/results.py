@@ -41,7 +41,7 @@ from coordinator.orphans import Orphans
 from coordinator.registry import ClientRecord
 from coordinator.replication import Exclusion, Release, Replicator
 from coordinator.strategies import ModelState, Outcome, StepReport, Strategy
-from coordinator.uploads import Upload
+from coordinator.uploads import Dropped, Upload
 from coordinator.validation import Reject, UpdateValidator
 from protocol import messages as m
 from protocol.errors import ErrorCode
@@ -114,11 +114,10 @@ class ResultPath:
         out: list[ev.Output],
     ) -> None:
         result = upload.result
-        update = upload.reasm.params().data
         tid = int(result.task_id) if result.task_id.isdigit() else -1
         book = self._book
         task = book.tasks.get(tid)
-        lease = self._lease_for(task, rec) if task is not None else None
+        lease = self.lease_for(task, rec) if task is not None else None
         if task is not None and lease is None:
             # A result counts only from a client that holds (or held, before it resumed)
             # a lease on the task: task ids are sequential, so easy to guess.
@@ -137,6 +136,13 @@ class ResultPath:
                 reason = Reject.UNKNOWN_TASK
             self._reject(conn, rec, result.task_id, reason, now, out, count=False)
             return
+        if isinstance(upload.reasm, Dropped):
+            # Not held when its header came (the core asks as the upload starts), held
+            # now: an id sent before it was issued (a guess). Its chunks are gone.
+            self._reject(conn, rec, result.task_id, Reject.NOT_LEASED, now, out, count=False)
+            self._maybe_reissue(task, now)
+            return
+        update = upload.update
         if result.model_version != task.version:
             self._reject(conn, rec, result.task_id, Reject.VERSION, now, out, count=True)
             self._maybe_reissue(task, now)
@@ -303,7 +309,7 @@ class ResultPath:
         if task.state is TaskState.OPEN and not self._book.live_leases(task):
             self._orphans.lost(task, now, finished=self._finished())
 
-    def _lease_for(self, task: Task, rec: ClientRecord) -> Lease | None:
+    def lease_for(self, task: Task, rec: ClientRecord) -> Lease | None:
         """The client's latest lease on ``task``, under this connection or one it
         resumed (leases name the record's resume id, which outlives connections)."""
         for lid in reversed(task.leases):

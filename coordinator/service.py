@@ -71,7 +71,7 @@ import numpy as np
 
 from coordinator import events as ev
 from coordinator.config import JobConfig
-from coordinator.core import Coordinator
+from coordinator.core import RESTORE_TASK_ID_GAP, Coordinator
 from coordinator.history import History
 from coordinator.journal import Journal
 from coordinator.persist import from_checkpoint, to_checkpoint
@@ -195,6 +195,8 @@ class CoreService:
         #: the log of in-place merges acks wait for instead of checkpoints, when the
         #: job's results are all in-place merges (coordinator/journal.py)
         self._journal: Journal | None = None
+        #: task ids below this are recorded in the store as possibly issued
+        self._ids_reserved = 0
         self._keep = keep_checkpoints
         self._seed = seed
         self._dataset = dataset
@@ -249,6 +251,11 @@ class CoreService:
             if self._resume is not None:  # before a replay moves the model on from it
                 self._snapshots.restored(self._resume.version, core.model.changed)
             self._open_journal(core)
+            # Past every id an earlier run may have issued, then reserve this run's.
+            floor = self.store.task_ids_reserved()
+            if core.book.next_task_id < floor:
+                core.book.next_task_id = floor
+            self._reserve_task_ids(core, wait=True)
             if self._resume is None and self._mapped is not None:
                 self._checkpoint(core)  # whole once, from the file, before serving
         self.stats.version = core.version
@@ -338,6 +345,22 @@ class CoreService:
         if replayed:
             self._journal.durable.update(core.book.accepted_ids())
             log.info("journal: replayed %d merges, v%d -> v%d", replayed, before, core.version)
+
+    def _reserve_task_ids(self, core: Coordinator, *, wait: bool = False) -> None:
+        """Keep the store's reserved task ids a gap ahead of the ids issued: at
+        start before serving (``wait``), then on the writer thread whenever half of
+        the gap is used (a crash in between still leaves the other half)."""
+        store, issued = self.store, core.book.next_task_id
+        if store is None or issued <= self._ids_reserved - RESTORE_TASK_ID_GAP // 2:
+            return
+        self._ids_reserved = issued + RESTORE_TASK_ID_GAP
+        if wait or self._writer is None:
+            store.reserve_task_ids(self._ids_reserved)
+            return
+        fut = self._writer.submit(store.reserve_task_ids, self._ids_reserved)
+        fut.add_done_callback(
+            lambda f: f.exception() and log.error("reserving task ids: %s", f.exception())
+        )
 
     def _build_core(self) -> Coordinator:
         core = self._make_core()
@@ -545,6 +568,7 @@ class CoreService:
                     pass
         st.version = core.version
         st.clients = len(core.conns)
+        self._reserve_task_ids(core)
         if core.verifier.enabled:
             st.replication = core.verifier.summary()
         if core.upstream is not None:

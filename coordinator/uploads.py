@@ -7,27 +7,73 @@ it hands each finished :class:`Upload` to the result path (coordinator/results.p
 with the bytes it took on the wire, which the metrics report. A header or chunk
 that breaks the rules is the peer's fault: a ``ProtocolError`` the core turns into
 an error frame and a Close.
+
+Only a result the server may take is checked against its task's layout: one for
+a task the sender does not hold (an id from before a restart, another client's
+task) is counted in, its payloads dropped, and answered ``ack`` ``accepted =
+false`` once its chunks are in (§3.6). The server may no longer know that task's
+layout (a sub-model task's subnet), and the sender's fault is only that the
+result came too late, not a protocol error; nor is a model-sized buffer taken
+for a result that will be thrown away.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from compression import get as get_codec
 from nn.spec import ModelSpec
 from protocol import messages as m
-from protocol.chunking import Reassembler
+from protocol.chunking import Reassembler, params_layout
 from protocol.errors import ErrorCode, ProtocolError
+
+
+class Dropped:
+    """The chunks of a result that will not be taken: framing checked, payloads not
+    kept (its layout is not known). ``add`` refuses what ``Reassembler.add`` would
+    refuse before it looks at the layout."""
+
+    __slots__ = ("_seqs", "total", "transfer")
+
+    def __init__(self, transfer: str, total: int) -> None:
+        self.transfer = transfer
+        self.total = total
+        self._seqs: set[int] = set()
+
+    def add(self, chunk: m.Chunk) -> None:
+        where = f"chunk {chunk.seq} of {chunk.transfer!r}"
+        if chunk.total != self.total:
+            raise ProtocolError(
+                ErrorCode.BAD_CHUNK, f"{where}: total {chunk.total}, expected {self.total}"
+            )
+        if not 0 <= chunk.seq < self.total:
+            raise ProtocolError(ErrorCode.BAD_CHUNK, f"{where}: seq outside 0..{self.total - 1}")
+        if chunk.seq in self._seqs:
+            raise ProtocolError(ErrorCode.DUPLICATE, f"{where}: seq received twice")
+        self._seqs.add(chunk.seq)
+
+    @property
+    def done(self) -> bool:
+        return len(self._seqs) == self.total
 
 
 @dataclass(slots=True)
 class Upload:
-    """A result whose chunks are arriving, and the bytes they took so far."""
+    """A result whose chunks are arriving, and the bytes they took so far.
+    ``reasm`` is a ``Dropped`` for a result that will not be taken."""
 
     result: m.Result
-    reasm: Reassembler
+    reasm: Reassembler | Dropped
     frame_bytes: int = 0
     payload_bytes: int = 0
+
+    @property
+    def update(self) -> np.ndarray:
+        """The uploaded update, flat (only for a result that may be taken)."""
+        assert isinstance(self.reasm, Reassembler), "a dropped upload keeps no update"
+        return self.reasm.params().data
 
 
 def _frame_bytes(msg: m.Message, nbytes: int | None) -> int:
@@ -38,25 +84,44 @@ def _frame_bytes(msg: m.Message, nbytes: int | None) -> int:
 class Uploads:
     """The uploads in flight on one connection, by transfer (the task id)."""
 
-    __slots__ = ("_codec", "_codec_name", "_open", "_spec")
+    __slots__ = ("_codec", "_codec_name", "_open", "_rows", "_spec")
 
     def __init__(self, spec: ModelSpec, codec: str) -> None:
         self._spec = spec
+        #: the most chunks any result may announce (one row each, the whole model)
+        self._rows = sum(b.rows for b in params_layout(spec))
         self._codec_name = codec
         #: the job's update codec: every chunk must be in it
         self._codec = int(get_codec(codec).id)
         self._open: dict[str, Upload] = {}
 
-    def start(self, msg: m.Result, nbytes: int | None, *, spec: ModelSpec | None = None) -> None:
+    def start(
+        self,
+        msg: m.Result,
+        nbytes: int | None,
+        *,
+        spec: ModelSpec | None = None,
+        taken: bool = True,
+    ) -> None:
         """A result header: chunks for ``msg.task_id`` follow, in the layout of
-        ``spec`` (a sub-model task's subnet) or else of the job's model."""
+        ``spec`` (a sub-model task's subnet) or else of the job's model.
+        ``taken=False``: the sender does not hold the task; see the module docstring."""
         if msg.num_chunks < 1:
             raise ProtocolError(ErrorCode.BAD_FIELD, "result.num_chunks: an update is required")
         if msg.task_id in self._open:
             raise ProtocolError(ErrorCode.DUPLICATE, f"result {msg.task_id!r}: already uploading")
-        reasm = Reassembler.for_params(
-            spec or self._spec, transfer=msg.task_id, total=msg.num_chunks
-        )
+        reasm: Reassembler | Dropped
+        if taken:
+            reasm = Reassembler.for_params(
+                spec or self._spec, transfer=msg.task_id, total=msg.num_chunks
+            )
+        elif msg.num_chunks > self._rows:
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"num_chunks: {msg.num_chunks} outside 1..{self._rows} (rows of the model)",
+            )
+        else:
+            reasm = Dropped(msg.task_id, msg.num_chunks)
         upload = self._open[msg.task_id] = Upload(msg, reasm)
         upload.frame_bytes += _frame_bytes(msg, nbytes)
 

@@ -114,3 +114,11 @@ class ChunkStore(ABC):
     @abstractmethod
     def get_blob(self, sha256: str) -> bytes | None:
         """The bytes kept under ``sha256``, or None."""
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None:
+        """A small value kept beside the checkpoints, or None."""
+
+    @abstractmethod
+    def set_meta(self, key: str, value: str) -> None:
+        """Keep ``value`` under ``key``, durably, replacing what was there."""

@@ -401,6 +401,17 @@ class SqliteChunkStore(ChunkStore):
             row = self._conn.execute("SELECT data FROM blobs WHERE sha256=?", (sha256,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        if key == "schema_version":
+            raise StorageError("meta: schema_version is the store's own")
+        with self._write() as c:
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
     def wal_checkpoint(self) -> None:
         """Fold the WAL into the main file and truncate it (for backups and tests)."""
         with self._lock:

@@ -122,6 +122,21 @@ class CheckpointStore:
             raise CorruptCheckpoint(f"blob {sha256}: stored bytes do not match their hash")
         return data
 
+    # -- task ids -----------------------------------------------------------------
+
+    def task_ids_reserved(self) -> int:
+        """Every task id a coordinator on this store issued is below this (0: none
+        recorded). A run that follows starts above it: a result a client kept for a
+        task of an earlier run then never matches a new task, even when that run
+        left no checkpoint and no journal entry behind."""
+        value = self.backend.get_meta("task_ids_reserved")
+        return 0 if value is None else int(value)
+
+    def reserve_task_ids(self, below: int) -> None:
+        """Record, durably, that ids up to ``below`` may be issued (it only grows)."""
+        if below > self.task_ids_reserved():
+            self.backend.set_meta("task_ids_reserved", str(int(below)))
+
     # -- writing ------------------------------------------------------------------
 
     def param_groups(self, spec: ModelSpec) -> builtins.list[NeuronGroup]:

@@ -3,9 +3,10 @@ real process for tests/coordinator/test_journal.py to SIGKILL.
 
     python journal_worker.py STORE RESULTS [dump]
 
-Prints ``acked <task id>`` as each ack leaves the service (only then has the
-client been told), and with ``dump`` writes the model and its version to
-``STORE.npy`` once every ack is out, prints ``dumped`` and waits to be killed.
+Prints ``task <task id>`` as each task leaves the service, ``acked <task id>``
+as each ack does (only then has the client been told), and with ``dump`` writes
+the model and its version to ``STORE.npy`` once every ack is out, prints
+``dumped`` and waits to be killed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main(store: str, results: int, dump: bool) -> None:
             for o in outputs:
                 if isinstance(o, ev.Send) and isinstance(o.message, m.Task):
                     tasks.append(o.message)
+                    print(f"task {o.message.task_id}", flush=True)
                 elif isinstance(o, ev.Send) and isinstance(o.message, m.Ack) and o.message.accepted:
                     acked.append(o.message.task_id)
                     print(f"acked {o.message.task_id}", flush=True)

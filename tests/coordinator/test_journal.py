@@ -32,8 +32,11 @@ from tests.coordinator.test_incremental_checkpoints import Tasks
 WORKER = Path(__file__).with_name("journal_worker.py")
 
 
-def _run_and_kill(store: Path, results: int, *, dump: bool, after_s: float = 0.0) -> list[str]:
-    """Start the worker, SIGKILL it (after ``dumped``, or ``after_s`` after ready)."""
+def _run_and_kill(
+    store: Path, results: int, *, dump: bool, after_s: float = 0.0, until: str = "ready"
+) -> list[str]:
+    """Start the worker, SIGKILL it (after ``dumped``, or ``after_s`` after the first
+    line starting with ``until``)."""
     args = [sys.executable, str(WORKER), str(store), str(results), *(["dump"] if dump else [])]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
@@ -43,7 +46,7 @@ def _run_and_kill(store: Path, results: int, *, dump: bool, after_s: float = 0.0
         for line in proc.stdout:
             if line.endswith("\n"):
                 lines.append(line.strip())
-                if line.startswith("dumped" if dump else "ready"):
+                if line.startswith("dumped" if dump else until):
                     go.set()
 
     t = threading.Thread(target=pump, daemon=True)
@@ -90,6 +93,23 @@ def test_no_acknowledged_result_is_lost_whenever_the_kill_comes(
     _, version, accepted = _restored(store)
     assert acked <= accepted, sorted(acked - accepted)
     assert version >= len(acked)
+
+
+def test_a_run_killed_before_anything_was_durable_never_has_its_task_ids_reused(
+    tmp_path: Path,
+) -> None:
+    """Runs that issue tasks and die with no checkpoint and no journal entry leave
+    clients holding their ids: each next run issues ids above them (the store keeps
+    the reserved range), so a kept result never matches another task."""
+    store, issued = tmp_path / "job.db", set()
+    for _ in range(3):
+        lines = _run_and_kill(store, 0, dump=False, until="task")
+        ids = {int(line.split()[1]) for line in lines if line.startswith("task")}
+        assert ids and not ids & issued, (sorted(ids), sorted(issued))
+        issued |= ids
+    with CheckpointStore.open(store, readonly=True) as s:
+        assert not s.versions()  # nothing but the reservation was left behind
+        assert s.task_ids_reserved() > max(issued)
 
 
 def _journaled_service(store: Path) -> tuple[CoreService, Tasks, list[m.Ack]]:

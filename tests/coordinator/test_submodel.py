@@ -179,6 +179,31 @@ def test_an_upload_in_the_whole_model_layout_is_refused() -> None:
     assert c.model.version == 0
 
 
+def test_a_slice_result_the_sender_does_not_hold_is_answered_not_closed() -> None:
+    """The server may not know a result's layout (a sub-model task of a run before
+    a restart, another client's task, an id never issued): its chunks are counted,
+    not checked against a layout, and the ack says why it is not taken (§3.6)."""
+    c = core()
+    ta = task_of(c.connect("a", hello("a"), 0.0), "a")
+    task_of(c.connect("b", hello("b"), 0.0), "b")
+    update = np.full(ta.spec.num_params, 1e-3, dtype=np.float32)
+    out = deliver(c, "b", result_messages(ta, update), 1.0)  # a's task, from b
+    never = dataclasses.replace(ta, task_id="999999")
+    out += deliver(c, "b", result_messages(never, update), 1.0)
+    assert acks(out, "b") == [(ta.task_id, False, "not_leased"), ("999999", False, "unknown_task")]
+    assert "b" in c.conns and not [o for o in out if isinstance(o, ev.Close)]
+    assert c.model.version == 0
+    # after a restart that never saw a's task, a's result is stale, not a bad chunk
+    restored = Coordinator.restore(c.job, c.state_dict(), seed=1, dataset=digits())
+    restored.connect("a", hello("a"), 2.0)
+    out = deliver(restored, "a", result_messages(ta, update), 2.0)
+    assert acks(out, "a") == [(ta.task_id, False, "stale")] and "a" in restored.conns
+    # its framing is still checked: a chunk sent twice is the sender's fault
+    msgs = result_messages(never, update)
+    out = deliver(restored, "a", [*msgs[:2], msgs[1]], 3.0)
+    assert [o for o in out if isinstance(o, ev.Close)] and "a" not in restored.conns
+
+
 def test_the_core_never_names_a_slice_as_held() -> None:
     c = core()
     first = task_of(c.connect("a", hello("a"), 0.0), "a")
