@@ -546,6 +546,7 @@ class Coordinator:
                     nbytes,
                     spec=None if subnet is None else subnet.sub,
                     taken=task is not None and self.results.lease_for(task, rec) is not None,
+                    keep_wire=subnet is not None and self.merges_in_place,
                 )
             case m.Chunk():
                 upload = conn.uploads.chunk(msg, nbytes)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from nn.subnet import Subnet
+from protocol import messages as m
 
 ClientId = str
 
@@ -179,7 +180,11 @@ class MergedInPlace:
     """Task ``task_id``'s sub-model delta went into the model in place, making
     ``version``: ``params += scale * subnet.expand(update)``. What a driver logs to
     make the result durable without writing the model (coordinator/journal.py),
-    and what ``Coordinator.replay`` applies again after a restart."""
+    and what ``Coordinator.replay`` applies again after a restart.
+
+    ``wire``: the upload's chunks, when kept; ``update`` is then what they decode
+    to, times ``clip`` (the validator's norm clip, 1 when it did not clip) in
+    float32: a log may keep the chunks instead of the floats."""
 
     task_id: int
     version: int
@@ -187,6 +192,8 @@ class MergedInPlace:
     update: np.ndarray
     scale: float
     now: float
+    wire: tuple[m.Chunk, ...] | None = None
+    clip: float = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

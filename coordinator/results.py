@@ -159,8 +159,10 @@ class ResultPath:
             return
         verifier = self._verifier
         unit = verifier.unit_of(task.task_id)
+        clip = 1.0
         if unit is None:
-            outcome = self.apply(task, update, norm, rec.resume_id, now, checked=False)
+            clip = self._validator.clip_scale(norm)
+            outcome = self.apply(task, update, norm, rec.resume_id, now, checked=False, clip=clip)
             if not outcome.accepted:
                 self._orphans.discard(task.task_id)
                 book.resolve_task(task, TaskState.DROPPED, now)
@@ -215,6 +217,8 @@ class ResultPath:
                         update=step.update,
                         scale=step.scale,
                         now=now,
+                        wire=None if upload.wire is None else tuple(upload.wire),
+                        clip=clip,
                     )
                 )
 
@@ -259,11 +263,20 @@ class ResultPath:
         )
 
     def apply(
-        self, task: Task, update: np.ndarray, norm: float, holder: str, now: float, *, checked: bool
+        self,
+        task: Task,
+        update: np.ndarray,
+        norm: float,
+        holder: str,
+        now: float,
+        *,
+        checked: bool,
+        clip: float | None = None,
     ) -> Outcome:
-        """Hand a validated update to the strategy, clipped to the median norm now.
+        """Hand a validated update to the strategy, clipped to the median norm now
+        (``clip``: that factor, when the caller took it already).
         ``checked``: replication compared it; an unchecked one is journaled."""
-        scale = self._validator.clip_scale(norm)
+        scale = self._validator.clip_scale(norm) if clip is None else clip
         if scale < 1.0:
             update = update * np.float32(scale)
         journal = not checked and self._verifier.journals

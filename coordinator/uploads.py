@@ -68,6 +68,9 @@ class Upload:
     reasm: Reassembler | Dropped
     frame_bytes: int = 0
     payload_bytes: int = 0
+    #: the chunks as they came, kept when a journal may log the result in its wire
+    #: form (a quarter of float32's bytes in int8; coordinator/journal.py)
+    wire: list[m.Chunk] | None = None
 
     @property
     def update(self) -> np.ndarray:
@@ -102,10 +105,12 @@ class Uploads:
         *,
         spec: ModelSpec | None = None,
         taken: bool = True,
+        keep_wire: bool = False,
     ) -> None:
         """A result header: chunks for ``msg.task_id`` follow, in the layout of
         ``spec`` (a sub-model task's subnet) or else of the job's model.
-        ``taken=False``: the sender does not hold the task; see the module docstring."""
+        ``taken=False``: the sender does not hold the task; see the module docstring.
+        ``keep_wire``: keep the chunks too (``Upload.wire``)."""
         if msg.num_chunks < 1:
             raise ProtocolError(ErrorCode.BAD_FIELD, "result.num_chunks: an update is required")
         if msg.task_id in self._open:
@@ -123,6 +128,8 @@ class Uploads:
         else:
             reasm = Dropped(msg.task_id, msg.num_chunks)
         upload = self._open[msg.task_id] = Upload(msg, reasm)
+        if keep_wire and taken:
+            upload.wire = []
         upload.frame_bytes += _frame_bytes(msg, nbytes)
 
     def chunk(self, msg: m.Chunk, nbytes: int | None) -> Upload | None:
@@ -139,6 +146,8 @@ class Uploads:
                 f"asked for {self._codec_name!r} (id {self._codec})",
             )
         upload.reasm.add(msg)
+        if upload.wire is not None:
+            upload.wire.append(msg)
         upload.frame_bytes += _frame_bytes(msg, nbytes)
         upload.payload_bytes += len(msg.payload)
         if not upload.reasm.done:

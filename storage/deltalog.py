@@ -41,7 +41,9 @@ class DeltaEntry:
     """One accepted result: ``model[version] = model[base_version..] + weight * delta``.
 
     ``delta`` is a flat float32 array (the whole model, or whatever slice ``meta``
-    names, for example a neuron group); ``meta`` is any JSON-able dict.
+    names, for example a neuron group); ``meta`` is any JSON-able dict. Or, with
+    ``delta`` empty, ``payload`` holds the delta in a form of the caller's (its
+    encoded wire frames), stored and returned as the same bytes.
     """
 
     result_id: str
@@ -50,13 +52,28 @@ class DeltaEntry:
     weight: float
     delta: np.ndarray
     meta: Mapping[str, Any] = field(default_factory=dict)
+    payload: bytes | None = None
 
     def __post_init__(self) -> None:
         d = self.delta
         if not isinstance(d, np.ndarray) or d.dtype != np.float32 or d.ndim != 1:
             raise ValueError(f"delta entry {self.result_id!r}: delta must be a 1-D float32 array")
+        if self.payload is not None and d.size:
+            raise ValueError(f"delta entry {self.result_id!r}: a payload or a delta, not both")
         if not self.result_id:
             raise ValueError("delta entry: result_id must be a non-empty string")
+        if _PAYLOAD in self.meta:
+            raise ValueError(f"delta entry {self.result_id!r}: meta key {_PAYLOAD!r} is reserved")
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the entry's data takes in the log."""
+        return len(self.payload) if self.payload is not None else self.delta.nbytes
+
+
+#: meta key the log adds to an entry stored as a payload (read back as one)
+_PAYLOAD = "_payload"
+_EMPTY = np.empty(0, dtype=np.float32)
 
 
 class DeltaLog:
@@ -85,18 +102,25 @@ class DeltaLog:
         A result id already logged is skipped, so re-appending after an uncertain
         crash is safe. When this returns, every entry may be acknowledged.
         """
-        rows = [
-            (
-                e.result_id,
-                e.base_version,
-                e.version,
-                float(e.weight),
-                json.dumps(dict(e.meta), separators=(",", ":")),
-                memoryview(np.ascontiguousarray(e.delta)).cast("B"),
-                zlib.crc32(np.ascontiguousarray(e.delta)),
+        rows = []
+        for e in entries:
+            meta = dict(e.meta)
+            if e.payload is not None:
+                meta[_PAYLOAD] = True
+                data: Any = e.payload
+            else:
+                data = memoryview(np.ascontiguousarray(e.delta)).cast("B")
+            rows.append(
+                (
+                    e.result_id,
+                    e.base_version,
+                    e.version,
+                    float(e.weight),
+                    json.dumps(meta, separators=(",", ":")),
+                    data,
+                    zlib.crc32(data),
+                )
             )
-            for e in entries
-        ]
         if not rows:
             return 0
         with self._lock:
@@ -138,15 +162,21 @@ class DeltaLog:
             rid, base, version, weight, meta, data, crc = row
             if zlib.crc32(data) != crc:
                 raise CorruptDeltaLog(f"delta log entry {seq} (result {rid!r}): crc32 mismatch")
-            if len(data) % 4:
+            meta = json.loads(meta)
+            if meta.pop(_PAYLOAD, False):
+                delta, payload = _EMPTY, bytes(data)
+            elif len(data) % 4:
                 raise CorruptDeltaLog(f"delta log entry {seq} (result {rid!r}): torn delta")
+            else:
+                delta, payload = np.frombuffer(data, dtype=np.float32), None
             yield DeltaEntry(
                 result_id=rid,
                 base_version=base,
                 version=version,
                 weight=weight,
-                delta=np.frombuffer(data, dtype=np.float32),
-                meta=json.loads(meta),
+                delta=delta,
+                meta=meta,
+                payload=payload,
             )
 
     def result_ids(self, after_version: int = -1) -> list[str]:

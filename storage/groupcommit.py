@@ -58,7 +58,7 @@ class GroupCommit:
     def submit(self, entry: DeltaEntry) -> Future[None]:
         """Queue ``entry``; the future resolves once it is durable (or fails with the error)."""
         fut: Future[None] = Future()
-        size = entry.delta.nbytes
+        size = entry.nbytes
         with self._cond:
             limit = self.max_queued_bytes
             if limit is not None and self.queued_bytes and self.queued_bytes + size > limit:
@@ -100,7 +100,7 @@ class GroupCommit:
 
     def _done(self, batch: list[tuple[DeltaEntry, Future[None]]]) -> None:
         with self._cond:
-            self.queued_bytes -= sum(e.delta.nbytes for e, _ in batch)
+            self.queued_bytes -= sum(e.nbytes for e, _ in batch)
             self._cond.notify_all()
 
     def close(self) -> None:

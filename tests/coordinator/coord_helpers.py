@@ -70,8 +70,10 @@ def result_messages(
     *,
     version: int | None = None,
     spans: bool = False,
+    codec: str = "fp32",
 ) -> list[m.Message]:
-    """What a client sends for ``task``: a result and the update's chunks."""
+    """What a client sends for ``task``: a result and the update's chunks
+    (``codec``: the job's update codec, ``task.upload_codec``)."""
     spec = task.spec
     if update is None:
         update = np.full(spec.num_params, 1e-3, dtype=np.float32)
@@ -80,6 +82,7 @@ def result_messages(
         max_message_bytes=1 << 20,
         transfer=task.task_id,
         spans=spans,
+        codec=codec,
     )
     res = m.Result(
         task_id=task.task_id,

@@ -129,9 +129,10 @@ def _journaled_service(store: Path) -> tuple[CoreService, Tasks, list[m.Ack]]:
 def test_acks_go_out_from_the_log_without_a_checkpoint(tmp_path: Path) -> None:
     service, sink, acks = _journaled_service(tmp_path / "job.db")
     with service:
-        service.submit_connect("a", m.Hello(client="a"))
+        service.submit_connect("a", m.Hello(client="a", codecs=("fp32", "int8")))
         for n in range(1, 6):
-            for msg in result_messages(sink.next(n)):
+            task = sink.next(n)
+            for msg in result_messages(task, codec=task.upload_codec):
                 service.submit_receive("a", msg, len(m.encode(msg)))
         deadline = time.monotonic() + 10
         while len(acks) < 5 and time.monotonic() < deadline:
@@ -139,6 +140,9 @@ def test_acks_go_out_from_the_log_without_a_checkpoint(tmp_path: Path) -> None:
         assert len(acks) == 5 and all(a.accepted for a in acks)
         # no snapshot was taken for them: the log made them durable
         assert service.stats.checkpoints == 0 and service.stats.durable_checkpoints == 0
+        # in their int8 wire form: about a quarter of the float32 deltas
+        floats = 5 * task.spec.num_params * 4
+        assert 0.2 * floats < service.stats.journal["logged_bytes"] < 0.35 * floats
 
 
 def test_a_step_the_log_cannot_redo_opens_a_gap_until_a_checkpoint_after_it(
@@ -199,11 +203,11 @@ def test_a_checkpoint_taken_while_merges_go_on_restores_with_the_journal(
     service = CoreService(job, store=store, mapped=True, store_limits=limits, durable_interval=1e4)
     with service:
         service.add_sink(sink)
-        service.submit_connect("a", m.Hello(client="a"))
+        service.submit_connect("a", m.Hello(client="a", codecs=("fp32", "int8")))
         for n in range(1, 31):
             task = sink.next(n)
             update = rng.standard_normal(task.spec.num_params).astype(np.float32) * 1e-2
-            for msg in result_messages(task, update):
+            for msg in result_messages(task, update, codec=task.upload_codec):
                 service.submit_receive("a", msg, len(m.encode(msg)))
             if n == 5:
                 service.checkpoint_now()  # not waited for: results keep coming
@@ -233,8 +237,9 @@ def test_no_ack_leaves_before_its_merge_is_in_the_log(tmp_path: Path, monkeypatc
     monkeypatch.setattr(DeltaLog, "append", held)
     service, sink, acks = _journaled_service(tmp_path / "job.db")
     with service:
-        service.submit_connect("a", m.Hello(client="a"))
-        for msg in result_messages(sink.next(1)):
+        service.submit_connect("a", m.Hello(client="a", codecs=("fp32", "int8")))
+        task = sink.next(1)
+        for msg in result_messages(task, codec=task.upload_codec):
             service.submit_receive("a", msg, len(m.encode(msg)))
         assert entered.wait(10)
         assert service.call(lambda c: c.version).result(10) == 1  # merged...

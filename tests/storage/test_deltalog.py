@@ -54,6 +54,33 @@ def test_bad_entries_are_refused() -> None:
         )
 
 
+def test_an_entry_in_the_callers_form_comes_back_as_the_same_bytes(tmp_path: Path) -> None:
+    """A payload (a journal's wire frames, 7 bytes here: no float32 length) is kept
+    as it is, its meta as given, and a damaged one is reported like a delta."""
+    empty = np.empty(0, np.float32)
+    wired = DeltaEntry(result_id="w", base_version=0, version=1, weight=0.5, delta=empty,
+                       meta={"clip": 0.25}, payload=b"\x01wire\xff\x00")  # fmt: skip
+    assert wired.nbytes == 7 and _entry(1).nbytes == 40
+    with DeltaLog(tmp_path / "s.db") as log:
+        log.append([wired, _entry(1)])
+        got = list(log.replay())
+    assert got[0].payload == b"\x01wire\xff\x00" and got[0].delta.size == 0
+    assert got[0].meta == {"clip": 0.25} and got[1].payload is None
+    np.testing.assert_array_equal(got[1].delta, _entry(1).delta)
+    with pytest.raises(ValueError, match="not both"):
+        DeltaEntry(result_id="x", base_version=0, version=1, weight=1.0,
+                   delta=np.zeros(3, np.float32), payload=b"x")  # fmt: skip
+    with pytest.raises(ValueError, match="reserved"):
+        DeltaEntry(result_id="x", base_version=0, version=1, weight=1.0, delta=empty,
+                   meta={"_payload": True})  # fmt: skip
+    conn = sqlite3.connect(tmp_path / "s.db")
+    conn.execute("UPDATE deltas SET data = X'00' WHERE result_id='w'")
+    conn.commit()
+    conn.close()
+    with DeltaLog(tmp_path / "s.db") as log, pytest.raises(CorruptDeltaLog, match="'w'"):
+        list(log.replay())
+
+
 def test_damage_at_rest_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     with DeltaLog(path) as log:
