@@ -59,6 +59,11 @@ class Dropped:
         return len(self._seqs) == self.total
 
 
+#: results one connection may have uploading at once (headers whose chunks are not
+#: all in); clients send each result's chunks right after its header, so one
+MAX_OPEN = 4
+
+
 @dataclass(slots=True)
 class Upload:
     """A result whose chunks are arriving, and the bytes they took so far.
@@ -115,6 +120,12 @@ class Uploads:
             raise ProtocolError(ErrorCode.BAD_FIELD, "result.num_chunks: an update is required")
         if msg.task_id in self._open:
             raise ProtocolError(ErrorCode.DUPLICATE, f"result {msg.task_id!r}: already uploading")
+        if len(self._open) >= MAX_OPEN:
+            raise ProtocolError(
+                ErrorCode.UNEXPECTED,
+                f"result {msg.task_id!r}: {len(self._open)} results already uploading "
+                f"(at most {MAX_OPEN} at once; send each result's chunks after its header)",
+            )
         reasm: Reassembler | Dropped
         if taken:
             reasm = Reassembler.for_params(

@@ -204,6 +204,23 @@ def test_a_slice_result_the_sender_does_not_hold_is_answered_not_closed() -> Non
     assert [o for o in out if isinstance(o, ev.Close)] and "a" not in restored.conns
 
 
+def test_a_connection_uploads_a_few_results_at_once_not_unboundedly() -> None:
+    """Headers whose chunks never come are refused past ``MAX_OPEN``: each open
+    upload holds state (a model-sized buffer when its task is the sender's)."""
+    from coordinator.uploads import MAX_OPEN
+
+    c = core()
+    ta = task_of(c.connect("a", hello("a"), 0.0), "a")
+    header = result_messages(ta)[0]
+    out: list[ev.Output] = []
+    for i in range(MAX_OPEN):
+        out += c.receive("a", dataclasses.replace(header, task_id=str(900000 + i)), 1.0)
+    assert "a" in c.conns and not [o for o in out if isinstance(o, ev.Close)]
+    out = c.receive("a", dataclasses.replace(header, task_id="999999"), 1.0)
+    closes = [o for o in out if isinstance(o, ev.Close)]
+    assert closes and "at most" in closes[0].reason and "a" not in c.conns
+
+
 def test_the_core_never_names_a_slice_as_held() -> None:
     c = core()
     first = task_of(c.connect("a", hello("a"), 0.0), "a")
