@@ -96,8 +96,13 @@ _SYMBOL = "crowdgrad_scipy_sgemm"
 _llvm.add_symbol(_SYMBOL, _sgemm_address())
 _sgemm = types.ExternalFunction(_SYMBOL, types.void(*([types.voidptr] * 13)))
 
-#: Below this many multiply-adds (M·N·K) the loops beat a BLAS call.
-BLAS_MIN_MACS = 4096
+#: Below this many multiply-adds (M·N·K) the loops beat a BLAS call. Why so low:
+#: scipy's sgemm answers a 16×16×16 product in ~0.15 µs and a 128×16×10 one in
+#: ~0.5-0.9 µs on the 2-core VM, 3-8x faster than these loops (which LLVM does not
+#: turn into register tiles), and the crossover measured 64-400 multiply-adds
+#: depending on the orientation (issue 19; at 4096 the small preset's 2,560-MAC
+#: layers ran on loops and a step took twice as long).
+BLAS_MIN_MACS = 128
 
 _N = np.uint8(ord("N"))
 _T = np.uint8(ord("T"))

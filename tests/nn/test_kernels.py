@@ -163,3 +163,33 @@ def test_split_layer_keeps_small_layers_whole() -> None:
     assert kernels.split_layer(16, 10, 1024, 2) == 1  # too few rows per group
     assert kernels.split_layer(2, 512, 512, 2) == 1  # too few multiply-adds
     assert kernels.split_layer(128, 1024, 1024, 4) == 4
+
+
+@pytest.mark.parametrize("widths", [(7, 13, 5), (10, 128, 3), (3, 9, 11, 2), (4, 1)])
+@pytest.mark.parametrize("batch", [1, 5, 16, 33])
+def test_forward_from_the_feature_major_batch_matches_the_batch_major_path(widths, batch) -> None:
+    # train_loop hands forward the batch feature-major too (XbT, issue 19): a hidden
+    # first layer then runs W·XbT instead of W·Xbᵀ, which must change rounding only.
+    spec = ModelSpec(widths=widths, activations=("tanh",) * (len(widths) - 1), loss="mse")
+    data, X, _, _ = _problem(spec, 40, np.float32, seed=batch)
+    lay = layout_of(spec)
+    idx = np.random.default_rng(batch).integers(0, 40, batch)
+    outs = []
+    for fm in (False, True):
+        aoff, abuf, _, _, Xb = kernels._workspace(lay.shapes, batch, data)
+        XbT = np.full((widths[0], batch), np.nan, np.float32)
+        if fm:
+            kernels._gather(X, idx, Xb, XbT)
+            np.testing.assert_array_equal(XbT, X[idx].T)
+            out = kernels.forward(data, lay.shapes, lay.offs, lay.acts, Xb, abuf, aoff, None, XbT)
+        else:
+            kernels._gather(X, idx, Xb)
+            out = kernels.forward(data, lay.shapes, lay.offs, lay.acts, Xb, abuf, aoff)
+        np.testing.assert_array_equal(Xb, X[idx])
+        outs.append(out.copy())
+    Ws, bs = _ref_layers(spec, data.astype(np.float64))
+    h = X[idx].astype(np.float64)
+    for W, b in zip(Ws, bs, strict=True):
+        h = np.tanh(h @ W.T + b)
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1], h, rtol=1e-4, atol=1e-4)
