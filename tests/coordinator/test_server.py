@@ -100,6 +100,34 @@ def test_read_ahead_pauses_only_when_the_app_falls_behind() -> None:
     asyncio.run(go())
 
 
+def test_websocket_connections_send_without_nagle() -> None:
+    """A listening socket made with proto 0 (as make_uvicorn's is) accepts sockets
+    asyncio does not set TCP_NODELAY on; with Nagle on, a task written right after
+    an ack waited for the client's delayed ACK of it (up to 40 ms a round)."""
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        config = Config(app=_parked_app, ws=ReadAheadWebSocketProtocol, lifespan="off")
+        config.load()
+        proto = ReadAheadWebSocketProtocol(config, ServerState(), {}, _loop=loop)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            theirs = socket.create_connection(listener.getsockname())
+            ours, _ = listener.accept()
+        assert ours.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
+        await asyncio.sleep(0)  # connection_made runs soon after
+        sock = transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        transport.close()
+        theirs.close()
+        for task in list(proto.tasks):
+            task.cancel()
+
+    asyncio.run(go())
+
+
 def test_a_connection_without_hello_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(srv, "HELLO_TIMEOUT_S", 0.3)
 
