@@ -20,8 +20,10 @@ trained), evaluated after every round on the same held-out split (449 rows).
 Time per round: from the first round's end to the round that reached the target,
 divided by the rounds between them (start-up excluded). The runs alternate which
 system goes first. crowdgrad's numba kernels come from the on-disk cache (an
-untimed run fills it first, as the first run after an install does); Python's
-bytecode is cached for both (Flower's by pip, crowdgrad's under a
+untimed run fills it first, as the first run after an install does), and so do
+the clients' shards and FLOP/s measurement (a ``CROWDGRAD_CACHE_DIR`` of this
+run, filled by the same untimed run: a machine that ran a client before);
+Python's bytecode is cached for both (Flower's by pip, crowdgrad's under a
 ``PYTHONPYCACHEPREFIX`` of this run).
 
 Flower runs in its own venv: ``flwr[simulation]`` pins ray (2.55.1 for flwr
@@ -308,8 +310,10 @@ def main() -> None:
         write_flower_data(job, data)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(Path(tmp, "pycache"))
+        # the clients' cache folder (shards, the FLOP/s measurement) of this run only
+        env["CROWDGRAD_CACHE_DIR"] = str(Path(tmp, "client-cache"))
         load_start = os.getloadavg()
-        # untimed: fills numba's and Python's caches
+        # untimed: fills numba's, Python's and the clients' caches
         run_crowdgrad(job_file, env, args.timeout, args.priority)
         results: dict[str, list[dict]] = {"crowdgrad": [], "flower": []}
         for i in range(args.runs):

@@ -55,6 +55,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numba
@@ -64,7 +65,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from client import priority as prio
 from client.compute import ComputeOutput, SlicedTask, run_task
 from client.datacache import DiskCache, MemoryCache, ShardCache, default_cache_dir
-from client.flops import measure_flops
+from client.flops import cached_flops, measure_flops
 from client.report import (
     Failure,
     LogReporter,
@@ -85,6 +86,9 @@ from protocol import messages as m
 from protocol.errors import CLOSE_CODES, ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
+
+#: the FLOP/s measurement's file in the cache folder, beside the shards
+FLOPS_FILE = "flops.json"
 
 #: Close codes after which reconnecting cannot help.
 FATAL_CLOSE_CODES = frozenset(
@@ -170,11 +174,10 @@ class DesktopClient:
         self.seeded_init = seeded_init
         self.prefetch = prefetch
         #: fetched shards, kept across runs (``cache=False``: this run only)
-        self.cache: ShardCache = (
-            DiskCache(cache_dir if cache_dir is not None else default_cache_dir())
-            if cache
-            else MemoryCache()
-        )
+        folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.cache: ShardCache = DiskCache(folder) if cache else MemoryCache()
+        #: where the FLOP/s measurement is kept between runs (None: measured each run)
+        self.flops_file: Path | None = folder / FLOPS_FILE if cache else None
         self.fetch_data = fetch_data
         #: wss:// trusts these certificates (a self-signed coordinator's) instead of
         #: the system's store
@@ -217,6 +220,15 @@ class DesktopClient:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self._stop_now, why)
 
+    def _measure_flops(self) -> float:
+        """This machine's training FLOP/s: kept from an earlier run when it is for
+        this machine and under a day old (client/flops.py), else measured (0.2 s)."""
+        if self.flops_file is None:
+            return measure_flops()
+        flops, kept = cached_flops(self.flops_file)
+        log.debug("FLOP/s %.3g (%s)", flops, "kept from an earlier run" if kept else "measured")
+        return flops
+
     async def run(self) -> int:
         """Connect, train until the job ends or ``request_stop``; 0 ok, 1 gave up, 2 refused."""
         self._loop = asyncio.get_running_loop()
@@ -226,7 +238,7 @@ class DesktopClient:
         code = 1
         try:
             if self.flops is None:
-                self.flops = await self._loop.run_in_executor(self._pool, measure_flops)
+                self.flops = await self._loop.run_in_executor(self._pool, self._measure_flops)
             caps = Capabilities(
                 flops=float(self.flops),
                 cores=max(1, min(4096, os.cpu_count() or 1)),
@@ -577,7 +589,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="of the compute threads: idle (default: SCHED_IDLE on Linux, the lowest "
         "class elsewhere; only CPU nothing else wants) or normal",
     )
-    p.add_argument("--flops", type=float, help="skip the start-up measurement; report this")
+    p.add_argument(
+        "--flops",
+        type=float,
+        help="report this training FLOP/s instead of the start-up measurement (kept "
+        "in the cache folder for a day)",
+    )
     p.add_argument("--seed", type=int, help="seeds update codecs and jitter (default: pid)")
     p.add_argument("--max-attempts", type=int, help="give up after this many failed connects")
     p.add_argument("--stop-grace", type=float, default=3.0, help="seconds to finish a task")
@@ -596,15 +613,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cache-dir",
-        help="where fetched data shards are kept, one file per sha256 (default: "
-        "$CROWDGRAD_CACHE_DIR, else $XDG_CACHE_HOME/crowdgrad/data, else "
-        "~/.cache/crowdgrad/data)",
+        help="where fetched data shards are kept, one file per sha256, and the FLOP/s "
+        "measurement (default: $CROWDGRAD_CACHE_DIR, else $XDG_CACHE_HOME/crowdgrad/data, "
+        "else ~/.cache/crowdgrad/data)",
     )
     p.add_argument(
         "--no-cache",
         dest="cache",
         action="store_false",
-        help="keep fetched shards in memory only (fetch them again next run)",
+        help="keep fetched shards in memory only (fetch them again next run) and "
+        "measure FLOP/s at every start",
     )
     p.add_argument(
         "--ca",

@@ -2,12 +2,26 @@
 
 The coordinator sizes leases from it (deadline = slack × predicted time), so a
 number measured with the real kernels on a real-sized layer beats a guess.
+
+The measurement costs 0.2 s of CPU at every start, a quarter of a client's
+start-up (docs/performance.md, "Client start"), for a figure that changes only
+with the machine. So the desktop client keeps it beside its shards
+(``cached_flops``) for a day, keyed by the CPU, its core count and the numba and
+crowdgrad versions; the coordinator refines it from each result's compute time
+anyway (``ClientRecord.observe_speed``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
+import platform
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -15,8 +29,13 @@ from nn.optim import Optimizer, OptState
 from nn.spec import ModelSpec
 from nn.train import train_steps
 
+log = logging.getLogger(__name__)
+
 #: The probe model: the digits MLP, the size of a typical task.
 PROBE_WIDTHS = (64, 128, 10)
+#: How long a kept measurement is used (a machine's speed is stable, its load is
+#: not: a day bounds how long one taken on a busy machine undersells it).
+PROBE_MAX_AGE_S = 24 * 3600.0
 
 
 def measure_flops(*, budget_s: float = 0.2, batch: int = 16, seed: int = 0) -> float:
@@ -46,3 +65,53 @@ def measure_flops(*, budget_s: float = 0.2, batch: int = 16, seed: int = 0) -> f
         left = math.ceil((budget_s - spent) * done / max(spent, 1e-9))
         steps = max(8, min(steps * 2, left))
     return spec.flops_per_sample() * batch * done / max(spent, 1e-9)
+
+
+def probe_key() -> str:
+    """What a kept measurement is valid for: this CPU model and core count, and
+    the kernels that ran (numba's and crowdgrad's versions)."""
+    import numba
+
+    from crowdgrad import __version__
+
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            names = (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+            cpu = next(names, cpu)
+    except OSError:
+        pass
+    return (
+        f"{platform.machine()} | {cpu} | {os.cpu_count()} cores | numba {numba.__version__} "
+        f"| crowdgrad {__version__} | {PROBE_WIDTHS}"
+    )
+
+
+def cached_flops(
+    path: str | os.PathLike[str],
+    *,
+    max_age_s: float = PROBE_MAX_AGE_S,
+    measure: Callable[[], float] = measure_flops,
+) -> tuple[float, bool]:
+    """``(flop/s, kept)``: the measurement kept in the JSON file ``path`` when it is
+    for this machine (``probe_key``) and younger than ``max_age_s``, else a new one
+    (written back; a file that cannot be read or written costs a measurement,
+    nothing more). ``kept``: it came from the file."""
+    path, key, now = Path(path), probe_key(), time.time()
+    try:
+        kept = json.loads(path.read_text())
+        flops, at = float(kept["flops"]), float(kept["at"])
+        if kept["key"] == key and 0 <= now - at <= max_age_s and math.isfinite(flops) and flops > 0:
+            return flops, True
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or not ours: measure
+    flops = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"key": key, "flops": flops, "at": now}, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("FLOP/s probe: cannot keep it in %s: %s", path, exc)
+    return flops, False

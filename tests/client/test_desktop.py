@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from client import flops as fl
 from client.compute import run_task
 from client.desktop import DesktopClient
-from client.flops import measure_flops
+from client.flops import cached_flops, measure_flops
 from client.session import ComputeRequest
 from nn.spec import ModelSpec
 from protocol import messages as m
@@ -76,6 +77,31 @@ def test_measure_flops_is_positive_and_rejects_a_bad_budget() -> None:
     assert measure_flops(budget_s=0.02) > 1e6
     with pytest.raises(ValueError, match="budget_s"):
         measure_flops(budget_s=0)
+
+
+def test_the_flops_measurement_is_kept_for_this_machine_for_a_day(tmp_path, monkeypatch) -> None:
+    path, calls = tmp_path / "cache" / "flops.json", []
+
+    def measure() -> float:
+        calls.append(1)
+        return 1e9 * len(calls)
+
+    assert cached_flops(path, measure=measure) == (1e9, False)  # none yet: measured, kept
+    assert cached_flops(path, measure=measure) == (1e9, True)
+    assert cached_flops(path, max_age_s=-1, measure=measure) == (2e9, False)  # too old
+    monkeypatch.setattr(fl, "probe_key", lambda: "another machine")
+    assert cached_flops(path, measure=measure) == (3e9, False)  # not this machine's
+    path.write_text("{not json")
+    assert cached_flops(path, measure=measure) == (4e9, False)  # damaged: measured again
+    assert cached_flops(path, measure=measure) == (4e9, True)
+    # a file that cannot be written costs the measurement only
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert cached_flops(blocked / "flops.json", measure=measure) == (5e9, False)
+    assert len(calls) == 5
+    # the client keeps it beside its shards, and not at all with --no-cache
+    assert DesktopClient("ws://x/ws", cache_dir=tmp_path).flops_file == tmp_path / "flops.json"
+    assert DesktopClient("ws://x/ws", cache=False).flops_file is None
 
 
 def test_seeded_init_flag_reaches_hello() -> None:
