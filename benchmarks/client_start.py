@@ -10,8 +10,10 @@ processes):
 
 - ``interpreter``: the client process runs its first line (Python and ``site``);
 - ``imports``: ``client.desktop`` and the command line's console imported;
-- ``flops``: the start-up FLOP/s probe returned (its first call loads or compiles
-  the training kernels);
+- ``flops``: the client has its FLOP/s: measured by the start-up probe (its first
+  call loads or compiles the training kernels), or, on a warm run, kept in the
+  cache folder by the run before (client/flops.py: then the kernels load at the
+  first task);
 - ``hello``: the coordinator's core took the client's ``hello`` (``ClientJoined``);
 - ``task``: the core leased it its first task (``TaskLeased``);
 - ``computing``: the client's compute thread started the task (``run_task``);
@@ -26,7 +28,8 @@ wrap ``measure_flops`` and ``run_task`` to stamp their ends, then run
 imports of its parser then fall in the ``flops`` phase).
 
 - ``cold``: an empty ``NUMBA_CACHE_DIR`` (every kernel the client uses compiles,
-  as on the first run after an install) and an empty shard cache.
+  as on the first run after an install) and an empty cache folder (shards, the
+  FLOP/s measurement).
 - ``warm``: the same two directories again, as on every later run.
 
 Python's bytecode caches are warm in both, as after ``pip install`` (which
@@ -86,7 +89,10 @@ def _wrap(f, first, last):
             _stamp(last)
         return out
     return g
-d.measure_flops = _wrap(d.measure_flops, None, "flops")
+if hasattr(d.DesktopClient, "_measure_flops"):  # measured, or kept from a run before
+    d.DesktopClient._measure_flops = _wrap(d.DesktopClient._measure_flops, None, "flops")
+else:  # a checkout from before the measurement was kept (--client-root)
+    d.measure_flops = _wrap(d.measure_flops, None, "flops")
 d.run_task = _wrap(d.run_task, "computing", "computed")
 if os.environ["CROWDGRAD_START_ENTRY"] == "cli":
     from crowdgrad.cli import main
