@@ -173,34 +173,8 @@ class Coordinator:
         self.tasks = TaskWriter(job, spec, self.dataset, self.data, teacher=teacher)
         st = job.strategy
         self.evaluator = Evaluator(self.dataset, job.eval)
-        if job.validation.reference_tasks:
-            local = self.strategy.task_kind == "local"
-            subnets = None
-            if self.submodels is not None:  # the reference trains slices, as clients do
-                chooser = SubmodelPlanner(
-                    job.submodel,
-                    spec,
-                    model_codec=job.codecs.model,
-                    update_codec=job.codecs.update,
-                    rng=np.random.default_rng(submodel_seq.spawn(1)[0]),
-                )
-                samples = st.tau * job.data.batch
-                subnets = [
-                    chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
-                    for _ in range(job.validation.reference_tasks)
-                ]
-            self.validator.reference = reference_norms(
-                self.model.params,
-                self.dataset,
-                self.data.indices,
-                kind="train" if local else "gradient",
-                steps=st.tau if local else 1,
-                batch=job.data.batch,
-                optimizer=self.tasks.optimizer,
-                seed=seed,
-                count=job.validation.reference_tasks,
-                subnets=subnets,
-            )
+        self._reference_seed, self._reference_seq = seed, submodel_seq
+        self.validator.reference = self._reference_norms()
         self.limits = server_limits(job)
         self.finished: ev.JobFinished | None = None
         self.started_at: float | None = None
@@ -495,6 +469,40 @@ class Coordinator:
             n += 1
         return n
 
+    def _reference_norms(self) -> list[float]:
+        """The norms of a few updates the coordinator computes itself on the model as
+        it is (coordinator/reference.py): the norm check's yardstick."""
+        job, st = self.job, self.job.strategy
+        if not job.validation.reference_tasks:
+            return []
+        local = self.strategy.task_kind == "local"
+        subnets = None
+        if self.submodels is not None:  # the reference trains slices, as clients do
+            chooser = SubmodelPlanner(  # the first at start, as it always was
+                job.submodel,
+                self.spec,
+                model_codec=job.codecs.model,
+                update_codec=job.codecs.update,
+                rng=np.random.default_rng(self._reference_seq.spawn(1)[0]),
+            )
+            samples = st.tau * job.data.batch
+            subnets = [
+                chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
+                for _ in range(job.validation.reference_tasks)
+            ]
+        return reference_norms(
+            self.model.params,
+            self.dataset,
+            self.data.indices,
+            kind="train" if local else "gradient",
+            steps=st.tau if local else 1,
+            batch=job.data.batch,
+            optimizer=self.tasks.optimizer,
+            seed=self._reference_seed,
+            count=job.validation.reference_tasks,
+            subnets=subnets,
+        )
+
     def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:
         """The model becomes ``data``, one version on (an edge rebasing onto its
         root's model: coordinator/upstream.py). Clients holding older versions
@@ -517,6 +525,11 @@ class Coordinator:
             self.model.params.data[:] = flat
             self.model.version += 1
             self.model.whole_steps += 1
+        # The recent norms were of updates to another model, and a root's step can
+        # move it far: honest updates to the new one then looked abnormal beside
+        # them, and an edge closed its own players for it (tests/e2e/test_federation.py).
+        # The yardstick starts again from the coordinator's own updates to this one.
+        self.validator.restart(self._reference_norms())
         self._stepped(StepReport(stepped=True, merged=0), now, out)
         self._dispatch(now, out)
         self.connections.flush_all(now, out)

@@ -85,6 +85,13 @@ class UpdateValidator:
             return Reject.NORM, norm
         return None, norm
 
+    def restart(self, reference: list[float]) -> None:
+        """The model was replaced (an edge's rebase): forget the accepted norms and
+        judge by ``reference``, the coordinator's own updates to the new model,
+        until new ones come in (with none, the check waits for its warm-up)."""
+        self.norms.clear()
+        self.reference = list(reference)
+
     def accept(self, norm: float) -> None:
         """Count an accepted update's norm; a zero one is not counted. It says
         nothing about how long honest updates are (nothing was trained: an edge

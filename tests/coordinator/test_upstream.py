@@ -135,6 +135,25 @@ def test_clients_holding_the_old_version_keep_contributing_after_a_rebase() -> N
     assert task_of(out, "a").model_version == core.version
 
 
+def test_a_replaced_model_is_judged_by_updates_to_it_not_to_the_old_one() -> None:
+    """After a rebase far from the edge's model, its players' honest updates were
+    refused for their norm beside the old model's small ones, and the edge closed
+    them (tests/e2e/test_federation.py, 2 runs in 3 once its rounds were fast)."""
+    core = edge()
+    before = list(core.validator.reference)  # the job's reference tasks, at v0
+    assert before
+    core.validator.norms.extend([1e-4] * 30)  # a converged model: tiny updates
+    rng = np.random.default_rng(0)
+    far = core.params.data + rng.normal(0, 0.3, core.params.data.shape).astype(np.float32)
+    core.replace_model(far, 1.0)
+    assert not core.validator.norms  # the old model's norms are forgotten
+    ref = core.validator.reference
+    assert len(ref) == len(before) and ref != before  # measured on the new model
+    # an update to the new model the size of the coordinator's own passes
+    size = float(np.median(ref)) / np.sqrt(core.spec.num_params)
+    assert core.validator.check(np.full(core.spec.num_params, size, np.float32))[0] is None
+
+
 def test_a_foreign_or_broken_model_is_refused() -> None:
     core = edge()
     other = make_core(model={"widths": [64, 32, 10]})
