@@ -93,7 +93,11 @@ def test_a_tab_closed_mid_task_loses_only_its_lease(context) -> None:
     """The tab goes away while it holds a task it has started (pagehide → bye):
     its lease ends and the task's shard is leased again; the job still reaches
     its target with the tabs that stay."""
-    job = digits_job(lease={"resume_grace_s": 1.0}, stop={"max_time_s": 300})
+    # Paced to 40 messages a second (a few per task): alone, the tab would reach the
+    # target in well under a second on loopback, before the test can pause it.
+    job = digits_job(
+        lease={"resume_grace_s": 1.0}, stop={"max_time_s": 300}, link={"messages_per_s": 40}
+    )
     with running(job) as (bg, _service, rec):
         doomed = open_tab(context, page_url(bg.url))
         wait_until(lambda: stats(doomed).get("accepted", 0) >= 1, 60, "the tab's first result")
