@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,6 +93,8 @@ class TcpProxy:
         self.port = self.listener.getsockname()[1]
         self.conns: list[socket.socket] = []
         self.lock = threading.Lock()
+        #: until this time.monotonic(), new connections are dropped (the network is down)
+        self.down_until = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -103,6 +106,9 @@ class TcpProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if time.monotonic() < self.down_until:
+                client.close()
+                continue
             upstream = socket.create_connection(self.target)
             with self.lock:
                 self.conns += [client, upstream]
@@ -121,10 +127,13 @@ class TcpProxy:
                 with contextlib.suppress(OSError):
                     s.close()  # type: ignore[attr-defined]
 
-    def cut(self) -> None:
-        """Drop every open connection at once (RST-like: no close frame)."""
+    def cut(self, down_s: float = 0.0) -> None:
+        """Drop every open connection at once (RST-like: no close frame), and drop
+        new ones for ``down_s`` seconds (a drop that lasts: the server sees the old
+        connection go before the client's reconnect reaches it)."""
         import socket
 
+        self.down_until = time.monotonic() + down_s
         with self.lock:
             conns, self.conns = self.conns, []
         for s in conns:

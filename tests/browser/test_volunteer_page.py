@@ -226,7 +226,10 @@ def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
         via = f"ws://127.0.0.1:{proxy.port}/ws"
         page = open_tab(context, page_url(bg.url, f"autostart=1&ws={via}"))
         wait_until(lambda: stats(page).get("accepted", 0) >= 2, 60, "two accepted results")
-        proxy.cut()
+        # Down for a second: a reconnect that beat the server's noticing the old
+        # connection's end would start a fresh session (the registry resumes only a
+        # record that is not connected), and the test asks for a resumed one.
+        proxy.cut(down_s=1.0)
         wait_until(lambda: stats(page).get("status", "").startswith("offline"), 30, "offline")
         wait_until(lambda: stats(page).get("connects", 0) >= 2, 60, "a reconnect")
         before = stats(page)["accepted"]
