@@ -28,6 +28,16 @@ class ShardCache(Protocol):
     def put(self, sha256: str, blob: bytes) -> None: ...
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file and a rename (creating the
+    folder): a reader sees the old file or the whole new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def default_cache_dir() -> Path:
     """``$CROWDGRAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/crowdgrad/data``, else
     ``~/.cache/crowdgrad/data``."""
@@ -84,10 +94,6 @@ class DiskCache:
     def put(self, sha256: str, blob: bytes) -> None:
         path = self._path(sha256)
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".shard")
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, path)
+            write_atomic(path, blob)
         except OSError as exc:  # a full or read-only disk costs a refetch, nothing more
             log.warning("shard cache: cannot write %s: %s", path, exc)

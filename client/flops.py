@@ -18,13 +18,13 @@ import logging
 import math
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from client.datacache import write_atomic
 from nn.optim import Optimizer, OptState
 from nn.spec import ModelSpec
 from nn.train import train_steps
@@ -107,11 +107,7 @@ def cached_flops(
         pass  # none yet, or not ours: measure
     flops = measure()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"key": key, "flops": flops, "at": now}, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"key": key, "flops": flops, "at": now}).encode())
     except OSError as exc:
         log.warning("FLOP/s probe: cannot keep it in %s: %s", path, exc)
     return flops, False
