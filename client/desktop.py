@@ -90,10 +90,16 @@ log = logging.getLogger(__name__)
 #: the FLOP/s measurement's file in the cache folder, beside the shards
 FLOPS_FILE = "flops.json"
 
-#: Close codes after which reconnecting cannot help.
+#: Close codes after which reconnecting cannot help (after ``REPLACED`` the
+#: session lives on in a newer connection; reconnecting would take it back).
 FATAL_CLOSE_CODES = frozenset(
     CLOSE_CODES[c]
-    for c in (ErrorCode.AUTH_FAILED, ErrorCode.UNSUPPORTED_VERSION, ErrorCode.BAD_FIELD)
+    for c in (
+        ErrorCode.AUTH_FAILED,
+        ErrorCode.UNSUPPORTED_VERSION,
+        ErrorCode.BAD_FIELD,
+        ErrorCode.REPLACED,
+    )
 )
 #: Largest frame accepted from a coordinator (the "unlimited" profile + envelope).
 MAX_FRAME_BYTES = 256 * 1024 * 1024 + 64 * 1024

@@ -234,6 +234,12 @@ def close_failure(code: int | None, reason: str) -> Failure:
         )
     if error is ErrorCode.BAD_FIELD:
         return Failure(f"the coordinator refused this client{said}", fatal=True)
+    if error is ErrorCode.REPLACED:
+        return Failure(
+            "another connection resumed this client's session, which goes on there "
+            f"(close {code}){said}",
+            fatal=True,
+        )
     if code is None or code == 1006:
         return Failure("the connection to the coordinator was lost")
     if error is ErrorCode.SHUTTING_DOWN:

@@ -110,9 +110,12 @@ class Coordinator:
         dataset: Dataset | None = None,
         teacher: Params | None = None,
         share_params: bool = False,
+        session_key: bytes | None = None,
     ) -> None:
         """``share_params``: train ``params`` itself rather than a copy (a model
-        in a mapped file, nn/mapped.py, too big to hold twice)."""
+        in a mapped file, nn/mapped.py, too big to hold twice). ``session_key``: a
+        secret that makes resume tokens unguessable (a served coordinator draws
+        one per process, coordinator/registry.py); None: seeded, for simulations."""
         spec = job.spec
         # Version 0 is the init seed's exactly when no params were given: then a
         # client that says so in hello builds it itself instead of downloading it.
@@ -163,7 +166,7 @@ class Coordinator:
             on_release=self.connections.released,
             retain_s=max(600.0, 2 * job.lease.resume_grace_s),
         )
-        self.registry = Registry(seed, max_left=job.lease.max_resumable)
+        self.registry = Registry(seed, max_left=job.lease.max_resumable, key=session_key)
         self.validator = UpdateValidator(job.validation, size=spec.num_params)
         self.dataset = dataset or load_job_data(job)
         self.data = DataCatalog.for_job(job, self.dataset)
@@ -257,6 +260,7 @@ class Coordinator:
                 "task computed elsewhere)",
             )
         limits = negotiate(hello.limits, self.limits)
+        self._take_over(hello.resume, now, out)
         rec, resumed = self.registry.join(
             client_id,
             name=hello.client,
@@ -402,6 +406,7 @@ class Coordinator:
         dataset: Dataset | None = None,
         teacher: Params | None = None,
         params: Params | None = None,
+        session_key: bytes | None = None,
     ) -> Coordinator:
         """A coordinator resumed from ``state_dict()``; clients reconnect with resume ids
         unknown to it, so they start fresh records, and old task ids are never reused.
@@ -410,7 +415,15 @@ class Coordinator:
         shared = params is not None
         if params is None:
             params = Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32))
-        core = cls(job, params, seed, dataset=dataset, teacher=teacher, share_params=shared)
+        core = cls(
+            job,
+            params,
+            seed,
+            dataset=dataset,
+            teacher=teacher,
+            share_params=shared,
+            session_key=session_key,
+        )
         core.model.version = int(state["version"])
         core.model.contributions = int(state["contributions"])
         core.strategy.load_state_dict(state["strategy"])
@@ -783,6 +796,17 @@ class Coordinator:
             self._drop(conn.client_id, reason, now, out)
 
     # -- connections and pacing ----------------------------------------------------
+
+    def _take_over(self, resume_id: str | None, now: float, out: list[ev.Output]) -> None:
+        """A hello resuming a session whose connection is still open here closes
+        that connection (``REPLACED``), so the resume takes its record and leases.
+        The older one is most likely half-open: the client's network changed and
+        it reconnected before its old connection's end reached us (MQTT gives a
+        client id the same rule). The token is a secret only its client holds."""
+        old = self.registry.lookup(resume_id) if resume_id else None
+        if old is not None and old.connected and old.client_id in self.conns:
+            msg = "a newer connection resumed this session"
+            self._close(self.conns[old.client_id], ErrorCode.REPLACED, msg, now, out)
 
     def _advance(self, now: float) -> None:
         self._now = advance_clock("coordinator", self._now, now)

@@ -3,8 +3,12 @@
 A client is known by the driver's connection id while connected, and by its
 *resume id* across connections: the coordinator hands one out in ``welcome``
 and a client that reconnects with it gets its record (rejection count, speed
-estimate, cached model version) back. Resume ids are derived from the job seed
-and a counter, so a replay issues the same ids. The record of a client that
+estimate, cached model version, trust, the leases it holds) back. A resume id is
+a bearer capability, so it must not be guessable: with a ``key`` (the server
+draws a fresh secret per process) ids are a keyed hash of a counter, so neither
+a stranger nor a restart can produce one that was handed out; without one
+(the simulator) they come from the job seed, so a seeded run issues the same
+ids. The record of a client that
 left is kept for resuming until ``forget`` drops it (the core keeps it as long
 as the outcomes of its tasks); a resume id forgotten starts a fresh record.
 
@@ -63,9 +67,18 @@ class ClientRecord:
 
 
 class Registry:
-    __slots__ = ("_by_conn", "_by_resume", "_counter", "_left", "_salt", "_seen", "max_left")
+    __slots__ = (
+        "_by_conn",
+        "_by_resume",
+        "_counter",
+        "_key",
+        "_left",
+        "_salt",
+        "_seen",
+        "max_left",
+    )
 
-    def __init__(self, seed: int, *, max_left: int | None = None) -> None:
+    def __init__(self, seed: int, *, max_left: int | None = None, key: bytes | None = None) -> None:
         if max_left is not None and max_left < 0:
             raise ValueError(f"max_left: must be >= 0 or None, got {max_left!r}")
         #: records of clients that left kept for resuming, at most (None: no cap)
@@ -77,19 +90,24 @@ class Registry:
         #: resume id -> when its client left, oldest first (resumable, not connected)
         self._left: OrderedDict[str, float] = OrderedDict()
         self._counter = 0
-        self._salt = f"crowdgrad:{seed}:".encode()
+        if key is not None and not 16 <= len(key) <= 64:
+            raise ValueError(f"key: 16 to 64 bytes, got {len(key)}")
+        self._key = key or b""
+        self._salt = b"" if key else f"crowdgrad:{seed}:".encode()
 
     def _new_resume_id(self) -> str:
         self._counter += 1
-        return hashlib.blake2b(self._salt + str(self._counter).encode(), digest_size=12).hexdigest()
+        msg = self._salt + str(self._counter).encode()
+        return hashlib.blake2b(msg, key=self._key, digest_size=12).hexdigest()
 
     def join(
         self, client_id: str, *, name: str, flops: float, resume_id: str | None, now: float
     ) -> tuple[ClientRecord, bool]:
         """Register a connection; returns ``(record, resumed)``.
 
-        An unknown or still-connected resume id starts a fresh record: a resume id
-        is a capability, not an identity two connections may share.
+        An unknown or still-connected resume id starts a fresh record: two
+        connections never share one (the core closes the older connection first
+        when a resume should take its session over).
         """
         if client_id in self._by_conn:
             raise ValueError(f"client {client_id!r} is already connected")

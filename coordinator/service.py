@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections import deque
@@ -407,12 +408,21 @@ class CoreService:
     def _make_core(self) -> Coordinator:
         self.prepare()
         ckpt = self._resume
+        # Resume tokens are bearer secrets: unguessable, and none a past run issued.
+        key = secrets.token_bytes(32)
         if ckpt is None:
             if self._mapped is None:
-                return Coordinator(self.job, seed=self._seed, dataset=self._dataset)
+                return Coordinator(
+                    self.job, seed=self._seed, dataset=self._dataset, session_key=key
+                )
             params = self._mapped.fresh(self.job.model.init_seed)
             return Coordinator(
-                self.job, params, self._seed, dataset=self._dataset, share_params=True
+                self.job,
+                params,
+                self._seed,
+                dataset=self._dataset,
+                share_params=True,
+                session_key=key,
             )
         mapped = self._mapped is not None
         core = Coordinator.restore(
@@ -421,6 +431,7 @@ class CoreService:
             self._seed,
             dataset=self._dataset,
             params=ckpt.params if mapped else None,  # restored into the file
+            session_key=key,
         )
         self.stats.restored_from = ckpt.version
         self.history.load(ckpt.metadata.get("history"))

@@ -43,6 +43,7 @@ class ErrorCode(enum.IntEnum):
     SHUTTING_DOWN = 15  # server going away
     INTERNAL = 16  # our bug; the message never leaks internals
     SLOW_CONSUMER = 17  # peer does not read: its send queue passed its bound
+    REPLACED = 18  # a newer connection resumed this session (its resume token)
 
 
 #: Websocket close code per error code (RFC 6455 §7.4; 4000-4999 private use).
@@ -64,6 +65,7 @@ CLOSE_CODES: dict[ErrorCode, int] = {
     ErrorCode.SHUTTING_DOWN: 1001,  # going away
     ErrorCode.INTERNAL: 1011,  # internal error
     ErrorCode.SLOW_CONSUMER: 4017,
+    ErrorCode.REPLACED: 4018,
 }
 
 #: Close code for an orderly ``bye``.

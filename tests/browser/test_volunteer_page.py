@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from websockets.sync.client import connect
 
 from coordinator import events as ev
+from protocol import messages as m
 from tests.browser.conftest import TcpProxy, artifacts_dir
-from tests.e2e.e2e_helpers import clients, digits_job, running
+from tests.e2e.e2e_helpers import clients, digits_job, hello_frame, running
 
 WEB_CLIENT = "crowdgrad-web/0.1"
 
@@ -226,10 +228,9 @@ def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
         via = f"ws://127.0.0.1:{proxy.port}/ws"
         page = open_tab(context, page_url(bg.url, f"autostart=1&ws={via}"))
         wait_until(lambda: stats(page).get("accepted", 0) >= 2, 60, "two accepted results")
-        # Down for a second: a reconnect that beat the server's noticing the old
-        # connection's end would start a fresh session (the registry resumes only a
-        # record that is not connected), and the test asks for a resumed one.
-        proxy.cut(down_s=1.0)
+        # No pause before the reconnect: one that beats the server's noticing the
+        # old connection's end takes that session over (§6) and still resumes it.
+        proxy.cut()
         wait_until(lambda: stats(page).get("status", "").startswith("offline"), 30, "offline")
         wait_until(lambda: stats(page).get("connects", 0) >= 2, 60, "a reconnect")
         before = stats(page)["accepted"]
@@ -240,6 +241,33 @@ def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
         wait_until(lambda: stats(page).get("hidden"), 10, "the worker told the tab is hidden")
         assert "hidden" in page.inner_text("#status")
         proxy.close()
+
+
+def test_a_tab_whose_session_another_connection_resumes_stops(context) -> None:
+    """A newer connection with the tab's resume token takes its session over: the
+    tab is closed 4018 and stops instead of taking the session back (§6)."""
+    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    with running(job) as (bg, service, rec):
+        page = open_tab(context, page_url(bg.url))
+        wait_until(lambda: stats(page).get("accepted", 0) >= 1, 60, "an accepted result")
+        (tab,) = web_client_ids(rec)
+        token = service.call(lambda core: core.registry.get(tab).resume_id).result(10)
+        assert _resume(bg.url, token) == token
+        wait_until(lambda: stats(page).get("status") == "finished", 30, "the tab to stop")
+        assert "Stopped: session taken over" in page.inner_text("#status")
+        assert stats(page)["connects"] == 1
+        left = [x for x in rec.of(ev.ClientLeft) if x.client_id == tab]
+        assert [x.reason for x in left] == ["closed: REPLACED"]
+
+
+def _resume(url: str, token: str) -> str:
+    """Join with ``token`` as the tab's session; the resumed session's token.
+    (The sync client: Playwright's sync API keeps an event loop on this thread.)"""
+    with connect(url, max_size=None, compression=None) as ws:
+        ws.send(hello_frame("takeover", resume=token))
+        while not isinstance(msg := m.decode(ws.recv(timeout=10)), m.Welcome):
+            pass
+        return msg.resume_token
 
 
 HIDE_TAB = """

@@ -105,6 +105,8 @@ def test_refusals_by_the_coordinator_are_fatal_and_say_why() -> None:
     assert version.fatal and "protocol version" in version.text and "9 not served" in version.text
     excluded = close_failure(4003, "excluded: disagrees")
     assert excluded.fatal and excluded.text.endswith("refused this client: excluded: disagrees")
+    replaced = close_failure(4018, "a newer connection resumed this session")
+    assert replaced.fatal and "goes on there" in replaced.text
     timeout = close_failure(4014, "no message for 15 s")
     assert not timeout.fatal
     assert timeout.text == (

@@ -136,6 +136,47 @@ def test_unknown_resume_token_starts_fresh() -> None:
     assert sent(out, "a", m.Welcome)[0].resume_token != "nope"
 
 
+def test_a_resume_while_the_old_connection_is_open_takes_the_session_over() -> None:
+    """A client whose network changed reconnects before its old connection's end
+    reaches the server: the resume takes the session (record, lease) and the old
+    connection is closed REPLACED, instead of the client starting afresh."""
+    core = make_core()
+    welcome, task = sent(core.connect("a", hello("a"), 0.0), "a")[:2]
+    core.connect("b", hello("b"), 0.5)
+    out = core.connect("a2", hello("a", resume=welcome.resume_token), 1.0)
+    assert [x.code for x in sent(out, "a", m.Error)] == [ErrorCode.REPLACED]
+    assert only(out, ev.Close) == [
+        ev.Close(client_id="a", code=4018, reason="a newer connection resumed this session")
+    ]
+    assert only(out, ev.ClientLeft)[0].client_id == "a"
+    assert only(out, ev.ClientJoined)[0].resumed
+    assert sent(out, "a2", m.Welcome)[0].resume_token == welcome.resume_token
+    assert sorted(core.conns) == ["a2", "b"]  # b, another client, is untouched
+    # the task a held is still its to deliver, now over the new connection
+    out = deliver(core, "a2", result_messages(task), 2.0)
+    assert (task.task_id, True, "") in acks(out, "a2")
+    assert core.model.contributions == 1
+    # a token nobody was handed takes nothing over
+    out = core.connect("x", hello("x", resume="0" * 24), 3.0)
+    assert not only(out, ev.ClientJoined)[0].resumed and only(out, ev.Close) == []
+
+
+def test_with_a_session_key_resume_tokens_are_unguessable() -> None:
+    """A served coordinator's tokens come from a per-process secret: not from the
+    job seed a stranger may know, and never one an earlier run handed out."""
+    seeded = [make_core(seed=3) for _ in range(2)]
+    keyed = [
+        Coordinator(make_job(), seed=3, dataset=digits(), session_key=bytes([k]) * 32)
+        for k in (1, 2)
+    ]
+    tokens = [
+        sent(c.connect("a", hello("a"), 0.0), "a", m.Welcome)[0].resume_token
+        for c in (*seeded, *keyed)
+    ]
+    assert tokens[0] == tokens[1]  # seeded: a simulation is reproducible
+    assert len({tokens[0], tokens[2], tokens[3]}) == 3
+
+
 def test_sync_lease_expiry_reissues_and_first_result_wins() -> None:
     core = make_core("decentral-sync", strategy={"clients_per_round": 1})
     t_a = task_of(core.connect("a", hello("a"), 0.0), "a")

@@ -24,6 +24,7 @@ export const ErrorCode = Object.freeze({
   SHUTTING_DOWN: 15,
   INTERNAL: 16,
   SLOW_CONSUMER: 17,
+  REPLACED: 18,
 });
 
 /** The same table under the name session.js imports. */

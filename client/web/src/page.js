@@ -64,7 +64,12 @@ function onWorker(msg) {
       break;
     case "finished":
       state.finished = msg.reason;
-      setStatus(`The job is finished (${msg.reason}). Thank you for helping!`, "finished");
+      setStatus(
+        msg.jobDone
+          ? `The job is finished (${msg.reason}). Thank you for helping!`
+          : `Stopped: ${msg.reason}.`,
+        "finished",
+      );
       $("pause").disabled = true;
       $("leave").disabled = true;
       break;

@@ -125,7 +125,13 @@ class Volunteer {
     }
     // Refusals a retry cannot fix: a wrong token, a hello the job cannot serve.
     if (ev.code === 4007 || ev.code === 4003 || ev.code === 4004) {
-      this.finish(`refused by the coordinator (close ${ev.code}: ${ev.reason || "no reason"})`);
+      this.finish(`refused by the coordinator (close ${ev.code}: ${ev.reason || "no reason"})`, false);
+      return;
+    }
+    // A newer connection resumed this session (§6): it goes on there, and
+    // reconnecting with the same token would only take it back.
+    if (ev.code === 4018) {
+      this.finish(`session taken over by a newer connection (close ${ev.code})`, false);
       return;
     }
     const base = BACKOFF_S[Math.min(this.attempt, BACKOFF_S.length - 1)];
@@ -315,7 +321,8 @@ class Volunteer {
     postMessage({ type: "prediction", id, outputs: Array.from(out), version: s.modelVersion });
   }
 
-  finish(reason) {
+  /** Stop for good; `jobDone`: the job is over (else this tab stopped, e.g. refused). */
+  finish(reason, jobDone = true) {
     if (this.finished !== null) return;
     this.finished = reason;
     this.status = "finished";
@@ -323,7 +330,7 @@ class Volunteer {
     clearTimeout(this.tickTimer);
     this.dropRun();
     if (this.ws !== null && this.ws.readyState <= WebSocket.OPEN) this.ws.close(1000, "finished");
-    postMessage({ type: "finished", reason });
+    postMessage({ type: "finished", reason, jobDone });
     this.report();
   }
 
