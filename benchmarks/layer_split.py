@@ -14,6 +14,19 @@ difference in points (target: the split within 0.5 points of whole, the seed's
 MNIST bound), and the bytes and frames per epoch in each direction with the
 virtual seconds an epoch takes on the link.
 
+The second part (``--coordinator``, on by default) runs the same comparison on
+the real coordinator: ``coordinator.core.Coordinator`` with two in-process client
+sessions (``coordinator.loopback.Loopback``: every frame wire-encoded, every
+task computed by ``client.compute``), a ``[split] cut`` job (lower tasks return
+their rows' boundary, which upper tasks train on as a shard: docs/protocol.md
+§3.3.2) against the same job trained whole. Both are decentral-async FedAsync
+(window 1), tau ``--tau`` steps of batch ``--batch`` a task, 8 shards; the whole
+job takes ``epochs × rows / (tau × batch)`` results, the split job that many of
+each block (twice the versions: each block sees every row ``epochs`` times). The
+learning rate is chosen per arm on the held-out rows as above; the figures are
+test accuracy and the bytes of every frame each way per epoch (Loopback counts
+them), by message type. Loopback models no link speed, so no time is given.
+
     .venv/bin/python benchmarks/layer_split.py [--seeds 0,1,...] [--codec fp16] [--json]
 """
 
@@ -31,7 +44,10 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from nn.data import load_digits, split_indices  # noqa: E402
+from coordinator.config import parse_job  # noqa: E402
+from coordinator.core import Coordinator  # noqa: E402
+from coordinator.loopback import Loopback  # noqa: E402
+from nn.data import Dataset, load_digits, split_indices  # noqa: E402
 from nn.layersplit import train_whole  # noqa: E402
 from nn.optim import Optimizer  # noqa: E402
 from nn.spec import ModelSpec, parse_widths  # noqa: E402
@@ -86,6 +102,81 @@ def run_split(d: dict, spec: ModelSpec, opt: Optimizer, seed: int, args: Any) ->
     }
 
 
+def run_coordinator(
+    d: dict, spec: ModelSpec, lr: float, seed: int, args: Any, *, split: bool
+) -> dict[str, Any]:
+    """One job on the real coordinator with two loopback clients (module docstring)."""
+    ds = Dataset(
+        name="digits-split-bench", X_train=d["X"], y_train=d["y"],
+        X_test=d["Xt"], y_test=d["yt"], num_classes=10,
+    )  # fmt: skip
+    tasks = args.epochs * len(d["y"]) // (args.tau * args.batch)
+    job = parse_job(
+        {
+            "model": {"widths": list(spec.widths)},
+            "data": {"shards": 8, "batch": args.batch},
+            "strategy": {
+                "name": "decentral-async", "tau": args.tau, "lr": lr,
+                "client_optimizer": args.optimizer, "window": 1,
+            },
+            "eval": {"every_versions": 1 << 40},
+            "stop": {"target_accuracy": None, "max_versions": tasks * (2 if split else 1)},
+            "codecs": {"update": args.codec},
+            **({"split": {"cut": args.cut}} if split else {}),
+        }
+    )  # fmt: skip
+    core = Coordinator(job, seed=seed, dataset=ds)
+    lb = Loopback(core)
+    for i in range(2):
+        lb.add_client(f"client-{i}", flops=1e9)
+    lb.run()
+    per_epoch: dict[str, dict[str, float]] = {"down": {}, "up": {}}
+    for (way, kind), n in lb.carried.items():
+        per_epoch[way][kind] = n / args.epochs
+    return {
+        "val": evaluate(core.params, d["Xv"], d["yv"]).accuracy,
+        "test": evaluate(core.params, d["Xt"], d["yt"]).accuracy,
+        "versions": core.version,
+        "per_epoch": per_epoch,
+    }
+
+
+def coordinator_part(d: dict, spec: ModelSpec, seeds: list[int], lrs: list[float], args: Any):
+    """Whole against split on the real coordinator, lr chosen per arm on val."""
+    grids: dict[str, dict[float, list[dict]]] = {"whole": {}, "split": {}}
+    for lr in lrs:
+        for arm in grids:
+            grids[arm][lr] = [
+                run_coordinator(d, spec, lr, s, args, split=arm == "split") for s in seeds
+            ]
+    lr_w, lr_s = best(grids["whole"]), best(grids["split"])
+    whole, split = grids["whole"][lr_w], grids["split"][lr_s]
+    diffs = [100 * (w["test"] - x["test"]) for w, x in zip(whole, split, strict=True)]
+    sem = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+
+    def traffic(runs: list[dict]) -> dict[str, dict[str, float]]:
+        kinds = {(w, k) for r in runs for w in r["per_epoch"] for k in r["per_epoch"][w]}
+        out: dict[str, dict[str, float]] = {"down": {}, "up": {}}
+        for w, k in sorted(kinds):
+            out[w][k] = statistics.fmean(r["per_epoch"][w].get(k, 0.0) for r in runs)
+        return out
+
+    return {
+        "tau": args.tau,
+        "lr": {"whole": lr_w, "split": lr_s},
+        "runs": [
+            {"seed": s, "whole": w["test"], "split": x["test"], "points_behind": p}
+            for s, w, x, p in zip(seeds, whole, split, diffs, strict=True)
+        ],
+        "whole_mean": statistics.fmean(w["test"] for w in whole),
+        "split_mean": statistics.fmean(x["test"] for x in split),
+        "points_behind_mean": statistics.fmean(diffs),
+        "points_behind_sem": sem,
+        "versions": {"whole": whole[0]["versions"], "split": split[0]["versions"]},
+        "bytes_per_epoch": {"whole": traffic(whole), "split": traffic(split)},
+    }
+
+
 def best(grid: dict[float, list[dict]]) -> float:
     return max(grid, key=lambda lr: statistics.fmean(r["val"] for r in grid[lr]))
 
@@ -102,8 +193,17 @@ def main() -> None:
     ap.add_argument("--codec", default="fp32", help="codec of the boundary frames (fp32)")
     ap.add_argument("--profile", default="roblox", help="link profile of both clients")
     ap.add_argument("--slice-batches", type=int, default=3, help="batches per transfer (3)")
+    ap.add_argument("--tau", type=int, default=10, help="steps per task, coordinator part (10)")
+    ap.add_argument(
+        "--coordinator",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the comparison on the real coordinator (default: on)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.tau < 1:
+        ap.error("--tau must be >= 1")
     try:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
         lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
@@ -164,8 +264,10 @@ def main() -> None:
         "model_bytes": spec.nbytes,
         "collect_bytes": split[0]["collect_bytes"],
         "target_points": TARGET_POINTS,
-        "wall_s": round(time.perf_counter() - t0, 1),
     }
+    if args.coordinator:
+        out["coordinator"] = coordinator_part(d, spec, seeds, lrs, args)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
     if args.json:
         print(json.dumps(out, indent=2))
         return
@@ -190,6 +292,26 @@ def main() -> None:
         f"an epoch takes {out['epoch_virtual_s']:.1f} virtual s on {args.profile} links; "
         f"the model is {spec.nbytes / 1e3:.1f} kB; wall {out['wall_s']} s"
     )
+    c = out.get("coordinator")
+    if c is None:
+        return
+    print(
+        f"real coordinator, 2 loopback clients, tau {c['tau']}: lr whole {c['lr']['whole']:g}, "
+        f"split {c['lr']['split']:g} (best on val); versions {c['versions']}"
+    )
+    for r in c["runs"]:
+        print(
+            f"seed {r['seed']}: whole {100 * r['whole']:.2f} %, split {100 * r['split']:.2f} % "
+            f"({r['points_behind']:+.2f} points behind)"
+        )
+    print(
+        f"mean: whole {100 * c['whole_mean']:.2f} %, split {100 * c['split_mean']:.2f} %, "
+        f"{c['points_behind_mean']:+.2f} ± {c['points_behind_sem'] or 0:.2f} points behind"
+    )
+    for arm, t in c["bytes_per_epoch"].items():
+        for way, kinds in t.items():
+            line = ", ".join(f"{k} {v / 1e3:.1f}" for k, v in kinds.items())
+            print(f"{arm:5s} {way:4s} kB/epoch: {line}")
 
 
 if __name__ == "__main__":

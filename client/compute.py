@@ -65,6 +65,9 @@ class ComputeOutput:
     steps: int
     #: ``result.metrics``: ``{"accuracy": ...}`` for ``evaluate``
     metrics: dict[str, float] = field(default_factory=dict)
+    #: a layer-split lower task's boundary: its rows' activations at hidden layer
+    #: ``task.boundary`` under the trained block (docs/protocol.md §3.3.2)
+    boundary: np.ndarray | None = None
 
 
 #: The task seed's generator stream for batch sampling (docs/protocol.md §12.1;
@@ -138,7 +141,11 @@ def run_task(task: m.Task, base: Params, data: Dataset | ShardData | None = None
             )  # fmt: skip
         delta = local.data - base.data
         return ComputeOutput(
-            update=delta, loss=metrics.loss, samples=metrics.samples, steps=metrics.steps
+            update=delta,
+            loss=metrics.loss,
+            samples=metrics.samples,
+            steps=metrics.steps,
+            boundary=_boundary(task, local, X),
         )
     raise ValueError(f"task {task.task_id}: kind {task.kind!r} is not computed by this client")
 
@@ -243,4 +250,15 @@ class SlicedTask:
             loss=self._loss_sum / self.done if self.done else float("nan"),
             samples=self._samples,
             steps=self.done,
+            boundary=_boundary(self.task, self._local, self._X),
         )
+
+
+def _boundary(task: m.Task, local: Params, X: np.ndarray) -> np.ndarray | None:
+    """What ``task.boundary`` asks for: every row's activations at that hidden
+    layer, in row order, under the block as trained (§3.3.2)."""
+    if task.boundary is None:
+        return None
+    from nn.layersplit import boundary_of  # layer-split tasks only
+
+    return boundary_of(local, task.boundary, X)

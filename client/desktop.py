@@ -538,6 +538,7 @@ class DesktopClient:
                     steps=out.steps,
                     compute_seconds=time.monotonic() - started,
                     metrics=out.metrics,
+                    boundary=out.boundary,
                 )
             )
 

@@ -820,6 +820,7 @@ class InGameClient:
                 steps=out.steps,
                 compute_seconds=finished - job.started,
                 metrics=out.metrics,
+                boundary=out.boundary,
             )
         )
         self._handover_s = self._clock() - t0

@@ -81,7 +81,14 @@ from nn.params import Params
 from nn.spec import INIT_SCHEME, LEGACY_INIT_SCHEME
 from protocol import messages as m
 from protocol.checksum import crc32
-from protocol.chunking import Reassembler, chunk_params
+from protocol.chunking import (
+    Block,
+    Reassembler,
+    chunk_params,
+    iter_chunks,
+    params_arrays,
+    params_layout,
+)
 from protocol.errors import ProtocolError, client_close_code
 from protocol.feedback import feedback_chunks
 from protocol.limits import LinkLimits, Pacer
@@ -105,6 +112,9 @@ def rounding_rng(task: m.Task) -> Any:
 
 
 log = logging.getLogger(__name__)
+
+#: decoded shards a session keeps (a layer-split job sends a new one per upper task)
+MAX_HELD_SHARDS = 16
 
 
 class Phase(enum.Enum):
@@ -148,6 +158,8 @@ class Capabilities:
     prefetch: bool = True
     #: takes its rows as shards named by hash and fetches them (hello.data, §13)
     data: bool = True
+    #: returns a layer-split lower task's boundary activations (hello.boundary, §3.3.2)
+    boundary: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,6 +321,7 @@ class ClientSession:
             init_schemes=self.caps.init_schemes,
             spans=self.caps.spans,
             data=self.caps.data,
+            boundary=self.caps.boundary,
         )
         self._last_sent = self._hello_sent = now
         return [Send(message=hello, frame=m.encode(hello))]
@@ -364,9 +377,11 @@ class ClientSession:
         steps: int = 0,
         compute_seconds: float = 0.0,
         metrics: dict[str, float] | None = None,
+        boundary: np.ndarray | None = None,
     ) -> list[Action]:
         """The driver finished a ComputeRequest; a superseded one is ignored.
-        An ``evaluate`` task uploads no chunks (``update`` is ignored)."""
+        An ``evaluate`` task uploads no chunks (``update`` is ignored); a task with
+        ``boundary`` (§3.3.2) uploads its rows' activations after the update."""
         self._advance(now)
         out: list[Action] = []
         if request_id != self.computing or self.task is None:
@@ -398,6 +413,28 @@ class ClientSession:
                 rng=rounding,
                 target_bytes=target,
                 spans=self.server_spans,
+            )
+        elif task.boundary is not None:
+            if boundary is None:
+                return self.compute_failed(
+                    request_id, "compute: the task asks for its boundary", now
+                )
+            delta = Params.from_flat(
+                task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
+            )
+            h = np.ascontiguousarray(boundary, dtype=np.float32)
+            hblock = Block(task.spec.num_layers, "h", tuple(h.shape))
+            chunks = list(
+                iter_chunks(
+                    (*params_layout(task.spec), hblock),
+                    [*params_arrays(delta), h],
+                    max_message_bytes=limit,
+                    codec=task.upload_codec,
+                    transfer=task.task_id,
+                    rng=rounding,
+                    target_bytes=target,
+                    spans=self.server_spans,
+                )
             )
         else:
             chunks = chunk_params(
@@ -694,7 +731,7 @@ class ClientSession:
         blob = self.cache.get(sha)
         if blob is not None:
             try:
-                self.shards[sha] = decode_shard(blob)
+                self._hold(sha, decode_shard(blob))
                 return True
             except ShardError as exc:
                 log.warning("cached shard %s unusable (%s): fetching it again", sha[:12], exc)
@@ -735,10 +772,22 @@ class ClientSession:
             log.warning("shard %s refused: %s", msg.data[:12], exc)
             return  # the waiting task's lease runs out; nothing wrong is computed
         self.cache.put(msg.data, blob)
-        self.shards[msg.data] = shard
+        self._hold(msg.data, shard)
         for task in (self.task, self.next_task):
             if task is not None and task.data == msg.data and task.task_id in self._wait_data:
                 self._model_ready(task, out)
+
+    def _hold(self, sha: str, shard: ShardData) -> None:
+        """Keep a decoded shard, and at most ``MAX_HELD_SHARDS``: the oldest go,
+        except those the current and the queued task name (a cache has them)."""
+        self.shards.pop(sha, None)
+        self.shards[sha] = shard
+        keep = {t.data for t in (self.task, self.next_task) if t is not None}
+        for old in list(self.shards):
+            if len(self.shards) <= MAX_HELD_SHARDS:
+                break
+            if old not in keep:
+                del self.shards[old]
 
     def _decline(self, task: m.Task, reason: str, out: list[Action]) -> None:
         """Give ``task`` up: forget it (a queued task behind it goes on) and, to a

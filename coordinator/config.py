@@ -385,6 +385,23 @@ class SubmodelSection(_Section):
         return self.mode != "off"
 
 
+class SplitSection(_Section):
+    """Layer-split training (docs/coordinator.md, "Layer-split jobs"): ``cut`` = c
+    cuts the model after hidden layer c into a lower block (the layers below,
+    trained through an auxiliary linear head to the outputs) and an upper block
+    (the rest); each task trains one block (docs/protocol.md §3.3.2), and a lower
+    task's result carries its rows' boundary activations, which upper tasks
+    train on. ``waiting``: boundary shards kept for upper tasks (the oldest not
+    yet leased goes when one more comes). ``cut = 0``: no split (the default)."""
+
+    cut: int = Field(default=0, ge=0)
+    waiting: int = Field(default=4, ge=1, le=1024)
+
+    @property
+    def enabled(self) -> bool:
+        return self.cut > 0
+
+
 class JobConfig(_Section):
     name: str = "job"
     model: ModelSection = Field(default_factory=lambda: ModelSection(widths=[64, 128, 10]))
@@ -400,6 +417,7 @@ class JobConfig(_Section):
     codecs: CodecSection = Field(default_factory=CodecSection)
     distill: DistillSection = Field(default_factory=DistillSection)
     submodel: SubmodelSection = Field(default_factory=SubmodelSection)
+    split: SplitSection = Field(default_factory=SplitSection)
 
     @model_validator(mode="after")
     def _distill_needs_train_tasks(self) -> JobConfig:
@@ -450,6 +468,33 @@ class JobConfig(_Section):
             )
         if self.model.spec().num_layers < 2:
             raise ValueError("submodel.mode: the model has no hidden layer to split")
+        return self
+
+    @model_validator(mode="after")
+    def _split_needs_one_step_per_result(self) -> JobConfig:
+        """A block's result moves only that block: it lands alone (FedAsync with
+        no window), since a window or a round would combine updates of two blocks
+        as if they were one model's; everything that compares or replays whole
+        updates is out."""
+        if not self.split.enabled:
+            return self
+        hidden = self.model.spec().num_layers - 1
+        if self.split.cut > hidden:
+            raise ValueError(f"split.cut: a hidden layer 1..{hidden}, got {self.split.cut}")
+        st = self.strategy
+        if st.name != "decentral-async" or st.aggregation != "fedasync" or st.window != 1:
+            raise ValueError(
+                "split.cut: needs strategy.name 'decentral-async', aggregation 'fedasync' "
+                "and window = 1 (each block's result lands alone)"
+            )
+        for on, what in (
+            (self.submodel.enabled, "submodel.mode"),
+            (self.replication.enabled, "replication.enabled"),
+            (self.distill.teacher is not None, "distill.teacher"),
+            (self.codecs.error_feedback, "codecs.error_feedback"),
+        ):
+            if on:
+                raise ValueError(f"split.cut: not with {what}")
         return self
 
     @property

@@ -102,6 +102,8 @@ class Conn:
     spans: bool = False
     #: the client takes its rows as shards named by hash (hello.data, §13)
     data: bool = False
+    #: the client returns a layer-split task's boundary (hello.boundary, §3.3.2)
+    boundary: bool = False
     #: shards named in a task to this connection so far (the first pays its transfer)
     shards_named: set[str] = field(default_factory=set)
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,7 @@ from coordinator.data import DataCatalog, load_job_data
 from coordinator.downloads import ModelDistribution
 from coordinator.evaluation import Evaluator
 from coordinator.handshake import check_hello, open_conn, server_limits, welcome
+from coordinator.layersplit import LOWER, UPPER, Boundaries, SplitBlocks
 from coordinator.leases import LeaseBook, LeaseState, TaskPlan, TaskState, lease_seconds
 from coordinator.orphans import Orphans
 from coordinator.reference import reference_norms
@@ -73,11 +75,13 @@ from coordinator.strategies import (
     make_strategy,
     serves_prefetch,
 )
+from coordinator.strategies.layer_split import LayerSplit
 from coordinator.submodel import SubmodelPlanner
 from coordinator.taskwriter import TaskWriter
 from coordinator.upstream import UpstreamState
 from coordinator.validation import UpdateValidator
 from nn.data import Dataset
+from nn.layersplit import boundary_of
 from nn.params import Params
 from nn.subnet import Subnet
 from protocol import messages as m
@@ -170,6 +174,29 @@ class Coordinator:
         self.validator = UpdateValidator(job.validation, size=spec.num_params)
         self.dataset = dataset or load_job_data(job)
         self.data = DataCatalog.for_job(job, self.dataset)
+        #: a layer-split job's blocks (coordinator/layersplit.py); None: whole-model tasks
+        self.split: SplitBlocks | None = None
+        #: the norm check per block of a layer-split job (their updates differ in size)
+        self.block_validators: dict[int, UpdateValidator] = {}
+        if job.split.enabled:
+            self.split = SplitBlocks(spec, job.split.cut, init_seed=job.model.init_seed)
+            self.strategy = LayerSplit(
+                blocks=self.split,
+                boundaries=Boundaries(
+                    job.split,
+                    self.data,
+                    self.dataset.y_train,
+                    classes=self.dataset.num_classes or 0,
+                ),
+                model=self.model,
+                config=job.strategy,
+                data=job.data,
+                rng=np.random.default_rng(strat_seq),
+            )
+            self.block_validators = {
+                b: UpdateValidator(job.validation, size=self.split.spec_of(b).num_params)
+                for b in (LOWER, UPPER)
+            }
         #: job data from a file: only clients that fetch shards (hello.data) can train
         self._data_only = job.data.path is not None
         #: what a task message says (coordinator/taskwriter.py)
@@ -177,7 +204,10 @@ class Coordinator:
         st = job.strategy
         self.evaluator = Evaluator(self.dataset, job.eval)
         self._reference_seed, self._reference_seq = seed, submodel_seq
-        self.validator.reference = self._reference_norms()
+        if self.split is None:
+            self.validator.reference = self._reference_norms()
+        else:
+            self._split_reference_norms()
         self.limits = server_limits(job)
         self.finished: ev.JobFinished | None = None
         self.started_at: float | None = None
@@ -233,6 +263,7 @@ class Coordinator:
             close=self._close,
             stepped=self._stepped,
             finished=lambda: self.finished is not None,
+            block_validators=self.block_validators,
         )
         #: an edge's standing against its root (coordinator/upstream.py), None
         #: unless this coordinator serves as an edge; it is checkpointed
@@ -516,6 +547,30 @@ class Coordinator:
             subnets=subnets,
         )
 
+    def _split_reference_norms(self) -> None:
+        """Each block's norm check starts from the coordinator's own updates to that
+        block: lower tasks on the first shards, upper tasks on their boundaries."""
+        job, split = self.job, self.split
+        assert split is not None
+        if not job.validation.reference_tasks:
+            return
+        st = job.strategy
+        lower = split.slice(LOWER, self.model.params)
+        for block, validator in self.block_validators.items():
+            start = lower if block == LOWER else split.slice(UPPER, self.model.params)
+            validator.reference = reference_norms(
+                start,
+                self.dataset,
+                self.data.indices,
+                kind="train",
+                steps=st.tau,
+                batch=job.data.batch,
+                optimizer=self.tasks.optimizer,
+                seed=self._reference_seed,
+                count=job.validation.reference_tasks,
+                features=None if block == LOWER else partial(boundary_of, lower, split.cut),
+            )
+
     def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:
         """The model becomes ``data``, one version on (an edge rebasing onto its
         root's model: coordinator/upstream.py). Clients holding older versions
@@ -567,10 +622,19 @@ class Coordinator:
             case m.Result():
                 task = self.book.tasks.get(int(msg.task_id)) if msg.task_id.isdigit() else None
                 subnet = None if task is None else task.subnet
+                spec = None if subnet is None else subnet.sub
+                layout = None
+                if self.split is not None and task is not None and task.block is not None:
+                    spec = self.split.spec_of(task.block)
+                    if task.block == LOWER:  # the update, then its rows' boundary
+                        rows = self.data.shard(task.shard).rows
+                        layout = self.split.result_layout(LOWER, rows)
                 conn.uploads.start(
                     msg,
                     nbytes,
-                    spec=None if subnet is None else subnet.sub,
+                    spec=spec,
+                    layout=layout,
+                    extra=int(layout is not None),
                     taken=task is not None and self.results.lease_for(task, rec) is not None,
                     keep_wire=subnet is not None and self.merges_in_place,
                 )
@@ -630,6 +694,8 @@ class Coordinator:
                 client_id=conn.client_id,
                 version_held=rec.version_held,
                 connected=len(self.conns),
+                shards=conn.data,
+                boundary=conn.boundary,
             )
             plan = self.verifier.twin_for(rec.resume_id) or self.strategy.task_for(view, now)
             if plan is None:
@@ -655,7 +721,7 @@ class Coordinator:
                 raise RuntimeError(f"strategy reissued task {task.task_id} of an old version")
         else:
             v = self.model.version if plan.version is None else plan.version
-            rows = self.data.shards[plan.shard].rows  # a mean's weight (FedAvg)
+            rows = self.data.shard(plan.shard).rows  # a mean's weight (FedAvg)
             task = self.book.new_task(plan, version=v, now=now, rows=rows)
             if self.submodels is not None:
                 task.subnet = self.submodels.choose(
@@ -669,10 +735,16 @@ class Coordinator:
         self.orphans.discard(task.task_id)
         # A client that builds version 0 from the init seed gets no model at all.
         sub = task.subnet
+        part = None if self.split is None or task.block is None else self.split.spec_of(task.block)
         seeded = conn.seeded_init and rec.version_held is None and task.version == 0
         if sub is not None:  # its slice, whatever the client holds
             seeded = False
             dl, conn.delta_chain = self.downloads.subnet(task, conn.limits, conn.spans), 0
+        elif part is not None:  # a layer-split block, the same
+            assert self.split is not None and task.block is not None
+            seeded = False
+            block = self.split.slice(task.block, self.model.params)
+            dl, conn.delta_chain = self.downloads.part(task, block, conn.limits, conn.spans), 0
         else:
             dl, conn.delta_chain = self.downloads.plan(
                 task_version=task.version,
@@ -684,19 +756,20 @@ class Coordinator:
                 spans=conn.spans,
             )
         model_bytes = dl.nbytes
-        shard = self.data.shards[task.shard]
+        shard = self.data.shard(task.shard)
         # The first task naming a shard may wait for its transfer (a cold cache).
         data_bytes = 0
         if conn.data and shard.sha256 not in conn.shards_named:
             conn.shards_named.add(shard.sha256)
             data_bytes = len(shard.blob)
-        per_sample = self._flops_per_sample if sub is None else sub.sub.flops_per_sample()
+        trained = part or (self.spec if sub is None else sub.sub)
+        per_sample = self._flops_per_sample if trained is self.spec else trained.flops_per_sample()
         flops = per_sample * task.steps * task.batch
         # A queued task starts when the one in front is done: about one task later.
         compute_s = flops / rec.rate() * (2 if queued else 1)
         lease_s = lease_seconds(
             compute_s=compute_s,
-            nbytes=model_bytes + data_bytes + (self.spec if sub is None else sub.sub).nbytes,
+            nbytes=model_bytes + data_bytes + trained.nbytes,
             bytes_per_s=conn.limits.bytes_per_s,
             min_s=self.job.lease.min_s,
             slack=self.job.lease.slack,
@@ -716,11 +789,13 @@ class Coordinator:
             shards=conn.data,
             seeded=seeded,
             init_crc=self._v0_crc,
+            part=part,
+            boundary=self.split.cut if part is not None and task.block == LOWER else None,
         )
         task_bytes = self.connections.queue(conn, msg)
         self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))
         rec.version_sent = dl.version
-        rec.version_held = dl.version if sub is None else None  # a slice is no version
+        rec.version_held = dl.version if trained is self.spec else None  # a slice is none
         out.append(
             ev.TaskLeased(
                 client_id=conn.client_id,

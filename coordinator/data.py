@@ -61,8 +61,33 @@ class DataCatalog:
             blob = encode_shard(dataset.X_train[idx], dataset.y_train[idx], classes=classes)
             self.shards.append(ShardBlob(i, sha256_hex(blob), blob, len(idx)))
         self.by_hash = {s.sha256: s for s in self.shards}
+        #: shards added while the job runs, by index (``add``)
+        self.extra: dict[int, ShardBlob] = {}
         # (hash, frame bytes) -> the whole shard's frames from offset 0
         self._frames: dict[tuple[str, int], list[tuple[m.Data, bytes]]] = {}
+
+    def shard(self, index: int) -> ShardBlob:
+        """A shard of the job's data, or one added since (a boundary shard)."""
+        if index < len(self.shards):
+            return self.shards[index]
+        return self.extra[index]
+
+    def add(self, blob: ShardBlob) -> None:
+        """Serve a shard made while the job runs (a layer-split job's boundary
+        activations, coordinator/layersplit.py) under its index and hash."""
+        if blob.index < len(self.shards) or blob.index in self.extra:
+            raise ValueError(f"shard {blob.index}: that index is taken")
+        self.extra[blob.index] = blob
+        self.by_hash.setdefault(blob.sha256, blob)
+
+    def discard(self, index: int) -> None:
+        """Stop serving an added shard (no-op for one gone already)."""
+        blob = self.extra.pop(index, None)
+        if blob is None or self.by_hash.get(blob.sha256) is not blob:
+            return
+        del self.by_hash[blob.sha256]
+        for key in [k for k in self._frames if k[0] == blob.sha256]:
+            del self._frames[key]
 
     @classmethod
     def for_job(cls, job: JobConfig, dataset: Dataset) -> DataCatalog:

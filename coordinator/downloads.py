@@ -202,8 +202,15 @@ class ModelDistribution:
         another or for a version it holds (the core records none held after it)."""
         v, params = self.model()
         assert task.subnet is not None and task.version == v
+        return self.part(task, task.subnet.slice(params), limits, spans)
+
+    def part(self, task: Task, part: Params, limits: LinkLimits, spans: bool) -> Download:
+        """What a task trains when it is not the whole model (a subnet's slice, a
+        layer-split block), taken now from the current version: in full, per task."""
+        v, _ = self.model()
+        assert task.version == v
         transfer = f"sub-{task.task_id}-{v}"
-        chunks, frames = self._chunked(task.subnet.slice(params), transfer, limits, spans)
+        chunks, frames = self._chunked(part, transfer, limits, spans)
         return Download("full", v, transfer, tuple(chunks), tuple(frames))
 
     def _chunked(

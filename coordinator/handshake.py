@@ -21,6 +21,9 @@ from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import LinkLimits
 from protocol.limits import profile as link_profile
 
+#: rows a layer-split boundary may add to a result's chunks (one shard's)
+MAX_BOUNDARY_ROWS = 1 << 16
+
 
 def server_limits(job: JobConfig) -> LinkLimits:
     """The job's link profile with its explicit overrides applied."""
@@ -80,13 +83,16 @@ def open_conn(
     """A connection under the negotiated ``limits``, with what the checked hello
     says the client can do. ``seeded_v0``: this coordinator's version 0 is the
     job's init seed's, so a client with the portable scheme builds it itself."""
-    conn = Conn(client_id, limits, Uploads(spec, job.codecs.update))
+    # A layer-split lower result also carries its shard's boundary rows.
+    extra = MAX_BOUNDARY_ROWS if job.split.enabled else 0
+    conn = Conn(client_id, limits, Uploads(spec, job.codecs.update, extra_rows=extra))
     conn.deltas = (
         hello.deltas and job.codecs.delta is not None and _codec_id(job.codecs.delta) in offered
     )
     conn.seeded_init = INIT_SCHEME in hello.init_schemes and seeded_v0
     conn.spans = hello.spans
     conn.data = hello.data
+    conn.boundary = hello.boundary and job.split.enabled
     return conn
 
 

@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING
 from protocol.states import checked_move
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from nn.subnet import Subnet
 
 
@@ -115,6 +117,8 @@ class TaskPlan:
     round: int | None = None
     reissue: int | None = None
     version: int | None = None
+    #: a layer-split job's block (0 lower, 1 upper; coordinator/layersplit.py)
+    block: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -140,6 +144,12 @@ class Task:
     #: a sub-model task's subnet (nn/subnet.py): what its client trains and
     #: uploads, in the subnet's layout; None: the whole model
     subnet: Subnet | None = None
+    #: a layer-split task's block (None: the whole model) and that block's own
+    #: version when the task was made (its staleness counts the block's steps)
+    block: int | None = None
+    block_version: int = 0
+    #: a lower block's result: its rows' boundary activations, until merged
+    boundary: np.ndarray | None = None
 
     def move(self, to: TaskState) -> None:
         self.state = checked_move(
@@ -238,6 +248,7 @@ class LeaseBook:
             round=plan.round,
             created_at=now,
             rows=rows,
+            block=plan.block,
         )
         self._next_task += 1
         self.tasks[task.task_id] = task

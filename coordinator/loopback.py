@@ -60,8 +60,17 @@ class Loopback:
 
     # -- scripting -----------------------------------------------------------------
 
-    def add_client(self, client_id: str, *, flops: float = 1e9, at: float | None = None) -> None:
-        session = ClientSession(client_id, Capabilities(flops=flops), seed=len(self.clients))
+    def add_client(
+        self,
+        client_id: str,
+        *,
+        flops: float = 1e9,
+        at: float | None = None,
+        caps: Capabilities | None = None,
+    ) -> None:
+        """``caps``: what its hello says (default: this build's, at ``flops``)."""
+        caps = caps if caps is not None else Capabilities(flops=flops)
+        session = ClientSession(client_id, caps, seed=len(self.clients))
         self.clients[client_id] = LoopClient(client_id, session, flops)
         self.schedule(self.now if at is None else at, "connect", client_id)
 
@@ -129,6 +138,7 @@ class Loopback:
                     samples=out.samples,
                     steps=out.steps,
                     compute_seconds=now - started,
+                    boundary=out.boundary,
                 )
                 self._client_actions(c, actions)
             case "drop":

@@ -70,6 +70,7 @@ class ResultPath:
         "_stepped",
         "_strategy",
         "_validator",
+        "_validators",
         "_verifier",
         "accepted",
     )
@@ -89,8 +90,11 @@ class ResultPath:
         close: CloseFn,
         stepped: SteppedFn,
         finished: Callable[[], bool],
+        block_validators: dict[int, UpdateValidator] | None = None,
     ) -> None:
         self._job = job
+        #: a layer-split job's norm check per block (its blocks' updates differ)
+        self._validators = block_validators or {}
         self._model = model
         self._book = book
         self._strategy = strategy
@@ -150,9 +154,10 @@ class ResultPath:
         # A sub-model task's delta stays in its subnet's layout: the strategy places
         # it (task.subnet), in place where it can, so no model-sized copy is made.
         sub = task.subnet
-        reject, norm = self._validator.check(
-            update, size=None if sub is None else sub.sub.num_params
-        )
+        validator = self._validator_of(task)
+        reject, norm = validator.check(update, size=None if sub is None else sub.sub.num_params)
+        if reject is None and task.block is not None:
+            reject = self._take_boundary(task, upload)
         if reject is not None:
             self._reject(conn, rec, result.task_id, reject, now, out, count=True)
             self._maybe_reissue(task, now)
@@ -161,7 +166,7 @@ class ResultPath:
         unit = verifier.unit_of(task.task_id)
         clip = 1.0
         if unit is None:
-            clip = self._validator.clip_scale(norm)
+            clip = validator.clip_scale(norm)
             outcome = self.apply(task, update, norm, rec.resume_id, now, checked=False, clip=clip)
             if not outcome.accepted:
                 self._orphans.discard(task.task_id)
@@ -276,14 +281,16 @@ class ResultPath:
         """Hand a validated update to the strategy, clipped to the median norm now
         (``clip``: that factor, when the caller took it already).
         ``checked``: replication compared it; an unchecked one is journaled."""
-        scale = self._validator.clip_scale(norm) if clip is None else clip
+        validator = self._validator_of(task)
+        scale = validator.clip_scale(norm) if clip is None else clip
         if scale < 1.0:
             update = update * np.float32(scale)
         journal = not checked and self._verifier.journals
         before = self._model.params.data.copy() if journal else None
         outcome = self._strategy.on_result(task, update, now)
+        task.boundary = None
         if outcome.accepted:
-            self._validator.accept(norm * scale)
+            validator.accept(norm * scale)
             self.accepted += 1
             if not checked:
                 self._verifier.applied(holder, before, outcome)
@@ -321,6 +328,23 @@ class ResultPath:
         """A refused result ended the task's only lease: lease it again or hold it."""
         if task.state is TaskState.OPEN and not self._book.live_leases(task):
             self._orphans.lost(task, now, finished=self._finished())
+
+    def _validator_of(self, task: Task) -> UpdateValidator:
+        return self._validator if task.block is None else self._validators[task.block]
+
+    @staticmethod
+    def _take_boundary(task: Task, upload: Upload) -> Reject | None:
+        """A layer-split lower result's boundary goes with its task to the strategy,
+        which makes a shard of it; activations that are not finite are refused
+        (after a ReLU they are also never negative, but a codec may round a zero
+        to a tiny negative, so that is not checked)."""
+        h = upload.boundary
+        if h is None:
+            return None
+        if not np.isfinite(h).all():
+            return Reject.NONFINITE
+        task.boundary = h
+        return None
 
     def lease_for(self, task: Task, rec: ClientRecord) -> Lease | None:
         """The client's latest lease on ``task``, under this connection or one it

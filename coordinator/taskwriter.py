@@ -79,17 +79,22 @@ class TaskWriter:
         shards: bool,
         seeded: bool,
         init_crc: int | None,
+        part: ModelSpec | None = None,
+        boundary: int | None = None,
     ) -> m.Task:
         """The task as leased: ``dl`` is how its model reaches the client,
         ``shards`` whether the client fetches shards by hash, ``seeded`` whether it
-        builds version 0 itself from the init seed (``init_crc`` checks it)."""
+        builds version 0 itself from the init seed (``init_crc`` checks it).
+        ``part``: a layer-split block's spec, ``boundary`` its cut (a lower block)."""
         send_model = dl.kind in ("full", "delta")
         sub = task.subnet
+        if part is None:
+            part = self._spec if sub is None else sub.sub
         return m.Task.trusted(
             task_id=str(task.task_id),
             kind=self.kind(task),
             model_version=dl.version,
-            spec=self._spec if sub is None else sub.sub,
+            spec=part,
             dataset=self.dataset_name,
             shard=task.shard,
             indices=self.indices(task, shards=shards),
@@ -106,9 +111,10 @@ class TaskWriter:
             delta_base=dl.delta_base,
             init_seed=self._job.model.init_seed if seeded else None,
             init_crc=init_crc if seeded else None,
-            data=self._data.shards[task.shard].sha256 if shards else None,
+            data=self._data.shard(task.shard).sha256 if shards else None,
             init_scheme=INIT_SCHEME if seeded else None,
             subnet=None if sub is None else sub.to_wire(),
+            boundary=boundary,
             **self.distill_fields(task),
         )
 
@@ -138,7 +144,7 @@ class TaskWriter:
         if not shards:
             return self._shard_idx[task.shard]
         if self.teacher_logits is not None:
-            return np.arange(self._data.shards[task.shard].rows, dtype=np.int32)
+            return np.arange(self._data.shard(task.shard).rows, dtype=np.int32)
         return None
 
     def kind(self, task: Task) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 from compression import get as get_codec
 from nn.spec import ModelSpec
 from protocol import messages as m
-from protocol.chunking import Reassembler, params_layout
+from protocol.chunking import Layout, Reassembler, params_layout
 from protocol.errors import ErrorCode, ProtocolError
 
 
@@ -77,11 +77,26 @@ class Upload:
     #: form (a quarter of float32's bytes in int8; coordinator/journal.py)
     wire: list[m.Chunk] | None = None
 
+    #: blocks after the update's in the layout (a lower block's boundary: 1)
+    extra: int = 0
+
     @property
     def update(self) -> np.ndarray:
         """The uploaded update, flat (only for a result that may be taken)."""
-        assert isinstance(self.reasm, Reassembler), "a dropped upload keeps no update"
-        return self.reasm.params().data
+        reasm = self.reasm
+        assert isinstance(reasm, Reassembler), "a dropped upload keeps no update"
+        if not self.extra:
+            return reasm.params().data
+        arrays = reasm.arrays()
+        return np.concatenate([arrays[b.key].ravel() for b in reasm.layout[: -self.extra]])
+
+    @property
+    def boundary(self) -> np.ndarray | None:
+        """A layer-split lower block's boundary activations ``[rows, width]``."""
+        if not self.extra:
+            return None
+        assert isinstance(self.reasm, Reassembler)
+        return self.reasm.arrays()[self.reasm.layout[-1].key]
 
 
 def _frame_bytes(msg: m.Message, nbytes: int | None) -> int:
@@ -94,10 +109,11 @@ class Uploads:
 
     __slots__ = ("_codec", "_codec_name", "_open", "_rows", "_spec")
 
-    def __init__(self, spec: ModelSpec, codec: str) -> None:
+    def __init__(self, spec: ModelSpec, codec: str, *, extra_rows: int = 0) -> None:
         self._spec = spec
-        #: the most chunks any result may announce (one row each, the whole model)
-        self._rows = sum(b.rows for b in params_layout(spec))
+        #: the most chunks any result may announce (one row each, the whole model,
+        #: and ``extra_rows`` more: a layer-split lower block's boundary rows)
+        self._rows = sum(b.rows for b in params_layout(spec)) + extra_rows
         self._codec_name = codec
         #: the job's update codec: every chunk must be in it
         self._codec = int(get_codec(codec).id)
@@ -109,11 +125,15 @@ class Uploads:
         nbytes: int | None,
         *,
         spec: ModelSpec | None = None,
+        layout: Layout | None = None,
+        extra: int = 0,
         taken: bool = True,
         keep_wire: bool = False,
     ) -> None:
         """A result header: chunks for ``msg.task_id`` follow, in the layout of
-        ``spec`` (a sub-model task's subnet) or else of the job's model.
+        ``spec`` (a sub-model task's subnet) or else of the job's model; or in
+        ``layout`` (a layer-split block's), whose last ``extra`` blocks follow the
+        update's.
         ``taken=False``: the sender does not hold the task; see the module docstring.
         ``keep_wire``: keep the chunks too (``Upload.wire``)."""
         if msg.num_chunks < 1:
@@ -127,7 +147,9 @@ class Uploads:
                 f"(at most {MAX_OPEN} at once; send each result's chunks after its header)",
             )
         reasm: Reassembler | Dropped
-        if taken:
+        if taken and layout is not None:
+            reasm = Reassembler(layout, transfer=msg.task_id, total=msg.num_chunks)
+        elif taken:
             reasm = Reassembler.for_params(
                 spec or self._spec, transfer=msg.task_id, total=msg.num_chunks
             )
@@ -138,7 +160,7 @@ class Uploads:
             )
         else:
             reasm = Dropped(msg.task_id, msg.num_chunks)
-        upload = self._open[msg.task_id] = Upload(msg, reasm)
+        upload = self._open[msg.task_id] = Upload(msg, reasm, extra=extra if taken else 0)
         if keep_wire and taken:
             upload.wire = []
         upload.frame_bytes += _frame_bytes(msg, nbytes)

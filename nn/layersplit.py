@@ -176,6 +176,22 @@ class BlockTrainer:
         return h
 
 
+def boundary_of(params: Params, cut: int, X: np.ndarray) -> np.ndarray:
+    """The activations of hidden layer ``cut`` of ``params`` for X, ``[n, width]``
+    float32: its first ``cut`` layers' forward pass (a layer-split lower task's
+    boundary, docs/protocol.md §3.3.2)."""
+    spec = params.spec
+    if not 1 <= cut < spec.num_layers:
+        raise ValueError(f"cut: a hidden layer 1..{spec.num_layers - 1}, got {cut}")
+    block = ModelSpec(
+        widths=spec.widths[: cut + 1],
+        activations=spec.activations[:cut],
+        loss=spec.loss,
+        init=spec.init,
+    )
+    return forward_outputs(Params(block, params.data[: block.num_params]), X)
+
+
 def init_blocks(
     spec: ModelSpec, cuts: Sequence[int], *, seed: int, optimizer: Optimizer
 ) -> list[BlockTrainer]:

@@ -361,7 +361,8 @@ class Hello(Message):
     it builds version 0 itself from ``task.init_seed`` with NumPy's PCG64 (the
     legacy scheme); ``init_schemes``: the portable init schemes it builds it with
     (docs/protocol.md §3.3, §12.3).
-    ``spans``: it takes chunks that span several blocks (``chunk.blocks`` > 1, §5.3)."""
+    ``spans``: it takes chunks that span several blocks (``chunk.blocks`` > 1, §5.3).
+    ``boundary``: it returns a layer-split task's boundary activations (§3.3.2)."""
 
     TYPE: ClassVar[str] = "hello"
     version: int = PROTOCOL_VERSION
@@ -379,8 +380,9 @@ class Hello(Message):
     spans: bool = False
     data: bool = False
     init_schemes: tuple[str, ...] = ()
+    boundary: bool = False
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_schemes"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_schemes", "boundary"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": _int(0, 65535),
         "client": _str(64, empty=False),
@@ -397,6 +399,7 @@ class Hello(Message):
         "spans": _bool,
         "data": _bool,
         "init_schemes": _strs(8, 32),
+        "boundary": _bool,
     }
 
 
@@ -449,7 +452,10 @@ class Task(Message):
     ``init_schemes``; nil scheme: legacy PCG64, to ``seeded_init``) no model
     follows: the client builds it from the seed and checks its CRC-32 against
     ``init_crc``. A sub-model task (``subnet``) is an ordinary task on a narrower
-    ``spec``; ``subnet`` names the job model's hidden neurons it keeps (§3.3.1)."""
+    ``spec``; ``subnet`` names the job model's hidden neurons it keeps (§3.3.1).
+    With ``boundary`` = c (a layer-split job's lower block, §3.3.2) the result
+    also carries the activations of hidden layer c, after training, for every
+    row the task names (``Result`` layout: the update's blocks, then ``(L, "h")``)."""
 
     TYPE: ClassVar[str] = "task"
     task_id: str
@@ -478,8 +484,9 @@ class Task(Message):
     data: str | None = None
     init_scheme: str | None = None
     subnet: np.ndarray | None = None
+    boundary: int | None = None
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_scheme", "subnet"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_scheme", "subnet", "boundary"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "task_id": _str(128, empty=False),
         "kind": _str(32, TASK_KINDS),
@@ -507,11 +514,20 @@ class Task(Message):
         "data": _opt(_sha256),
         "init_scheme": _opt(_str(32, empty=False)),
         "subnet": _opt(_indices),
+        "boundary": _opt(_int(1, 65535)),
     }
 
     def _cross(self) -> None:
         if self.subnet is not None:
             self._cross_subnet(self.subnet)
+        if self.boundary is not None:
+            hidden = len(self.spec.widths) - 2
+            if self.kind != "train" or self.boundary > hidden:
+                raise _bad(
+                    "task.boundary",
+                    f"a hidden layer 1..{hidden} of a train task's spec",
+                    self.boundary,
+                )
         if self.init_seed is not None:
             if (
                 self.init_crc is None

@@ -383,6 +383,7 @@ class Player:
                 samples=out.samples,
                 steps=out.steps,
                 compute_seconds=seconds,
+                boundary=out.boundary,
             )
         )
 

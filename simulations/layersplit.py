@@ -25,9 +25,11 @@ lossless (fp32), so the blocks end bit-identical to ``train_split`` with the
 same seed (tests/simulations/test_layersplit.py). fp16 halves the bytes and
 rounds what second sees.
 
-Not built: the real coordinator (coordinator/core.py) does not lease layer-split
-tasks and docs/protocol.md has no message that names a boundary transfer; the
-frames here are ordinary ``chunk`` and ``ack`` messages.
+The real coordinator trains the same blocks with ordinary tasks instead of a
+relayed pair (coordinator/layersplit.py, docs/protocol.md §3.3.2): a lower
+task's result carries its rows' boundary, which becomes a shard for an upper
+task; here the frames are ordinary ``chunk`` and ``ack`` messages between two
+fixed clients.
 """
 
 from __future__ import annotations

@@ -68,6 +68,9 @@ class ClientView:
     client_id: str
     version_held: int | None
     connected: int
+    #: it fetches shards by hash (hello.data), and returns boundaries (hello.boundary)
+    shards: bool = False
+    boundary: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,23 @@ def test_gradient_and_evaluate_are_one_piece(kind: str) -> None:
     whole = run_task(task, base)
     np.testing.assert_array_equal(sliced.output().update, whole.update)
     assert sliced.output().metrics == whole.metrics
+
+
+def test_a_boundary_task_returns_its_rows_activations_under_the_trained_block() -> None:
+    """§3.3.2: every row the task names, in order, at hidden layer ``boundary``,
+    after the task's steps; the sliced run returns the same bits."""
+    from nn.layersplit import boundary_of
+    from nn.params import Params
+
+    task = dataclasses.replace(make_task("train"), boundary=1)
+    base = SPEC.init_params(3)
+    out = run_task(task, base)
+    assert out.boundary is not None and out.boundary.shape == (task.indices.size, 16)
+    trained = Params(SPEC, base.data + out.update)
+    X = load_ref(task.dataset).X_train[task.indices]
+    assert np.allclose(out.boundary, boundary_of(trained, 1, X), atol=1e-5)
+    sliced = SlicedTask(task, base)
+    while not sliced.finished:
+        sliced.run(1)
+    assert np.array_equal(sliced.output().boundary, out.boundary)
+    assert run_task(make_task("train"), base).boundary is None

@@ -14,7 +14,7 @@ from nn.spec import ModelSpec
 from protocol import messages as m
 from protocol.chunking import chunk_params
 from protocol.limits import PROFILES
-from protocol.shardfile import encode_shard, sha256_hex
+from protocol.shardfile import decode_shard, encode_shard, sha256_hex
 
 SPEC = ModelSpec(widths=(8, 6, 3))
 RNG = np.random.default_rng(3)
@@ -127,3 +127,33 @@ def test_a_client_that_does_not_fetch_says_so() -> None:
     s = ClientSession("c", dataclasses.replace(Capabilities(), data=False))
     (hello,) = s.start(0.0)
     assert not hello.message.data and "data" not in hello.message.to_wire()
+
+
+def test_caches_keep_at_most_their_bytes_least_recently_used_going_first(tmp_path) -> None:
+    """A layer-split job sends a new shard per upper task: no cache grows without end."""
+    blobs = [bytes([i]) * 1000 for i in range(5)]
+    shas = [sha256_hex(b) for b in blobs]
+    mem = MemoryCache(max_bytes=2500)
+    for sha, blob in zip(shas[:2], blobs[:2], strict=True):
+        mem.put(sha, blob)
+    assert mem.get(shas[0]) == blobs[0]  # used: now the newest
+    mem.put(shas[2], blobs[2])
+    assert mem.get(shas[1]) is None and mem.get(shas[0]) == blobs[0]
+    (tmp_path / "old").mkdir()
+    disk = DiskCache(tmp_path / "old", max_bytes=2500)
+    disk.put(shas[0], blobs[0])
+    again = DiskCache(tmp_path / "old", max_bytes=2500)  # a later run: reads the folder
+    for sha, blob in zip(shas[1:4], blobs[1:4], strict=True):
+        again.put(sha, blob)
+    kept = sorted(p.stem for p in (tmp_path / "old").glob("*.shard"))
+    assert kept == sorted(shas[2:4])
+
+
+def test_a_session_keeps_a_bounded_number_of_decoded_shards() -> None:
+    from client.session import MAX_HELD_SHARDS
+
+    s = _session(MemoryCache())
+    for i in range(MAX_HELD_SHARDS + 5):
+        blob = encode_shard(np.full((2, 64), i, np.float32), np.zeros(2, np.int32), classes=10)
+        s._hold(sha256_hex(blob), decode_shard(blob))
+    assert len(s.shards) == MAX_HELD_SHARDS

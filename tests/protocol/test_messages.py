@@ -243,6 +243,10 @@ def _task_wire(**changes):
         ({"indices": np.array([-1], dtype=np.int32)}, "task.indices"),
         ({"indices": np.array([1.0], dtype=np.float32)}, "task.indices"),
         ({"optimizer": {"lr": [1]}}, "task.optimizer.lr"),
+        ({"boundary": 0}, "task.boundary"),
+        ({"boundary": 9}, "task.boundary"),  # tiny has fewer hidden layers
+        ({"boundary": 1, "kind": "gradient"}, "task.boundary"),
+        ({"boundary": True}, "task.boundary"),
     ],
 )
 def test_task_validation(changes, field):
@@ -406,3 +410,11 @@ def test_bad_decline_fields_name_the_field(wire, field):
         decode(msgpack.packb(wire, use_bin_type=True))
     assert err.value.code is ErrorCode.BAD_FIELD
     assert field in err.value.message
+
+
+def test_a_boundary_task_round_trips_and_hello_says_it_returns_boundaries():
+    frame = msgpack.packb(_task_wire(boundary=1), default=pack_ndarray)
+    assert decode(frame).boundary == 1
+    assert "boundary" not in Task.from_wire(_task_wire()).to_wire()  # sparse: off by default
+    hello = Hello(client="c", boundary=True)
+    assert decode(encode(hello)).boundary is True

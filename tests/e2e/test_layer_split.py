@@ -1,0 +1,35 @@
+"""A layer-split job over real websockets: two desktop client processes train the
+two blocks of a cut network to 0.95 on digits (docs/protocol.md §3.3.2), each
+lower result carrying its boundary up and each upper task fetching it down."""
+
+from __future__ import annotations
+
+from coordinator import events as ev
+from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, running
+
+
+def test_two_clients_train_the_two_blocks_of_a_cut_network_to_95_percent() -> None:
+    job = digits_job(
+        "decentral-async",
+        model={"widths": [64, 64, 32, 10]},
+        strategy={"window": 1},
+        split={"cut": 1},
+        eval={"every_versions": 10},
+    )
+    with running(job) as (bg, service, rec):
+        names = ["lower-or-upper-0", "lower-or-upper-1"]
+        service.set_paused(True)  # both join before results count (a slow start)
+        with clients(bg.url, names) as procs:
+            assert rec.wait_for(lambda: len(rec.of(ev.ClientJoined)) == 2)
+            service.set_paused(False)
+            assert service.done.wait(HANG_GUARD_S), service.stats
+            codes = {n: p.wait(30) for n, p in procs.items()}
+    fin = service.stats.finished
+    assert fin is not None and fin["reason"] == "target_accuracy", fin
+    assert fin["accuracy"] >= 0.95
+    assert codes == dict.fromkeys(names, 0)
+    # upper tasks fetched the boundary shards the lower results made (§13)
+    served = rec.of(ev.DataServed)
+    job_shards = 8
+    assert len({d.sha256 for d in served}) > job_shards
+    assert not rec.of(ev.ResultRejected)
