@@ -91,6 +91,29 @@ def test_tabs_train_with_compressed_uploads_and_delta_downloads(context) -> None
             assert stats(tab)["refused"] == 0 and stats(tab)["declined"] == 0
 
 
+def test_tabs_train_the_upper_block_of_a_layer_split_job(context) -> None:
+    """A layer-split job (docs/protocol.md §3.3.2): a tab does not return
+    boundaries, so it takes upper tasks only, on shards of boundary activations a
+    desktop client's lower tasks made; its results count like anyone's."""
+    job = digits_job(
+        model={"widths": [64, 64, 32, 10]},
+        strategy={"window": 1},
+        split={"cut": 1},
+        stop={"target_accuracy": 0.95, "max_time_s": 300},
+    )
+    with running(job) as (bg, _service, rec):
+        tabs = [open_tab(context, page_url(bg.url)) for _ in range(2)]
+        with clients(bg.url, ["desktop-lower"]):
+            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=280)
+        assert rec.of(ev.JobFinished)[0].reason == "target_accuracy"
+        web = web_client_ids(rec)
+        by_web = [a for a in rec.of(ev.ResultAccepted) if a.client_id in web]
+        assert by_web, "the tabs' upper results count"
+        assert not [r for r in rec.of(ev.ResultRejected) if r.client_id in web]
+        for tab in tabs:
+            assert stats(tab)["refused"] == 0 and stats(tab)["declined"] == 0, stats(tab)
+
+
 def test_a_tab_closed_mid_task_loses_only_its_lease(context) -> None:
     """The tab goes away while it holds a task it has started (pagehide → bye):
     its lease ends and the task's shard is leased again; the job still reaches
