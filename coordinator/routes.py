@@ -51,6 +51,7 @@ def status(crowd: CrowdServer) -> dict[str, Any]:
         "tasks_declined": st.declined,
         "replication": st.replication,
         "upstream": st.upstream,
+        "split": st.split,
         "data": {
             "shards": len(core.data.shards) if core is not None else None,
             "shard_bytes": core.data.total_bytes if core is not None else None,

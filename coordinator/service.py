@@ -77,6 +77,7 @@ from coordinator.history import History
 from coordinator.journal import Journal
 from coordinator.persist import from_checkpoint, to_checkpoint
 from coordinator.snapshots import MappedModel, Snapshots
+from coordinator.strategies.layer_split import LayerSplit
 from nn.data import Dataset
 from nn.mapped import MAP_ABOVE_PARAMS
 from nn.params import Params
@@ -137,6 +138,8 @@ class Stats:
     replication: dict[str, Any] | None = None
     #: an edge's standing against its root (coordinator/upstream.py), when it is one
     upstream: dict[str, Any] | None = None
+    #: a layer-split job's blocks: steps of each, boundary shards waiting and leased
+    split: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
     #: (monotonic time, accepted count) samples for the results/s window
     window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
@@ -584,6 +587,8 @@ class CoreService:
             st.replication = core.verifier.summary()
         if core.upstream is not None:
             st.upstream = core.upstream.summary()
+        if isinstance(core.strategy, LayerSplit):
+            st.split = core.strategy.summary()
         if self._journal is not None:
             self._journal.observe(outputs)
             st.journal = self._journal.summary()

@@ -82,6 +82,19 @@ class LayerSplit(Strategy):
             self.boundaries.trained(task.shard)
         return Outcome(accepted=True, staleness=s, step=step)
 
+    def summary(self) -> dict[str, Any]:
+        """For /api/status: each block's steps and the boundary shards in flight. A
+        job whose lower steps stand still while clients wait has no client that
+        returns boundaries (browser tabs only take upper tasks)."""
+        b = self.boundaries
+        return {
+            "cut": self.blocks.cut,
+            "lower_steps": self.block_versions[LOWER],
+            "upper_steps": self.block_versions[UPPER],
+            "boundaries_waiting": b.waiting,
+            "boundaries_leased": len(b) - b.waiting,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(),

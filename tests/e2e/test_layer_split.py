@@ -33,3 +33,7 @@ def test_two_clients_train_the_two_blocks_of_a_cut_network_to_95_percent() -> No
     job_shards = 8
     assert len({d.sha256 for d in served}) > job_shards
     assert not rec.of(ev.ResultRejected)
+    split = service.stats.split  # /api/status -> split
+    assert split is not None and split["cut"] == 1
+    assert split["lower_steps"] > 0 and split["upper_steps"] > 0
+    assert split["lower_steps"] + split["upper_steps"] == fin["version"]
