@@ -22,20 +22,36 @@ from coordinator.connections import ConnState
 from coordinator.core import Coordinator
 from coordinator.leases import LeaseState, TaskState
 from protocol import messages as m
-from protocol.chunking import chunk_params
+from protocol.chunking import Block, chunk_params, iter_chunks, params_arrays, params_layout
 from tests.coordinator.coord_helpers import digits, make_job
 
 NAMES = ("c0", "c1", "c2", "c3")
-STRATEGIES = ("central-sync", "central-async", "decentral-sync", "decentral-async")
+#: the four strategies, and a layer-split job (decentral-async over two blocks)
+STRATEGIES = ("central-sync", "central-async", "decentral-sync", "decentral-async", "layer-split")
+#: in a layer-split job: who returns boundaries (lower tasks), who fetches shards (upper)
+SPLIT_CAPS = {"c0": (True, True), "c1": (True, False), "c2": (False, True), "c3": (True, True)}
 
 
-def _result(task: m.Task, value: float) -> list[m.Message]:
+def _result(task: m.Task, value: float, rows: int = 0) -> list[m.Message]:
+    """The result frames for ``task``: an update of ``value`` everywhere and, for a
+    layer-split lower task, a boundary of ``rows`` rows (§3.3.2)."""
     from nn.params import Params
 
     update = np.full(task.spec.num_params, value, dtype=np.float32)
-    chunks = chunk_params(
-        Params.from_flat(task.spec, update), max_message_bytes=1 << 20, transfer=task.task_id
-    )
+    delta = Params.from_flat(task.spec, update)
+    if task.boundary is None:
+        chunks = chunk_params(delta, max_message_bytes=1 << 20, transfer=task.task_id)
+    else:
+        h = np.full((rows, task.spec.widths[task.boundary]), abs(value), np.float32)
+        layout = (*params_layout(task.spec), Block(task.spec.num_layers, "h", h.shape))
+        chunks = list(
+            iter_chunks(
+                layout,
+                [*params_arrays(delta), h],
+                max_message_bytes=1 << 20,
+                transfer=task.task_id,
+            )
+        )
     head = m.Result(
         task_id=task.task_id,
         model_version=task.model_version,
@@ -69,9 +85,16 @@ class CoreMachine(RuleBasedStateMachine):
         seed=st.integers(0, 3),
     )
     def setup(self, strategy: str, fedbuff: bool, seed: int) -> None:
+        self.split = strategy == "layer-split"
+        split: dict[str, Any] = {}
+        if self.split:  # one result per step: FedAsync, no window
+            strategy, fedbuff = "decentral-async", False
+            split = {"split": {"cut": 1}, "model": {"widths": [64, 16, 8, 10]}}
         self.job = make_job(
             strategy,
+            **split,
             strategy={
+                **({"window": 1} if self.split else {}),
                 "clients_per_round": 2,
                 "quorum": 0.5,
                 "round_deadline_s": 15.0,
@@ -106,6 +129,13 @@ class CoreMachine(RuleBasedStateMachine):
     def _advance(self, dt: float) -> None:
         self.now += dt
 
+    def _rows(self, task: m.Task) -> int:
+        """A lower task's rows: its indices, or all of the shard it names."""
+        if task.indices is not None:
+            return int(task.indices.size)
+        assert self.core is not None
+        return self.core.data.shard(task.shard).rows
+
     @rule(name=st.sampled_from(NAMES), dt=st.floats(0, 5), resume=st.booleans())
     def connect(self, name: str, dt: float, resume: bool) -> None:
         if name in self.online:
@@ -113,7 +143,9 @@ class CoreMachine(RuleBasedStateMachine):
         self._advance(dt)
         token = self.tokens.get(name) if resume else None
         self.online.add(name)
-        self._call("connect", name, m.Hello(client=name, flops=1e9, resume=token), self.now)
+        boundary, data = SPLIT_CAPS[name] if self.split else (False, False)
+        hello = m.Hello(client=name, flops=1e9, resume=token, boundary=boundary, data=data)
+        self._call("connect", name, hello, self.now)
 
     @rule(name=st.sampled_from(NAMES), dt=st.floats(0, 5))
     def disconnect(self, name: str, dt: float) -> None:
@@ -145,7 +177,7 @@ class CoreMachine(RuleBasedStateMachine):
         if not tasks:
             del self.current[name]
         self._advance(dt)
-        for msg in _result(task, value):
+        for msg in _result(task, value, self._rows(task)):
             if name in self.online:
                 self._call("receive", name, msg, self.now)
 
@@ -157,7 +189,8 @@ class CoreMachine(RuleBasedStateMachine):
             return
         self._advance(dt)
         task = self.history[name][pick % len(self.history[name])]
-        for msg in _result(task, 1e-3):
+        rows = self._rows(task) if task.boundary is not None else 0
+        for msg in _result(task, 1e-3, rows):
             if name in self.online:
                 self._call("receive", name, msg, self.now)
 
