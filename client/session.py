@@ -390,64 +390,41 @@ class ClientSession:
             # Training diverged (a learning rate too high for this model): no codec
             # can carry it and the server would refuse it; say so instead.
             return self.compute_failed(request_id, "compute: the update is not finite", now)
+        if self.task.boundary is not None and boundary is None:
+            return self.compute_failed(request_id, "compute: the task asks for its boundary", now)
         self.computing = None
         self.last_compute_s = max(0.0, compute_seconds)
         task = self.task
         limit = self.limits.max_message_bytes if self.limits else 1 << 20
         target = self.limits.frame_bytes if self.limits else None
         rounding = rounding_rng(task)
-        if task.kind == "evaluate":
-            chunks = []
-        elif task.error_feedback:
+        framing: dict[str, Any] = {
+            "max_message_bytes": limit,
+            "transfer": task.task_id,
+            "rng": rounding,
+            "target_bytes": target,
+            "spans": self.server_spans,
+        }
+        delta = None
+        if task.kind != "evaluate":
             delta = Params.from_flat(
                 task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
             )
+        if delta is None:
+            chunks = []
+        elif task.error_feedback:
             codec = codecs.get(task.upload_codec)
             if self.feedback is None or self.feedback.codec is not codec:
                 self.feedback = ErrorFeedback(codec)
-            chunks = feedback_chunks(
-                delta,
-                self.feedback,
-                max_message_bytes=limit,
-                transfer=task.task_id,
-                rng=rounding,
-                target_bytes=target,
-                spans=self.server_spans,
-            )
-        elif task.boundary is not None:
-            if boundary is None:
-                return self.compute_failed(
-                    request_id, "compute: the task asks for its boundary", now
-                )
-            delta = Params.from_flat(
-                task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
-            )
+            chunks = feedback_chunks(delta, self.feedback, **framing)
+        elif boundary is not None and task.boundary is not None:  # the update, then (L, "h")
             h = np.ascontiguousarray(boundary, dtype=np.float32)
             hblock = Block(task.spec.num_layers, "h", tuple(h.shape))
-            chunks = list(
-                iter_chunks(
-                    (*params_layout(task.spec), hblock),
-                    [*params_arrays(delta), h],
-                    max_message_bytes=limit,
-                    codec=task.upload_codec,
-                    transfer=task.task_id,
-                    rng=rounding,
-                    target_bytes=target,
-                    spans=self.server_spans,
-                )
-            )
+            layout = (*params_layout(task.spec), hblock)
+            arrays = [*params_arrays(delta), h]
+            chunks = list(iter_chunks(layout, arrays, codec=task.upload_codec, **framing))
         else:
-            chunks = chunk_params(
-                Params.from_flat(
-                    task.spec, np.ascontiguousarray(update, dtype=np.float32), copy=False
-                ),
-                max_message_bytes=limit,
-                codec=task.upload_codec,
-                transfer=task.task_id,
-                rng=rounding,
-                target_bytes=target,
-                spans=self.server_spans,
-            )
+            chunks = chunk_params(delta, codec=task.upload_codec, **framing)
         result = m.Result(
             task_id=task.task_id,
             model_version=task.model_version,

@@ -130,7 +130,10 @@ class CoreMachine(RuleBasedStateMachine):
         self.now += dt
 
     def _rows(self, task: m.Task) -> int:
-        """A lower task's rows: its indices, or all of the shard it names."""
+        """A lower task's rows: its indices, or all of the shard it names (0: not
+        a lower task)."""
+        if task.boundary is None:
+            return 0
         if task.indices is not None:
             return int(task.indices.size)
         assert self.core is not None
@@ -189,8 +192,7 @@ class CoreMachine(RuleBasedStateMachine):
             return
         self._advance(dt)
         task = self.history[name][pick % len(self.history[name])]
-        rows = self._rows(task) if task.boundary is not None else 0
-        for msg in _result(task, 1e-3, rows):
+        for msg in _result(task, 1e-3, self._rows(task)):
             if name in self.online:
                 self._call("receive", name, msg, self.now)
 
