@@ -131,6 +131,8 @@ class Stats:
     journal: dict[str, Any] | None = None
     restored_from: int | None = None
     paused: bool = False
+    #: clients (connection ids) with a result held while paused, until it resumes
+    held_results: set[str] = field(default_factory=set)
     #: acks waiting for a durable checkpoint now, and snapshots taken for them
     acks_held: int = 0
     durable_checkpoints: int = 0
@@ -323,7 +325,9 @@ class CoreService:
         return fut
 
     def set_paused(self, paused: bool) -> None:
-        """Paused: frames from clients are queued in the inbox, ticks continue."""
+        """Paused: frames from clients are held (results go in when it resumes),
+        ticks continue, and shard fetches are still answered, so clients that
+        join meanwhile get ready to compute."""
         self._inbox.put(("pause", paused))
 
     # -- the thread ----------------------------------------------------------------
@@ -480,6 +484,7 @@ class CoreService:
                 if kind == "pause":
                     self.stats.paused = bool(item[1])
                     if not self.stats.paused:
+                        self.stats.held_results.clear()
                         while held:
                             self._handle(core, held.popleft())
                     continue
@@ -489,8 +494,10 @@ class CoreService:
                 if kind == "logged":
                     self._logged(*item[1:])
                     continue
-                if self.stats.paused and kind in ("receive",):
+                if self.stats.paused and kind == "receive" and not isinstance(item[2], m.Fetch):
                     held.append(item)
+                    if isinstance(item[2], m.Result):
+                        self.stats.held_results.add(item[1])
                     continue
                 self._handle(core, item)
         except Exception:  # a bug in the core: log it, stop serving rather than hang

@@ -118,6 +118,24 @@ def clients(url: str, names: list[str], *extra: str) -> Iterator[dict[str, subpr
                 p.stderr.close()
 
 
+def train_together(
+    url: str, service: CoreService, rec: Recorder, names: list[str]
+) -> dict[str, int | None]:
+    """Start client processes ``names``, take results only once each has sent its
+    first (one that starts late on a loaded machine would otherwise find the job
+    done: a round takes milliseconds), wait for the job's end; their exit codes."""
+    service.set_paused(True)
+    with clients(url, names) as procs:
+        assert rec.wait_for(lambda: len(rec.of(ev.ClientJoined)) == len(names))
+        deadline = time.monotonic() + HANG_GUARD_S
+        while len(service.stats.held_results) < len(names):
+            assert time.monotonic() < deadline, "a client never sent a result"
+            time.sleep(0.05)
+        service.set_paused(False)
+        assert service.done.wait(HANG_GUARD_S), service.stats
+        return {n: p.wait(30) for n, p in procs.items()}
+
+
 def free_port() -> int:
     """A port nothing listens on now (for a server started later on it)."""
     with socket.socket() as s:

@@ -5,7 +5,7 @@ lower result carrying its boundary up and each upper task fetching it down."""
 from __future__ import annotations
 
 from coordinator import events as ev
-from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, running
+from tests.e2e.e2e_helpers import digits_job, running, train_together
 
 
 def test_two_clients_train_the_two_blocks_of_a_cut_network_to_95_percent() -> None:
@@ -18,12 +18,7 @@ def test_two_clients_train_the_two_blocks_of_a_cut_network_to_95_percent() -> No
     )
     with running(job) as (bg, service, rec):
         names = ["lower-or-upper-0", "lower-or-upper-1"]
-        service.set_paused(True)  # both join before results count (a slow start)
-        with clients(bg.url, names) as procs:
-            assert rec.wait_for(lambda: len(rec.of(ev.ClientJoined)) == 2)
-            service.set_paused(False)
-            assert service.done.wait(HANG_GUARD_S), service.stats
-            codes = {n: p.wait(30) for n, p in procs.items()}
+        codes = train_together(bg.url, service, rec, names)
     fin = service.stats.finished
     assert fin is not None and fin["reason"] == "target_accuracy", fin
     assert fin["accuracy"] >= 0.95

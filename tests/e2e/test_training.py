@@ -6,7 +6,14 @@ import pytest
 
 from coordinator import events as ev
 from coordinator.core import Coordinator
-from tests.e2e.e2e_helpers import HANG_GUARD_S, SETTINGS, clients, digits_job, running
+from tests.e2e.e2e_helpers import (
+    HANG_GUARD_S,
+    SETTINGS,
+    clients,
+    digits_job,
+    running,
+    train_together,
+)
 
 
 @pytest.mark.parametrize("strategy", list(SETTINGS))
@@ -14,14 +21,7 @@ def test_four_clients_reach_95_percent(strategy: str) -> None:
     job = digits_job(strategy)
     with running(job) as (bg, service, rec):
         names = [f"w{i}" for i in range(4)]
-        # Results wait until all four have joined: a client that starts a few
-        # seconds late on a loaded machine would otherwise find the job done.
-        service.set_paused(True)
-        with clients(bg.url, names) as procs:
-            assert rec.wait_for(lambda: len(rec.of(ev.ClientJoined)) == 4)
-            service.set_paused(False)
-            assert service.done.wait(HANG_GUARD_S), service.stats
-            codes = {n: p.wait(30) for n, p in procs.items()}
+        codes = train_together(bg.url, service, rec, names)
     fin = service.stats.finished
     assert fin is not None and fin["reason"] == "target_accuracy", fin
     assert fin["accuracy"] >= 0.95
