@@ -76,6 +76,8 @@ class CoreMachine(RuleBasedStateMachine):
         #: tasks each client holds, oldest first (a prefetch queues a second one)
         self.current: dict[str, list[m.Task]] = {}
         self.history: dict[str, list[m.Task]] = {n: [] for n in NAMES}
+        #: a layer-split job (setup; a subclass's own setup leaves it off)
+        self.split = False
 
     # -- driving -------------------------------------------------------------------
 
