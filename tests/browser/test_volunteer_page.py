@@ -251,9 +251,11 @@ def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
         via = f"ws://127.0.0.1:{proxy.port}/ws"
         page = open_tab(context, page_url(bg.url, f"autostart=1&ws={via}"))
         wait_until(lambda: stats(page).get("accepted", 0) >= 2, 60, "two accepted results")
-        # No pause before the reconnect: one that beats the server's noticing the
-        # old connection's end takes that session over (§6) and still resumes it.
-        proxy.cut()
+        # Down for a second, so that the tab's "offline" status lasts long enough to
+        # be seen (its first retry comes after a fraction of a second). A reconnect
+        # that beats the server's noticing the old connection's end would take the
+        # session over (§6; tests/e2e/test_takeover.py) and resume it all the same.
+        proxy.cut(down_s=1.0)
         wait_until(lambda: stats(page).get("status", "").startswith("offline"), 30, "offline")
         wait_until(lambda: stats(page).get("connects", 0) >= 2, 60, "a reconnect")
         before = stats(page)["accepted"]
