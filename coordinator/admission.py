@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
-
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from typing import TYPE_CHECKING, Any
 
 from protocol.limits import TokenBucket
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +108,9 @@ class Admission:
 
 def http_protocol(admission: Admission) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the handshake deadline and per-address bound."""
+    # Imported here: the CLI reads AdmissionLimits' defaults for its --help before it
+    # binds, and uvicorn is part of what it imports after.
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class AdmittingH11Protocol(H11Protocol):
         _ip: str | None = None

@@ -62,6 +62,7 @@ from coordinator import events as ev
 from coordinator.admission import Admission, AdmissionLimits, http_protocol
 from coordinator.core import server_limits
 from coordinator.dashboard import Dashboard
+from coordinator.listen import bind, join_url
 from coordinator.metrics import Metrics
 from coordinator.routes import build_app
 from coordinator.service import CoreService
@@ -645,24 +646,6 @@ def make_uvicorn(
     server.crowd = crowd
     crowd.on_stop = lambda: setattr(server, "should_exit", True)
     return server
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: an ephemeral one; read it with getsockname)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def join_url(host: str, port: int, *, tls: bool = False) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    if ":" in shown:
-        shown = f"[{shown}]"
-    return f"{'wss' if tls else 'ws'}://{shown}:{port}/ws"
 
 
 class BackgroundServer:

@@ -13,15 +13,25 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+local"
 
-from nn.spec import ModelSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crowdgrad.api import ServeResult, serve
+    from nn.spec import ModelSpec
 
 __all__ = ["ModelSpec", "ServeResult", "__version__", "serve"]
 
 
 def __getattr__(name: str) -> object:
-    # ``serve`` pulls in the server stack; import it only when asked for.
+    # Imported when asked for: ``serve`` pulls in the server stack, and ``ModelSpec``
+    # numpy, which the CLI must not load before it has told OpenBLAS how many
+    # threads to start (crowdgrad.cli.main).
     if name in ("serve", "ServeResult"):
         from crowdgrad import api
 
         return getattr(api, name)
+    if name == "ModelSpec":
+        from nn.spec import ModelSpec
+
+        return ModelSpec
     raise AttributeError(f"module 'crowdgrad' has no attribute {name!r}")

@@ -17,16 +17,54 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 import time
-from typing import TYPE_CHECKING
-
-from rich.console import Console
-from rich.text import Text
+from typing import IO, TYPE_CHECKING, Any
 
 from client.desktop import add_arguments, client_from_args, run_until_signal
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.live import Live
+
+
+class PlainConsole:
+    """What ConsoleReporter prints with, off a terminal: each text and a newline,
+    flushed, as rich's Console prints plain text there (markup off, soft wrap).
+
+    Why: importing rich costs each client start ~15 ms of CPU for output that is
+    plain lines anyway (a log file, a service's journal, a benchmark's pipe)."""
+
+    is_terminal = False
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        self.stderr = stderr
+
+    @property
+    def file(self) -> IO[str]:
+        """sys.stdout or sys.stderr as it is now (rich's Console looks it up too)."""
+        return sys.stderr if self.stderr else sys.stdout
+
+    def print(self, text: str, **_: Any) -> None:
+        file = self.file
+        file.write(f"{text}\n")
+        file.flush()
+
+
+def default_console(*, stderr: bool = False) -> Console | PlainConsole:
+    """rich's Console where it could draw the live line: a terminal, or an
+    environment that says to treat the stream as one (rich reads
+    ``TTY_COMPATIBLE`` and ``FORCE_COLOR``); a PlainConsole elsewhere."""
+    try:
+        tty = (sys.stderr if stderr else sys.stdout).isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty or "TTY_COMPATIBLE" in os.environ or "FORCE_COLOR" in os.environ:
+        from rich.console import Console
+
+        return Console(stderr=stderr, highlight=False)
+    return PlainConsole(stderr=stderr)
 
 
 class ConsoleReporter:
@@ -39,11 +77,11 @@ class ConsoleReporter:
         *,
         quiet: bool = False,
         interval: float | None = None,
-        out: Console | None = None,
-        err: Console | None = None,
+        out: Console | PlainConsole | None = None,
+        err: Console | PlainConsole | None = None,
     ) -> None:
-        self.out = out if out is not None else Console(highlight=False)
-        self.err = err if err is not None else Console(stderr=True, highlight=False)
+        self.out = out if out is not None else default_console()
+        self.err = err if err is not None else default_console(stderr=True)
         self.quiet = quiet
         self.live = self.out.is_terminal
         default = 1.0 if self.live else 30.0
@@ -66,8 +104,10 @@ class ConsoleReporter:
         if not self.live:
             self.out.print(self._stamp(text), markup=False, soft_wrap=True)
             return
+        from rich.text import Text  # a terminal only: self.out is rich's Console
+
         if self._live is None:
-            from rich.live import Live  # a terminal only
+            from rich.live import Live
 
             self._live = Live(console=self.out, auto_refresh=False, transient=True)
             self._live.start()

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import errno
+import importlib
 import logging
 import os
 import platform
@@ -24,22 +25,33 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+# Light imports only: ``run`` binds the port first and imports the web stack, the
+# core and its numba kernels after (see ``run``).
 from coordinator.admission import AdmissionLimits
 from coordinator.config import STRATEGY_NAMES, JobConfig, load_job
-from coordinator.console import ConsoleLog
-from coordinator.data import load_job_data
-from coordinator.edge import EdgeUplink, attach_upstream
-from coordinator.server import CrowdServer, bind, join_url, make_uvicorn
-from coordinator.service import CoreService, FreshStartRefused
+from coordinator.listen import bind, join_url
 from crowdgrad.cli import UsageError
 from nn.spec import parse_widths
-from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from coordinator.edge import EdgeUplink
+    from coordinator.server import CrowdServer
 
 _ADMISSION = AdmissionLimits()  # the defaults, for the flags' help
+
+#: What ``_serve`` imports: after the bind (``run``).
+_SERVING = (
+    "rich.console",
+    "coordinator.console",
+    "coordinator.data",
+    "coordinator.server",
+    "coordinator.service",
+    "storage.errors",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -149,7 +161,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the root's join token (env CROWDGRAD_UPSTREAM_TOKEN)",
     )
     up.add_argument("--upstream-ca", metavar="PEM", help="for a wss:// root: trust these CAs")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, early=listen_early)
 
 
 def port_number(text: str) -> int:
@@ -282,6 +294,7 @@ async def serve_with_uplink(
     if uplink is None:
         await server.serve(sockets=[sock])
         return
+    from coordinator.edge import attach_upstream
 
     async def up() -> None:
         while not server.started:  # the lifespan starts the core thread
@@ -305,30 +318,56 @@ async def serve_with_uplink(
             await asyncio.wait_for(task, 10.0)
 
 
-def run(args: argparse.Namespace) -> int:
-    console = Console()
-    job = job_from_args(args)
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, or a UsageError that says why not."""
     try:
-        sock = bind(args.host, args.port)
+        return bind(host, port)
     except (OSError, OverflowError) as exc:
         hint = ""
         if getattr(exc, "errno", None) == errno.EADDRINUSE:
             hint = " (is another coordinator running? choose another --port, or 0 for any free one)"
-        raise UsageError(
-            f"--host/--port: cannot bind {args.host}:{args.port}: {exc}{hint}"
-        ) from None
+        raise UsageError(f"--host/--port: cannot bind {host}:{port}: {exc}{hint}") from None
+
+
+def listen_early(args: argparse.Namespace) -> None:
+    """The CLI's ``early`` hook: bind before anything heavy is imported (``run``),
+    then import what serving needs (the CLI's start-up, with the collector paused)."""
+    args.listening = listen(args.host, args.port)
+    for name in _SERVING:
+        importlib.import_module(name)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bind (the CLI did already: ``listen_early``), then import what serving needs,
+    then serve.
+
+    Why bind first: numba, the web stack and the core take most of a second of
+    CPU to import (several seconds when volunteers start on the same cores), and
+    a client that connects meanwhile waits in the listen backlog, answered as soon
+    as the server runs, instead of being refused and sleeping its backoff out.
+    """
+    sock = getattr(args, "listening", None) or listen(args.host, args.port)
+    with sock:  # closed on every error below (and again, harmlessly, after serving)
+        return _serve(args, job_from_args(args), sock)
+
+
+def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket) -> int:
+    from rich.console import Console
+
+    from coordinator.console import ConsoleLog
+    from coordinator.data import load_job_data
+    from coordinator.server import CrowdServer, make_uvicorn
+    from coordinator.service import CoreService, FreshStartRefused
+    from storage.errors import StorageError
+
+    console = Console()
     if args.durable_interval <= 0:
         raise UsageError(f"--durable-interval must be > 0, got {args.durable_interval}")
     if args.store is not None:
-        try:
-            check_store_path(args.store)
-        except UsageError:
-            sock.close()
-            raise
+        check_store_path(args.store)
     try:  # before anything is printed: a bad data file is an error, not a traceback later
         dataset = load_job_data(job)
     except ValueError as exc:
-        sock.close()
         raise UsageError(str(exc)) from None
     service = CoreService(
         job,
@@ -343,7 +382,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         service.prepare()
     except (FreshStartRefused, StorageError) as exc:
-        sock.close()
         raise UsageError(f"--store: {exc}") from None
     try:
         admission = AdmissionLimits(
@@ -352,7 +390,6 @@ def run(args: argparse.Namespace) -> int:
             hellos_per_ip_per_s=args.sessions_per_ip,
         )
     except ValueError as exc:
-        sock.close()
         raise UsageError(str(exc)) from None
     crowd = CrowdServer(
         service, join_token=args.join_token, admin_token=args.admin_token, admission=admission
@@ -368,11 +405,12 @@ def run(args: argparse.Namespace) -> int:
         if tls:
             server.config.load()  # a bad certificate or key is an error now, not later
     except (ValueError, OSError) as exc:
-        sock.close()
         raise UsageError(f"--ssl-certfile/--ssl-keyfile: {exc}") from None
     port = sock.getsockname()[1]
     uplink = None
     if args.upstream is not None:
+        from coordinator.edge import EdgeUplink
+
         try:
             uplink = EdgeUplink(
                 args.upstream,
@@ -384,7 +422,6 @@ def run(args: argparse.Namespace) -> int:
                 ca=args.upstream_ca,
             )
         except ValueError as exc:
-            sock.close()
             raise UsageError(str(exc)) from None
     say = ConsolePrinter(console)
     console_log = ConsoleLog(say)

@@ -60,6 +60,58 @@ def test_a_client_command_line_loads_no_other_command():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_coordinator_listens_before_it_imports_its_server():
+    """``crowdgrad coordinator`` binds before numba, FastAPI and the core load (most
+    of a second of CPU): a client that starts beside it waits in the backlog."""
+    code = (
+        "import importlib, socket, sys\n"
+        "from crowdgrad.cli import build_parser\n"
+        "args = build_parser('coordinator').parse_args(['coordinator', '--port', '0'])\n"
+        "heavy = ('numpy', 'numba', 'fastapi', 'coordinator.core', 'coordinator.server')\n"
+        "print(sorted(m for m in heavy[1:] if m in sys.modules))\n"
+        "real, seen = importlib.import_module, []\n"
+        "def spy(name, *rest):\n"
+        "    if name == 'coordinator.server':\n"
+        "        port = args.listening.getsockname()[1]\n"
+        "        socket.create_connection(('127.0.0.1', port), timeout=5).close()\n"
+        "        seen.append(name)\n"
+        "    return real(name, *rest)\n"
+        "importlib.import_module = spy\n"
+        "args.early(args)\n"
+        "print(seen, all(m in sys.modules for m in heavy))\n"
+        "args.listening.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "['coordinator.server'] True"], out.stdout
+
+
+def test_importing_the_cli_does_not_import_numpy():
+    """So ``main`` can tell OpenBLAS its thread count before numpy loads it."""
+    code = "import sys, crowdgrad.cli; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "threads"),
+    [
+        (["client", "ws://x/ws"], None, 1),
+        (["--threads", "3", "client", "ws://x/ws"], "2", 3),
+        (["client", "ws://x/ws"], "2", 2),
+        (["--threads", "x", "client"], None, 1),  # the parser says what is wrong, later
+        (["client"], "many", 1),
+    ],
+)
+def test_threads_of_reads_the_thread_count_before_any_import(argv, env, threads, monkeypatch):
+    from crowdgrad.cli import threads_of
+
+    if env is None:
+        monkeypatch.delenv("CROWDGRAD_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("CROWDGRAD_THREADS", env)
+    assert threads_of(argv) == threads
+
+
 def test_train_digits_saves_a_model_that_loads(tmp_path, capsys):
     out = tmp_path / "m.npz"
     rc = main(["train", "--widths", "64,32,10", "--steps", "300", "--save", str(out)])

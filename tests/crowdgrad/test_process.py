@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from crowdgrad.process import tune_gc
+from crowdgrad.process import (
+    OPENBLAS_THREADS_VAR,
+    collector_paused,
+    openblas_threads,
+    tune_gc,
+)
 
 
 def test_tune_gc_freezes_survivors_and_still_collects_cycles_in_full_collections() -> None:
@@ -52,3 +58,71 @@ def test_tune_gc_freezes_survivors_and_still_collects_cycles_in_full_collections
 def test_tune_gc_refuses_bad_intervals(freeze: float, full: float) -> None:
     with pytest.raises(ValueError, match="freeze_every"):
         tune_gc(freeze_every=freeze, full_every=full)
+
+
+def test_collector_paused_restores_the_collector_as_it_was() -> None:
+    import gc
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the caller had it off: it stays off
+    finally:
+        gc.enable()
+    with pytest.raises(KeyError), collector_paused():
+        raise KeyError("on an error too")
+    assert gc.isenabled()
+
+
+def test_openblas_threads_sets_the_variable_for_the_start_only(monkeypatch) -> None:
+    import os
+
+    monkeypatch.delenv(OPENBLAS_THREADS_VAR, raising=False)
+    with openblas_threads(3):
+        assert os.environ[OPENBLAS_THREADS_VAR] == "3"
+    assert OPENBLAS_THREADS_VAR not in os.environ  # child processes see the user's
+    monkeypatch.setenv(OPENBLAS_THREADS_VAR, "4")
+    with openblas_threads(1):
+        assert os.environ[OPENBLAS_THREADS_VAR] == "4"  # the user's choice stands
+    assert os.environ[OPENBLAS_THREADS_VAR] == "4"
+
+
+def test_the_cli_loads_openblas_with_the_thread_count_it_asked_for() -> None:
+    """numpy's and scipy's OpenBLAS load inside the CLI's start-up, so they start one
+    thread, not one per core (each new worker spins ~0.1 s of CPU before it sleeps)."""
+    code = textwrap.dedent(
+        """
+        import contextlib, sys
+        import crowdgrad.process as p
+
+        real, seen = p.openblas_threads, []
+
+        @contextlib.contextmanager
+        def spy(n):
+            with real(n):
+                yield
+            if "numpy" in sys.modules and not seen:  # the first start-up scope: the imports
+                from threadpoolctl import threadpool_info
+
+                seen.append(sorted(i["num_threads"] for i in threadpool_info()
+                                   if i["internal_api"] == "openblas"))
+
+        p.openblas_threads = spy
+        from crowdgrad.cli import main
+
+        main(["client", "ws://127.0.0.1:9/ws", "-q", "--max-attempts", "0"])
+        print(seen)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != OPENBLAS_THREADS_VAR}
+    env.pop("CROWDGRAD_THREADS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[[1, 1]]", out.stdout  # numpy's and scipy's, one thread each
