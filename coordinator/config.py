@@ -487,6 +487,12 @@ class JobConfig(_Section):
                 "split.cut: needs strategy.name 'decentral-async', aggregation 'fedasync' "
                 "and window = 1 (each block's result lands alone)"
             )
+        if self.codecs.update.startswith("topk"):
+            raise ValueError(
+                f"split.cut: codecs.update {self.codecs.update!r} keeps a few values of "
+                "each block, and a lower result's boundary activations travel in it too; "
+                "use a dense codec (fp32, fp16, int8, int4)"
+            )
         for on, what in (
             (self.submodel.enabled, "submodel.mode"),
             (self.replication.enabled, "replication.enabled"),

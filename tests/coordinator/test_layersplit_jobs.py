@@ -57,8 +57,11 @@ def run(job: dict, clients: dict[str, Capabilities], *, seed: int = 1) -> tuple:
     return core, lb
 
 
-def test_two_clients_train_both_blocks_to_95_percent_and_never_hold_the_model() -> None:
-    core, lb = run(split_job(), {"a": Capabilities(flops=1e8), "b": Capabilities(flops=2e8)})
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_two_clients_train_both_blocks_to_95_percent_and_never_hold_the_model(codec: str) -> None:
+    """With int8 uploads the boundary travels in int8 too (a scale per row)."""
+    job = split_job(codecs={"update": codec})
+    core, lb = run(job, {"a": Capabilities(flops=1e8), "b": Capabilities(flops=2e8)})
     fin = core.finished
     assert fin is not None and fin.reason == "target_accuracy", fin
     sent = tasks_sent(lb)
@@ -171,6 +174,7 @@ def test_boundary_shards_wait_in_order_and_the_oldest_unleased_go() -> None:
         ({"strategy": {"name": "decentral-sync", "clients_per_round": 2}}, "decentral-async"),
         ({"submodel": {"mode": "random"}}, "not with submodel.mode"),
         ({"codecs": {"error_feedback": True, "update": "int8"}}, "codecs.error_feedback"),
+        ({"codecs": {"update": "topk:0.01+int8"}}, "use a dense codec"),
     ],
 )
 def test_a_split_job_that_cannot_work_is_refused_by_name(over: dict, says: str) -> None:
