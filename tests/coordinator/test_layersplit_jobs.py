@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +17,10 @@ from coordinator.core import Coordinator
 from coordinator.data import DataCatalog
 from coordinator.layersplit import BOUNDARY_BASE, LOWER, UPPER, Boundaries, SplitBlocks
 from coordinator.loopback import Loopback
+from coordinator.persist import from_checkpoint, to_checkpoint
 from nn.layersplit import boundary_of, join_params, split_spec
 from protocol import messages as m
+from storage.store import CheckpointStore
 from tests.coordinator.coord_helpers import digits
 
 WIDTHS = [64, 64, 32, 10]
@@ -113,12 +116,16 @@ def test_a_lower_result_whose_boundary_is_not_finite_is_refused() -> None:
     assert np.isfinite(core.params.data).all()
 
 
-def test_the_aux_head_and_block_versions_survive_a_restore() -> None:
+def test_the_aux_head_and_block_versions_survive_a_stored_checkpoint(tmp_path: Path) -> None:
+    """Through a real SQLite checkpoint store (the aux head is strategy state)."""
     job = parse_job(split_job(stop={"target_accuracy": None, "max_versions": 40}))
     core, _ = run(split_job(stop={"target_accuracy": None, "max_versions": 40}),
                   {"a": Capabilities(flops=1e8)})  # fmt: skip
-    state = core.state_dict()
+    with CheckpointStore.open(tmp_path / "split.db") as store:
+        store.save(to_checkpoint(job, core.state_dict(), created_at=0.0))
+        state = from_checkpoint(store.load_latest())
     again = Coordinator.restore(job, state, seed=1, dataset=digits())
+    assert again.params.array_equal(core.params)
     assert again.split is not None and core.split is not None
     assert np.array_equal(again.split.aux, core.split.aux)
     assert again.strategy.block_versions == core.strategy.block_versions  # type: ignore[attr-defined]
