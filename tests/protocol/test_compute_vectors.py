@@ -163,6 +163,13 @@ def test_task(name: str) -> None:
     )
     if task.kind in ("train", "distill"):
         assert np.abs(update).max() > 10 * tol["update_atol"]  # the tolerance can fail
+    if task.boundary is None:
+        assert out.boundary is None and "boundary" not in want
+    else:  # §3.3.2: every row's activations at that hidden layer, after training
+        h = np.array(want["boundary"], np.float32).reshape(X.shape[0], -1)
+        assert out.boundary is not None and out.boundary.shape == h.shape
+        tol_h = {"rtol": tol["update_rtol"], "atol": tol["update_atol"]}
+        np.testing.assert_allclose(out.boundary, h, **tol_h)
 
 
 def test_vectors_are_current() -> None:

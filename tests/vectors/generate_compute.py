@@ -13,7 +13,8 @@ float64 without rounding, and JSON round-trips float64); byte strings are hex.
 * ``codecs.json``: the exact bytes of every codec for fixed blocks, a stochastic
   rounding encode, and an error-feedback sequence.
 * ``task_<name>.json``: one task of each kind, its rows, the batches it draws and
-  the expected update, loss and metrics, with the tolerance a client must meet.
+  the expected update, loss and metrics, with the tolerance a client must meet;
+  ``task_train_boundary`` also the boundary a layer-split lower task returns.
 """
 
 from __future__ import annotations
@@ -248,6 +249,8 @@ TASKS: dict[str, tuple[ModelSpec, int, str, dict[str, Any]]] = {
     "train_mse_tiny": (ModelSpec.preset("tiny"), 5, "mse",
                        {"kind": "train", "steps": 3, "batch": 4, "seed": 3,
                         "optimizer": {"kind": "momentum", "lr": 0.05, "momentum": 0.9}}),
+    "train_boundary": (CE, 11, "ce", {"kind": "train", "steps": 4, "batch": 4, "seed": 7,
+                                      "optimizer": {"kind": "sgd", "lr": 0.1}, "boundary": 1}),
     "gradient": (CE, 11, "ce", {"kind": "gradient", "steps": 2, "batch": 3, "seed": 7}),
     "evaluate": (CE, 11, "ce", {"kind": "evaluate", "seed": 7}),
     "evaluate_mse_tiny": (ModelSpec.preset("tiny"), 5, "mse", {"kind": "evaluate"}),
@@ -312,6 +315,8 @@ def task_vector(name: str) -> dict[str, Any]:
         "steps": out.steps,
         "metrics": out.metrics,
     }
+    if out.boundary is not None:  # §3.3.2: every row, in order, under the trained block
+        doc["expected"]["boundary"] = f32(out.boundary)
     doc["tolerance"] = TOLERANCE
     return doc
 
