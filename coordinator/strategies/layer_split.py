@@ -85,7 +85,7 @@ class LayerSplit(Strategy):
     def summary(self) -> dict[str, Any]:
         """For /api/status: each block's steps and the boundary shards in flight. A
         job whose lower steps stand still while clients wait has no client that
-        returns boundaries (browser tabs only take upper tasks)."""
+        returns boundaries (``hello.boundary``; an older client takes upper tasks only)."""
         b = self.boundaries
         return {
             "cut": self.blocks.cut,

@@ -383,6 +383,9 @@ class TaskRun {
     this.steps = intField(task, "steps", 1, 1, 1e9);
     this.batch = intField(task, "batch", 16, 1, 2 ** 20);
     this.seed = task.seed ?? 0;
+    // a layer-split lower task: also return hidden layer `boundary`'s activations (§3.3.2)
+    this.boundary = task.boundary ?? null;
+    this.kernels = kernels;
     this.lossSum = 0;
     this.completed = 0; // units done: steps, or blocks of `batch` rows
     this.closed = false;
@@ -546,6 +549,11 @@ class TaskRun {
       const update = new Float32Array(P);
       for (let k = 0; k < P; k++) update[k] = p[k] - start[k];
       res = { update, loss: this.lossSum / this.steps, samples: this.steps * this.batch, steps: this.steps, metrics: {} };
+      if (this.boundary !== null) {
+        // a copy first: the forward pass allocates, which may move a wasm memory under p
+        const trained = p.slice();
+        res.boundary = boundaryOf(this.spec, trained, this.boundary, this.X, this.n, this.kernels);
+      }
     } else if (this.kind === "gradient") {
       const denom = this.spec.loss === "mse" ? this.R * this.K : this.R;
       res = { update: net.G.slice(), loss: this.lossSum / denom, samples: this.R, steps: 1, metrics: {} };
@@ -576,6 +584,16 @@ class TaskRun {
  */
 export function startTask(task, start, rows, kernels = jsKernels) {
   return new TaskRun(task, start, rows, kernels);
+}
+
+/** The activations of hidden layer `cut` (n × width, row-major) for n rows of X
+ *  under `params`: its first `cut` layers' forward pass (§3.3.2, §12.7). */
+export function boundaryOf(spec, params, cut, X, n, kernels = jsKernels) {
+  const s = checkSpec(spec);
+  if (!(cut >= 1 && cut < s.widths.length - 1)) throw new Error(`boundary: hidden layer ${cut} is not in the spec`);
+  const widths = s.widths.slice(0, cut + 1);
+  const block = { ...s, widths, activations: s.activations.slice(0, cut) };
+  return predict(block, params.subarray(0, paramCount(widths)), X, n, kernels);
 }
 
 /** Raw outputs (n × out, row-major) of the network for n rows of X (n × in). */

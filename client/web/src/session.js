@@ -34,6 +34,8 @@ export const CLIENT_NAME = "crowdgrad-web/0.1";
 export const INIT_SCHEME = "x128ss-ih12";
 /** Results kept for resending while their acks are outstanding. */
 export const MAX_UNACKED = 16;
+/** Parsed shards a session keeps (those its tasks name are always kept). */
+const MAX_HELD_SHARDS = 16;
 /** The task seed's generator stream for stochastic rounding (§12.1). */
 const ROUNDING_STREAM = 1;
 
@@ -140,6 +142,7 @@ export class Session {
       spans: true,
       data: true,
       init_schemes: [INIT_SCHEME],
+      boundary: true,
     };
     this.lastSent = this.helloSent = now;
     return [this._send(hello)];
@@ -201,6 +204,9 @@ export class Session {
     this._advance(now);
     const out = [];
     if (requestId !== this.computing || this.task === null) return out;
+    if (this.task.boundary != null && !(result.boundary instanceof Float32Array)) {
+      return this.computeFailed(requestId, "compute: the task asks for its boundary", now);
+    }
     this.computing = null;
     this.lastComputeS = Math.max(0, result.computeSeconds ?? 0);
     const task = this.task;
@@ -216,7 +222,20 @@ export class Session {
         }
         residuals = this.residuals;
       }
-      chunks = encodeTransfer(result.update, paramsLayout(spec.widths), {
+      let flat = result.update, layout = paramsLayout(spec.widths);
+      if (task.boundary != null) {
+        // §3.3.2: the update, then block (L, "h"): every row's boundary activations
+        const h = result.boundary;
+        const width = spec.widths[task.boundary];
+        if (h.length % width !== 0) throw new Error(`boundary: ${h.length} values, not rows of ${width}`);
+        const offset = flat.length;
+        layout = [...layout, { layer: spec.widths.length - 1, part: "h", rows: h.length / width, cols: width, offset, size: h.length }];
+        const joined = new Float32Array(offset + h.length);
+        joined.set(flat);
+        joined.set(h, offset);
+        flat = joined;
+      }
+      chunks = encodeTransfer(flat, layout, {
         transfer: task.task_id,
         codec,
         frameBytes: this.limits.frameBytes,
@@ -270,7 +289,15 @@ export class Session {
     this._advance(now);
     const out = [];
     this.shardsAsked.delete(sha);
+    this.shards.delete(sha);
     this.shards.set(sha, shard);
+    // Bounded (a layer-split job names a new shard per upper task, §3.3.2): the
+    // oldest go, except those the current and the queued task name.
+    const keep = new Set([this.task?.data, this.nextTask?.data]);
+    for (const old of this.shards.keys()) {
+      if (this.shards.size <= MAX_HELD_SHARDS) break;
+      if (!keep.has(old)) this.shards.delete(old);
+    }
     for (const task of [this.task, this.nextTask])
       if (task !== null && task.data === sha && this.waitData.has(task.task_id))
         this._modelReady(task, out);

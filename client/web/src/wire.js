@@ -424,6 +424,12 @@ function subnetCross(m) {
 
 function taskCross(m) {
   if (m.subnet !== null) subnetCross(m);
+  if (m.boundary !== null) {
+    const hidden = m.spec.widths.length - 2;
+    if (m.kind !== "train" || m.boundary > hidden) {
+      throw bad("task.boundary", `a hidden layer 1..${hidden} of a train task's spec`, m.boundary);
+    }
+  }
   if (m.init_seed !== null) {
     if (m.init_crc === null || m.model_version !== 0 || m.num_chunks || m.base_version !== null || m.delta_base !== null) {
       throw fail(
@@ -486,8 +492,9 @@ const SCHEMAS = {
       ["spans", bool, false],
       ["data", bool, false],
       ["init_schemes", strs(8, 32), []],
+      ["boundary", bool, false],
     ],
-    sparse: ["data", "init_schemes"],
+    sparse: ["data", "init_schemes", "boundary"],
   },
   welcome: {
     fields: [
@@ -532,8 +539,9 @@ const SCHEMAS = {
       ["data", opt(sha256), null],
       ["init_scheme", opt(str(32, { empty: false })), null],
       ["subnet", opt(indices), null],
+      ["boundary", opt(int(1, 65535)), null],
     ],
-    sparse: ["data", "init_scheme", "subnet"],
+    sparse: ["data", "init_scheme", "subnet", "boundary"],
     cross: taskCross,
   },
   result: {

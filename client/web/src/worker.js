@@ -27,6 +27,9 @@ const BACKOFF_S = [1, 2, 4, 8, 15, 30];
 /** Frames before welcome (the server grants the real limit in it). */
 const HELLO_MAX_BYTES = 64 << 20;
 const SHARD_CACHE = "crowdgrad-shards-v1";
+/** Shards kept in the page's Cache Storage at most, the oldest going first: a
+ *  layer-split job sends a new one with every upper task (§3.3.2). */
+const MAX_CACHED_SHARDS = 64;
 
 const clock = () => performance.now() / 1000;
 
@@ -436,8 +439,11 @@ async function cachedShard(url, sha) {
   if (!res.ok) throw new Error(`HTTP ${res.status} for ${url}`);
   const bytes = new Uint8Array(await res.arrayBuffer());
   if ((await sha256Hex(bytes)) !== sha) throw new Error("its bytes do not match its hash");
-  if (cache !== null)
+  if (cache !== null) {
     await cache.put(url, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
+    const keys = await cache.keys(); // in the order they were put
+    for (const old of keys.slice(0, Math.max(0, keys.length - MAX_CACHED_SHARDS))) await cache.delete(old);
+  }
   return bytes;
 }
 

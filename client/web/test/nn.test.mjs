@@ -112,6 +112,18 @@ function checkResult(got, doc, what) {
     assert.equal(got.update, null, `${what}: evaluate sends no update`);
     return;
   }
+  if (want.boundary === undefined) {
+    assert.equal(got.boundary, undefined, `${what}: no boundary asked`);
+  } else {  // §3.3.2: every row's activations at that hidden layer, after training
+    assert.equal(got.boundary?.length, want.boundary.length, `${what}: boundary length`);
+    for (let k = 0; k < want.boundary.length; k++) {
+      const w = want.boundary[k], g = got.boundary[k];
+      assert.ok(
+        Math.abs(g - w) <= tol.update_atol + tol.update_rtol * Math.abs(w),
+        `${what}: boundary[${k}] = ${g}, want ${w}`,
+      );
+    }
+  }
   assert.equal(got.update.length, want.update.length, `${what}: update length`);
   for (let k = 0; k < want.update.length; k++) {
     const w = want.update[k], g = got.update[k];

@@ -4,7 +4,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Session, CODECS, taskRows } from "../src/session.js";
 import { NdArray, decodeFrame, encodeRaw } from "../src/wire.js";
-import { encodeTransfer } from "../src/chunks.js";
+import { Reassembler, encodeTransfer } from "../src/chunks.js";
 import { initParams } from "../src/nn.js";
 import { paramsLayout, normalizeSpec } from "../src/spec.js";
 import { crc32 } from "../src/crc32.js";
@@ -235,4 +235,41 @@ test("refusing a bad server frame closes with 4000 + code", () => {
   assert.equal(out[1].type, "close");
   assert.equal(out[1].code, 4003);
   assert.equal(decodeFrame(out[0].frame).code, 3);
+});
+
+test("a layer-split lower task uploads its rows' boundary after the update (§3.3.2)", () => {
+  const s = ready();
+  s.receive(seededTask("t1", { boundary: 1 }), 0.02);
+  const req = s.shardReady(SHA, shard, 0.03).find((a) => a.type === "compute");
+  const update = new Float32Array(req.params.length).fill(0.25);
+  const boundary = Float32Array.from({ length: 3 * 3 }, (_, i) => i);
+  const up = sent(s.computeDone(req.requestId, { update, loss: 0.7, samples: 4, steps: 2, boundary }, 0.1));
+  const layout = [
+    ...paramsLayout(SPEC.widths),
+    { layer: 2, part: "h", rows: 3, cols: 3, offset: req.params.length, size: 9 },
+  ];
+  const r = new Reassembler(layout, { transfer: "t1", total: up[0].num_chunks, expectCodec: null });
+  for (const c of up.slice(1)) r.accept(c);
+  assert.ok(r.complete);
+  const flat = r.result();
+  assert.deepEqual(Array.from(flat.subarray(req.params.length)), Array.from(boundary));
+  assert.ok(flat.subarray(0, req.params.length).every((v) => v === 0.25));
+});
+
+test("a session keeps a bounded number of parsed shards, never its tasks' own", () => {
+  const s = ready();
+  computeFirst(s);
+  for (let i = 0; i < 40; i++) s.shardReady(i.toString(16).padStart(64, "0"), shard, 0.05);
+  assert.ok(s.shards.size <= 16);
+  assert.ok(s.shards.has(SHA), "the running task's shard stays");
+});
+
+test("a lower task whose compute returned no boundary is declined, not sent half-made", () => {
+  const s = ready();
+  s.receive(seededTask("t1", { boundary: 1 }), 0.02);
+  const req = s.shardReady(SHA, shard, 0.03).find((a) => a.type === "compute");
+  const update = new Float32Array(req.params.length);
+  const out = sent(s.computeDone(req.requestId, { update, loss: 0.7, samples: 4, steps: 2 }, 0.1));
+  assert.deepEqual(out.map((m) => m.type), ["decline"]);
+  assert.match(out[0].reason, /boundary/);
 });

@@ -11,9 +11,9 @@ const BIG = 1 << 24;
 
 /** Keys the reference encoder leaves off at their default (§10 rule 3). */
 const SPARSE = {
-  hello: { data: false, init_schemes: [] },
+  hello: { data: false, init_schemes: [], boundary: false },
   welcome: { data: false, decline: false, job: "" },
-  task: { data: null, init_scheme: null, subnet: null },
+  task: { data: null, init_scheme: null, subnet: null, boundary: null },
   chunk: { blocks: 1 },
   bye: { detail: "" },
   heartbeat: { held: null },
