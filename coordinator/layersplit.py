@@ -108,14 +108,31 @@ class SplitBlocks:
         return (*layout, Block(spec.num_layers, BOUNDARY_PART, (rows, self.width)))
 
 
+#: shards no longer leased but still served, for a client that fetches late
+RETIRED_KEPT = 64
+
+
 class Boundaries:
     """Boundary shards waiting for, or leased to, upper tasks (oldest first).
 
     One upper task trains each; a shard whose task lost its lease waits again, so
     it is trained even when its first client leaves. At most ``waiting`` shards
-    wait unleased: one more pushes the oldest out (the stalest activations)."""
+    wait unleased: one more pushes the oldest out (the stalest activations). A
+    shard that leaves (trained, or pushed out) is still served for a while (the
+    last ``RETIRED_KEPT``): a client whose lease ran out, or who reconnected, may
+    still fetch it for the task it holds, and a fetch of an unknown shard closes
+    the connection (§13.1)."""
 
-    __slots__ = ("_catalog", "_classes", "_labels", "_leased", "_next", "_waiting", "limit")
+    __slots__ = (
+        "_catalog",
+        "_classes",
+        "_labels",
+        "_leased",
+        "_next",
+        "_retired",
+        "_waiting",
+        "limit",
+    )
 
     def __init__(self, config: SplitSection, catalog: DataCatalog, labels: np.ndarray, *,
                  classes: int) -> None:  # fmt: skip
@@ -126,6 +143,7 @@ class Boundaries:
         self._classes = classes
         self._waiting: OrderedDict[int, None] = OrderedDict()
         self._leased: set[int] = set()
+        self._retired: OrderedDict[int, None] = OrderedDict()
         self._next = BOUNDARY_BASE
 
     def add(self, shard: int, h: np.ndarray) -> ShardBlob:
@@ -138,8 +156,15 @@ class Boundaries:
         self._waiting[made.index] = None
         while len(self._waiting) > self.limit:
             old, _ = self._waiting.popitem(last=False)
-            self._catalog.discard(old)
+            self._retire(old)
         return made
+
+    def _retire(self, index: int) -> None:
+        """No longer leased, still served a while (see the class docstring)."""
+        self._retired[index] = None
+        while len(self._retired) > RETIRED_KEPT:
+            gone, _ = self._retired.popitem(last=False)
+            self._catalog.discard(gone)
 
     def take(self) -> int | None:
         """The oldest waiting shard, now leased (None: none waits)."""
@@ -150,10 +175,12 @@ class Boundaries:
         return index
 
     def trained(self, index: int) -> None:
-        """Its upper task's result went in: the shard is no longer served."""
+        """Its upper task's result went in: the shard is leased no more."""
+        if index in self._retired:  # a late second result for it
+            return
         self._leased.discard(index)
         self._waiting.pop(index, None)
-        self._catalog.discard(index)
+        self._retire(index)
 
     def lost(self, index: int) -> None:
         """Its upper task lost its lease: the shard waits for another (first)."""

@@ -15,7 +15,14 @@ from coordinator import events as ev
 from coordinator.config import JobConfigError, parse_job
 from coordinator.core import Coordinator
 from coordinator.data import DataCatalog
-from coordinator.layersplit import BOUNDARY_BASE, LOWER, UPPER, Boundaries, SplitBlocks
+from coordinator.layersplit import (
+    BOUNDARY_BASE,
+    LOWER,
+    RETIRED_KEPT,
+    UPPER,
+    Boundaries,
+    SplitBlocks,
+)
 from coordinator.loopback import Loopback
 from coordinator.persist import from_checkpoint, to_checkpoint
 from nn.layersplit import boundary_of, join_params, split_spec
@@ -80,8 +87,8 @@ def test_two_clients_train_both_blocks_to_95_percent_and_never_hold_the_model(co
                 assert t.spec.widths == (64, 32, 10) and t.data not in job_shards
     # the core's model is the joined blocks: its evaluation is the whole network's
     assert core.spec.widths == tuple(WIDTHS)
-    # boundary shards are dropped once trained: a few wait, none piles up
-    assert len(core.data.extra) <= parse_job(split_job()).split.waiting + 2
+    # boundary shards go once trained (after a while: late fetches): none piles up
+    assert len(core.data.extra) <= RETIRED_KEPT + parse_job(split_job()).split.waiting + 2
 
 
 def test_each_client_gets_the_blocks_it_can_train() -> None:
@@ -162,15 +169,19 @@ def test_boundary_shards_wait_in_order_and_the_oldest_unleased_go() -> None:
     rows = catalog.shards[0].rows
     made = [b.add(0, np.full((rows, 64), i, np.float32)) for i in range(3)]
     assert [s.index for s in made] == [BOUNDARY_BASE, BOUNDARY_BASE + 1, BOUNDARY_BASE + 2]
-    assert BOUNDARY_BASE not in catalog.extra  # pushed out by the third
-    assert catalog.by_hash[made[2].sha256] is made[2]
+    assert b.waiting == 2  # the first was pushed out by the third...
+    assert catalog.by_hash[made[0].sha256] is made[0]  # ...and is still served a while
     first = b.take()
     assert first == BOUNDARY_BASE + 1
     b.lost(first)  # its task lost its lease: it waits again, first in line
     assert b.take() == first
     b.trained(first)
-    assert first not in catalog.extra and made[1].sha256 not in catalog.by_hash
-    assert catalog.shard(BOUNDARY_BASE + 2) is made[2]
+    assert len(b) == 1 and b.take() == BOUNDARY_BASE + 2 and b.take() is None
+    # retired shards are served until RETIRED_KEPT newer ones retired after them
+    for i in range(RETIRED_KEPT):
+        b.trained(b.add(1, np.full((catalog.shards[1].rows, 64), i, np.float32)).index)
+    assert made[0].sha256 not in catalog.by_hash and first not in catalog.extra
+    assert len(catalog.extra) == RETIRED_KEPT + 1  # and the one still leased
 
 
 @pytest.mark.parametrize(
