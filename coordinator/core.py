@@ -61,7 +61,7 @@ from coordinator.data import DataCatalog, load_job_data
 from coordinator.downloads import ModelDistribution
 from coordinator.evaluation import Evaluator
 from coordinator.handshake import check_hello, open_conn, server_limits, welcome
-from coordinator.layersplit import LOWER, UPPER, Boundaries, SplitBlocks
+from coordinator.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBlocks
 from coordinator.leases import LeaseBook, LeaseState, TaskPlan, TaskState, lease_seconds
 from coordinator.orphans import Orphans
 from coordinator.reference import reference_norms
@@ -197,6 +197,8 @@ class Coordinator:
                 b: UpdateValidator(job.validation, size=self.split.spec_of(b).num_params)
                 for b in (LOWER, UPPER)
             }
+            # a lower result's boundary: its size is its shard's rows × the cut's width
+            self.block_validators[BOUNDARY] = UpdateValidator(job.validation, size=0)
         #: job data from a file: only clients that fetch shards (hello.data) can train
         self._data_only = job.data.path is not None
         #: what a task message says (coordinator/taskwriter.py)
@@ -549,14 +551,21 @@ class Coordinator:
 
     def _split_reference_norms(self) -> None:
         """Each block's norm check starts from the coordinator's own updates to that
-        block: lower tasks on the first shards, upper tasks on their boundaries."""
+        block (lower tasks on the first shards, upper tasks on their boundaries),
+        and the boundary's from the first shards' boundaries under version 0."""
         job, split = self.job, self.split
         assert split is not None
         if not job.validation.reference_tasks:
             return
         st = job.strategy
         lower = split.slice(LOWER, self.model.params)
-        for block, validator in self.block_validators.items():
+        count = job.validation.reference_tasks
+        self.block_validators[BOUNDARY].reference = [
+            float(np.linalg.norm(boundary_of(lower, split.cut, self.dataset.X_train[rows])))
+            for rows in self.data.indices[:count]
+        ]
+        for block in (LOWER, UPPER):
+            validator = self.block_validators[block]
             start = lower if block == LOWER else split.slice(UPPER, self.model.params)
             validator.reference = reference_norms(
                 start,

@@ -50,6 +50,8 @@ from protocol.chunking import Block, Layout, params_layout
 from protocol.shardfile import encode_shard, sha256_hex
 
 LOWER, UPPER = 0, 1
+#: the key of the boundary activations' norm check (beside each block's)
+BOUNDARY = 2
 #: boundary shards' indices start here, far above any job's own shards
 BOUNDARY_BASE = 1 << 30
 #: the boundary's block in a lower result's layout: ``(L, "h")``, L = layers

@@ -36,6 +36,7 @@ import numpy as np
 from coordinator import events as ev
 from coordinator.config import JobConfig
 from coordinator.connections import Conn, Connections
+from coordinator.layersplit import BOUNDARY
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskState
 from coordinator.orphans import Orphans
 from coordinator.registry import ClientRecord
@@ -157,7 +158,7 @@ class ResultPath:
         validator = self._validator_of(task)
         reject, norm = validator.check(update, size=None if sub is None else sub.sub.num_params)
         if reject is None and task.block is not None:
-            reject = self._take_boundary(task, upload)
+            reject = self._take_boundary(task, upload, self._validators.get(BOUNDARY))
         if reject is not None:
             self._reject(conn, rec, result.task_id, reject, now, out, count=True)
             self._maybe_reissue(task, now)
@@ -287,10 +288,13 @@ class ResultPath:
             update = update * np.float32(scale)
         journal = not checked and self._verifier.journals
         before = self._model.params.data.copy() if journal else None
+        boundary = task.boundary
         outcome = self._strategy.on_result(task, update, now)
         task.boundary = None
         if outcome.accepted:
             validator.accept(norm * scale)
+            if boundary is not None and BOUNDARY in self._validators:
+                self._validators[BOUNDARY].accept(float(np.linalg.norm(boundary)))
             self.accepted += 1
             if not checked:
                 self._verifier.applied(holder, before, outcome)
@@ -333,15 +337,23 @@ class ResultPath:
         return self._validator if task.block is None else self._validators[task.block]
 
     @staticmethod
-    def _take_boundary(task: Task, upload: Upload) -> Reject | None:
+    def _take_boundary(task: Task, upload: Upload, check: UpdateValidator | None) -> Reject | None:
         """A layer-split lower result's boundary goes with its task to the strategy,
-        which makes a shard of it; activations that are not finite are refused
-        (after a ReLU they are also never negative, but a codec may round a zero
-        to a tiny negative, so that is not checked)."""
+        which makes a shard of it for upper tasks: it is held to a norm check of
+        its own (finite, and not above ``norm_multiple`` × the median of those
+        taken), as an update is, since garbage there would train the upper block
+        on it. (After a ReLU activations are never negative, but a codec may
+        round a zero to a tiny negative, and the cut's activation may be another,
+        so signs are not checked.)"""
         h = upload.boundary
         if h is None:
             return None
-        if not np.isfinite(h).all():
+        if check is not None:
+            flat = h.reshape(-1)
+            reject, _ = check.check(flat, size=flat.size)
+            if reject is not None:
+                return reject
+        elif not np.isfinite(h).all():
             return Reject.NONFINITE
         task.boundary = h
         return None

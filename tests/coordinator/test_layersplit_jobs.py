@@ -123,6 +123,27 @@ def test_a_lower_result_whose_boundary_is_not_finite_is_refused() -> None:
     assert np.isfinite(core.params.data).all()
 
 
+def test_a_boundary_far_above_the_usual_is_refused_and_its_sender_closed() -> None:
+    """A lower result's boundary trains the upper block: held to a norm check of
+    its own, as updates are (the coordinator seeds it with version 0's)."""
+    core = Coordinator(parse_job(split_job(stop={"max_versions": 60})), seed=2, dataset=digits())
+    lb = Loopback(core)
+    lb.add_client("good", caps=Capabilities(flops=1e8))
+    lb.add_client("bad", caps=Capabilities(flops=1e8, data=False))  # lower tasks only
+
+    def loud(out: ComputeOutput) -> ComputeOutput:
+        assert out.boundary is not None
+        return dataclasses.replace(out, boundary=out.boundary * 1000)
+
+    lb.lies["bad"] = loud
+    lb.run(until=1e4)
+    rejected = [o for o in lb.outputs if isinstance(o, ev.ResultRejected)]
+    assert rejected and {(o.client_id, o.reason) for o in rejected} == {("bad", "norm")}
+    left = [o for o in lb.outputs if isinstance(o, ev.ClientLeft) and o.client_id == "bad"]
+    assert left and left[0].reason == "closed: BAD_FIELD"  # after max_rejections
+    assert core.version == 60  # the honest client went on
+
+
 def test_the_aux_head_and_block_versions_survive_a_stored_checkpoint(tmp_path: Path) -> None:
     """Through a real SQLite checkpoint store (the aux head is strategy state)."""
     job = parse_job(split_job(stop={"target_accuracy": None, "max_versions": 40}))
