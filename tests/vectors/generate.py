@@ -170,6 +170,18 @@ def valid_messages() -> dict[str, Message]:
             num_chunks=3,
             subnet=np.array([1, 4, 0, 2, 3, 0, 4], dtype=np.uint32),
         ),
+        "task_boundary": Task(
+            task_id="t-8",
+            kind="train",
+            model_version=9,
+            spec=ModelSpec(widths=(5, 4, 3)),
+            dataset="blobs",
+            steps=10,
+            model_transfer="sub-8-9",
+            num_chunks=2,
+            data="ab" * 32,
+            boundary=1,
+        ),
         "task_seeded": Task(
             task_id="t-5",
             kind="train",
@@ -278,6 +290,15 @@ def invalid_frames() -> dict[str, tuple[bytes, str, str]]:
             msgpack.packb(subnet, use_bin_type=True, default=_default),
             "BAD_FIELD",
             "task.subnet",
+        ),
+        "bad_task_boundary": (
+            msgpack.packb(
+                {**valid_messages()["task_boundary"].to_wire(), "boundary": 2},
+                use_bin_type=True,
+                default=_default,
+            ),
+            "BAD_FIELD",
+            "task.boundary",
         ),
         "bad_ndarray_dtype": (
             msgpack.packb({"type": "bye", "reason": "x", "extra": bad_ext}),
