@@ -72,6 +72,7 @@ from coordinator.strategies import (
     ClientView,
     ModelState,
     StepReport,
+    Strategy,
     make_strategy,
     serves_prefetch,
 )
@@ -141,12 +142,6 @@ class Coordinator:
         root = np.random.SeedSequence(seed)
         # spawn(n)'s first children are spawn(n-1)'s: the other streams are unchanged
         strat_seq, codec_seq, replica_seq, submodel_seq = root.spawn(4)
-        self.strategy = make_strategy(
-            model=self.model,
-            config=job.strategy,
-            data=job.data,
-            rng=np.random.default_rng(strat_seq),
-        )
         self.codec_rng = np.random.default_rng(codec_seq)
         #: each sub-model task's subnet (coordinator/submodel.py); None: whole-model tasks
         self.submodels = (
@@ -178,7 +173,15 @@ class Coordinator:
         self.split: SplitBlocks | None = None
         #: the norm check per block of a layer-split job (their updates differ in size)
         self.block_validators: dict[int, UpdateValidator] = {}
-        if job.split.enabled:
+        self.strategy: Strategy
+        if not job.split.enabled:
+            self.strategy = make_strategy(
+                model=self.model,
+                config=job.strategy,
+                data=job.data,
+                rng=np.random.default_rng(strat_seq),
+            )
+        else:
             self.split = SplitBlocks(spec, job.split.cut, init_seed=job.model.init_seed)
             self.strategy = LayerSplit(
                 blocks=self.split,
