@@ -772,7 +772,8 @@ class Coordinator:
         # The first task naming a shard may wait for its transfer (a cold cache).
         data_bytes = 0
         if conn.data and shard.sha256 not in conn.shards_named:
-            conn.shards_named.add(shard.sha256)
+            if task.shard < len(self.data.shards):  # a boundary shard is named once anyway
+                conn.shards_named.add(shard.sha256)
             data_bytes = len(shard.blob)
         trained = part or (self.spec if sub is None else sub.sub)
         per_sample = self._flops_per_sample if trained is self.spec else trained.flops_per_sample()
