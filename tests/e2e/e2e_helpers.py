@@ -136,6 +136,17 @@ def train_together(
         return {n: p.wait(30) for n, p in procs.items()}
 
 
+def play_frames(client: Any, seconds: float) -> None:
+    """Drive an in-game ``client`` like a 60 Hz game, 4 ms a frame, until it
+    finishes (or ``seconds`` pass), then a few more frames for the close."""
+    deadline = time.monotonic() + seconds
+    while client.finished is None and time.monotonic() < deadline:
+        client.step(0.004)
+        time.sleep(1 / 60)
+    for _ in range(30):  # the closing handshake finishes on later frames
+        client.step(0.004)
+
+
 def free_port() -> int:
     """A port nothing listens on now (for a server started later on it)."""
     with socket.socket() as s:

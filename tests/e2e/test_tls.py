@@ -7,7 +7,6 @@ from __future__ import annotations
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,14 @@ from client.ingame import InGameClient
 from coordinator import events as ev
 from coordinator.server import BackgroundServer, CrowdServer
 from coordinator.service import CoreService
-from tests.e2e.e2e_helpers import HANG_GUARD_S, ROOT, Recorder, clients, digits_job
+from tests.e2e.e2e_helpers import (
+    HANG_GUARD_S,
+    ROOT,
+    Recorder,
+    clients,
+    digits_job,
+    play_frames,
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,25 +82,15 @@ def test_ca_for_a_plain_url_or_a_bad_file_is_a_usage_error(tmp_path: Path) -> No
         assert res.returncode == 2 and "--ca" in res.stderr
 
 
-def _frames(client: InGameClient, seconds: float) -> None:
-    """Drive ``client`` like a 60 Hz game until it finishes (or ``seconds`` pass)."""
-    deadline = time.monotonic() + seconds
-    while client.finished is None and time.monotonic() < deadline:
-        client.step(0.004)
-        time.sleep(1 / 60)
-    for _ in range(30):  # the closing handshake finishes on later frames
-        client.step(0.004)
-
-
 def test_ingame_client_over_wss_with_a_ca_file(cert: tuple[Path, Path]) -> None:
     crt, key = cert
     service, rec, bg = _tls_server(crt, key)
     with bg:
         untrusting = InGameClient(bg.url, name="untrusting")
-        _frames(untrusting, 30)
+        play_frames(untrusting, 30)
         trusting = InGameClient(bg.url, name="game", ca=crt)
         trusting.warm_up(budget_s=0.05)
-        _frames(trusting, 90)
+        play_frames(trusting, 90)
         assert service.done.wait(10)
     assert untrusting.exit_code == 2, untrusting.finished
     assert untrusting.finished is not None and "certificate" in untrusting.finished
