@@ -49,7 +49,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -563,10 +562,13 @@ class Coordinator:
         st = job.strategy
         lower = split.slice(LOWER, self.model.params)
         count = job.validation.reference_tasks
-        self.block_validators[BOUNDARY].reference = [
-            float(np.linalg.norm(boundary_of(lower, split.cut, self.dataset.X_train[rows])))
+        # the first shards' boundaries: the boundary check's yardstick, and what the
+        # upper block's reference tasks train on
+        hs = [
+            boundary_of(lower, split.cut, self.dataset.X_train[rows])
             for rows in self.data.indices[:count]
         ]
+        self.block_validators[BOUNDARY].reference = [float(np.linalg.norm(h)) for h in hs]
         for block in (LOWER, UPPER):
             validator = self.block_validators[block]
             start = lower if block == LOWER else split.slice(UPPER, self.model.params)
@@ -580,7 +582,7 @@ class Coordinator:
                 optimizer=self.tasks.optimizer,
                 seed=self._reference_seed,
                 count=job.validation.reference_tasks,
-                features=None if block == LOWER else partial(boundary_of, lower, split.cut),
+                inputs=None if block == LOWER else hs,
             )
 
     def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:

@@ -148,8 +148,10 @@ class Task:
     #: version when the task was made (its staleness counts the block's steps)
     block: int | None = None
     block_version: int = 0
-    #: a lower block's result: its rows' boundary activations, until merged
+    #: a lower block's result: its rows' boundary activations and their norm
+    #: (checked, counted once merged), until merged
     boundary: np.ndarray | None = None
+    boundary_norm: float = 0.0
 
     def move(self, to: TaskState) -> None:
         self.state = checked_move(

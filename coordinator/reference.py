@@ -12,7 +12,6 @@ very first result. Pure and seeded: the same job and seed give the same norms.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
@@ -35,19 +34,20 @@ def reference_norms(
     seed: int,
     count: int = 3,
     subnets: list[Subnet] | None = None,
-    features: Callable[[np.ndarray], np.ndarray] | None = None,
+    inputs: list[np.ndarray] | None = None,
 ) -> list[float]:
     """L2 norms of ``count`` updates computed as clients would, on the first shards;
     with ``subnets`` (a sub-model job) each trains its slice, as its clients do:
     the norms are a slice's, and no copy of a model too big to copy is made.
-    ``features`` maps a shard's rows to what ``params`` takes (a layer-split upper
-    block trains on the lower block's boundary activations)."""
+    ``inputs``: what each task takes instead of its shard's rows, one array per
+    shard in order (a layer-split upper block trains on the lower block's
+    boundary activations)."""
     rng = np.random.default_rng([seed, 0x5EF])
     norms = []
     for i, shard in enumerate(shards[:count]):
         X, y = dataset.X_train[shard], dataset.y_train[shard]
-        if features is not None:
-            X = features(X)
+        if inputs is not None:
+            X = inputs[i]
         if kind == "gradient":
             rows = batch_indices(X.shape[0], 1, min(steps * batch, X.shape[0]), rng)
             _, grad = compute_gradient(params, X[rows], y[rows])

@@ -158,7 +158,7 @@ class ResultPath:
         validator = self._validator_of(task)
         reject, norm = validator.check(update, size=None if sub is None else sub.sub.num_params)
         if reject is None and task.block is not None:
-            reject = self._take_boundary(task, upload, self._validators.get(BOUNDARY))
+            reject = self._take_boundary(task, upload, self._validators[BOUNDARY])
         if reject is not None:
             self._reject(conn, rec, result.task_id, reject, now, out, count=True)
             self._maybe_reissue(task, now)
@@ -288,13 +288,13 @@ class ResultPath:
             update = update * np.float32(scale)
         journal = not checked and self._verifier.journals
         before = self._model.params.data.copy() if journal else None
-        boundary = task.boundary
+        had_boundary = task.boundary is not None
         outcome = self._strategy.on_result(task, update, now)
         task.boundary = None
         if outcome.accepted:
             validator.accept(norm * scale)
-            if boundary is not None and BOUNDARY in self._validators:
-                self._validators[BOUNDARY].accept(float(np.linalg.norm(boundary)))
+            if had_boundary:
+                self._validators[BOUNDARY].accept(task.boundary_norm)
             self.accepted += 1
             if not checked:
                 self._verifier.applied(holder, before, outcome)
@@ -337,7 +337,7 @@ class ResultPath:
         return self._validator if task.block is None else self._validators[task.block]
 
     @staticmethod
-    def _take_boundary(task: Task, upload: Upload, check: UpdateValidator | None) -> Reject | None:
+    def _take_boundary(task: Task, upload: Upload, check: UpdateValidator) -> Reject | None:
         """A layer-split lower result's boundary goes with its task to the strategy,
         which makes a shard of it for upper tasks: it is held to a norm check of
         its own (finite, and not above ``norm_multiple`` × the median of those
@@ -348,14 +348,11 @@ class ResultPath:
         h = upload.boundary
         if h is None:
             return None
-        if check is not None:
-            flat = h.reshape(-1)
-            reject, _ = check.check(flat, size=flat.size)
-            if reject is not None:
-                return reject
-        elif not np.isfinite(h).all():
-            return Reject.NONFINITE
-        task.boundary = h
+        flat = h.reshape(-1)
+        reject, norm = check.check(flat, size=flat.size)
+        if reject is not None:
+            return reject
+        task.boundary, task.boundary_norm = h, norm
         return None
 
     def lease_for(self, task: Task, rec: ClientRecord) -> Lease | None:
