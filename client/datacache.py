@@ -90,8 +90,10 @@ class DiskCache:
     def __init__(self, directory: str | Path, max_bytes: int = DISK_CACHE_BYTES) -> None:
         self.dir = Path(directory)
         self.max_bytes = max_bytes
-        #: the folder's shards by last use, and their bytes (read at the first put)
+        #: the folder's shards by last use, and their bytes (read at the first put),
+        #: and those bytes' sum
         self._index: OrderedDict[str, int] | None = None
+        self._bytes = 0
 
     def _path(self, sha256: str) -> Path:
         if not is_sha256_hex(sha256):
@@ -123,13 +125,12 @@ class DiskCache:
             log.warning("shard cache: cannot write %s: %s", path, exc)
             return
         index = self._files()
-        index.pop(sha256, None)
+        self._bytes += len(blob) - index.pop(sha256, 0)
         index[sha256] = len(blob)
-        total = sum(index.values())
-        while total > self.max_bytes and len(index) > 1:
+        while self._bytes > self.max_bytes and len(index) > 1:
             gone, size = index.popitem(last=False)
             (self.dir / f"{gone}.shard").unlink(missing_ok=True)
-            total -= size
+            self._bytes -= size
 
     def _files(self) -> OrderedDict[str, int]:
         """The shards in the folder, least recently written first (mtime) when
@@ -144,4 +145,5 @@ class DiskCache:
                 if is_sha256_hex(p.stem):
                     found.append((st.st_mtime, p.stem, st.st_size))
             self._index = OrderedDict((sha, size) for _, sha, size in sorted(found))
+            self._bytes = sum(self._index.values())
         return self._index
