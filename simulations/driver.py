@@ -748,25 +748,38 @@ def _stream(scenario: Scenario, name: str) -> np.random.Generator:
 
 
 def linear_evaluations(
-    job: Any, dataset: Dataset, *, max_steps: int = 20_000
+    job: Any,
+    dataset: Dataset,
+    *,
+    max_steps: int = 20_000,
+    lr: float | None = None,
+    batch: int | None = None,
+    every: int | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """One machine training the job alone: ``(steps done, evaluation)`` every tau steps.
 
     The same model, optimizer and batch as the job's clients, trained on the whole
     training set, evaluated on the coordinator's held-out rows as often as the
-    job's coordinator would (every tau steps), up to ``max_steps``.
+    job's coordinator would (every tau steps, or ``every``; each stretch draws its
+    batches afresh, as a client's task does), up to ``max_steps``.
+    ``lr`` and ``batch`` replace the job's: an anchor runs at its own best
+    settings, and a batch of players × the job's batch is the ideal synchronous
+    crowd.
     """
     spec = job.spec
     params = spec.init_params(job.model.init_seed)
     s = job.strategy
-    opt = Optimizer.from_dict({"kind": s.client_optimizer, "lr": s.lr, "momentum": s.momentum})
+    opt = Optimizer.from_dict(
+        {"kind": s.client_optimizer, "lr": s.lr if lr is None else lr, "momentum": s.momentum}
+    )
     state = OptState.init(opt, spec)
     rng = np.random.default_rng(job.data.seed)
     n = job.eval.max_samples or dataset.X_test.shape[0]
-    every = max(1, s.tau)
+    every = max(1, s.tau if every is None else every)
     done = 0
     while done < max_steps:
-        train_steps(params, state, dataset.X_train, dataset.y_train, every, job.data.batch, rng)
+        size = job.data.batch if batch is None else batch
+        train_steps(params, state, dataset.X_train, dataset.y_train, every, size, rng)
         done += every
         yield done, evaluate(params, dataset.X_test[:n], dataset.y_test[:n])
 

@@ -7,7 +7,7 @@ import pytest
 from coordinator import events as ev
 from coordinator.leases import TaskState
 from nn.data import load_dataset
-from simulations.driver import Simulation
+from simulations.driver import Simulation, linear_evaluations
 from simulations.report import write_report
 from simulations.scenario import parse_scenario
 
@@ -92,6 +92,23 @@ def test_max_steps_stop_and_linear_baseline(digits):
     flops = sc.job.spec.flops_per_sample(train=True) * 16 * 100
     assert s["linear_seconds"] == pytest.approx(flops / sc.server.compute)
     assert s["speedup"] == pytest.approx(s["linear_seconds"] / s["virtual_seconds"])
+
+
+def test_linear_anchor_takes_its_own_lr_batch_and_evaluation_cadence(digits):
+    """The single machine runs at the settings it is given (an anchor at its own
+    best lr; players × batch for the ideal synchronous crowd), seeded the same
+    way each time; left alone it is the job's clients' numerics."""
+    job = small().job
+
+    def curve(**kw):
+        return [(d, float(r.loss)) for d, r in linear_evaluations(job, digits, max_steps=20, **kw)]
+
+    default = curve()
+    assert [d for d, _ in default] == [10, 20] and default == curve(lr=0.1, batch=16)
+    assert [d for d, _ in curve(every=5)] == [5, 10, 15, 20] == [d for d, _ in curve(every=5)]
+    assert curve(every=5) == curve(every=5)
+    assert curve(lr=0.3) != default and curve(batch=128) != default
+    assert curve(batch=128) == curve(batch=128)
 
 
 # -- the fault sweep -------------------------------------------------------------------
