@@ -128,6 +128,7 @@ def step_phases(preset: str, batch: int, reps: int = 40) -> tuple[str, list[tupl
     aoff, abuf, D1, D2, Xb = K._workspace(lay.shapes, batch, data)
     parts = group_threads(lay, batch)
     part = np.empty(max(parts - 1, 0) * D1.shape[0], np.float32)
+    T1 = np.empty(D1.shape[0], np.float32)  # weight_product_'s scratch, as in train_loop
     lr, L, times = 1e-6, lay.shapes.shape[0], {}
 
     def layer(l: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -170,7 +171,7 @@ def step_phases(preset: str, batch: int, reps: int = 40) -> tuple[str, list[tupl
                 timed(f"L{l} act'", K.act_grad_, dZ, A, lay.acts[l])
                 if l:
                     timed(f"L{l} dA gemm", gemm, True, not fm, 1.0, W, dZ, 0.0, dA)
-                timed(f"L{l} update gemm", gemm, not fm, l > 0, -lr, dZ, prv, 1.0, W)
+                timed(f"L{l} update gemm", K.weight_product_, dZ, fm, prv, l > 0, -lr, 1.0, W, T1)
                 timed(f"L{l} bias update", K.bias_backward_, dZ, b, K.MODE_SGD, lr, fm)
             cur, other = other, cur
 

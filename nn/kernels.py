@@ -162,20 +162,49 @@ def layer_forward_(prev, prev_fm, W, b, Z, fm, act):  # pragma: no cover - compi
     bias_act_(Z, b, act, fm)
 
 
+#: Up to this many multiply-adds (out·in·batch), a hidden layer's weight product
+#: reads a batch-major copy of its input. Why: on feature-major operands
+#: ``W -= lr·dZ·prevᵀ`` contracts both over their contiguous (batch) axis, the
+#: "TN" case of column-major sgemm, which OpenBLAS keeps off its small-matrix
+#: kernel (≤ 1e6 multiply-adds) once C has over 1,200 entries and packs both
+#: operands instead: at medium/16 (128·128·16) that product took 6.5 µs, the
+#: copy (2k floats) and the plain product 5.8 µs (issue 19). Above it the
+#: packed path is the fast one anyway.
+UPDATE_COPY_MAX_MACS = 1_000_000
+
+
 @njit(cache=True, nogil=True)
-def layer_backward_(dZ, fm, prev, prev_fm, W, dA, GW, Gb, mode, lr):  # pragma: no cover
+def weight_product_(dZ, fm, prev, prev_fm, alpha, beta, GW, scratch):  # pragma: no cover
+    """``GW := alpha·dZᵀ·prev + beta·GW`` in the layouts given (``dZ·prevᵀ`` when
+    both are feature-major), through ``scratch`` (``batch·in`` values, or empty to
+    skip the copy) below ``UPDATE_COPY_MAX_MACS``."""
+    o, i = GW.shape
+    B = dZ.shape[1] if fm else dZ.shape[0]
+    if fm and prev_fm and o * i * B <= UPDATE_COPY_MAX_MACS and scratch.size >= B * i:
+        P = scratch[: B * i].reshape(B, i)
+        for k in range(i):
+            for r in range(B):
+                P[r, k] = prev[k, r]
+        gemm(False, False, alpha, dZ, P, beta, GW)
+    else:
+        gemm(not fm, prev_fm, alpha, dZ, prev, beta, GW)
+
+
+@njit(cache=True, nogil=True)
+def layer_backward_(dZ, fm, prev, prev_fm, W, dA, GW, Gb, mode, lr, scratch):  # pragma: no cover
     """Given ``dZ`` (act' applied): ``dA := (dZ·W)ᵀ`` into the ``[in, batch]`` dA
     (skipped when dA is empty), then the weight and bias step.
 
     ``MODE_SGD``: GW and Gb are W and b, updated in place (``beta = 1``), after dA
-    has read the old W. ``MODE_GRAD``: they receive the gradient.
+    has read the old W. ``MODE_GRAD``: they receive the gradient. ``scratch``: see
+    ``weight_product_`` (empty in neuron groups, which run side by side).
     """
     if dA.size:
         gemm(True, not fm, 1.0, W, dZ, 0.0, dA)  # dAᵀ = Wᵀ·dZᵀ
     if mode == MODE_SGD:
-        gemm(not fm, prev_fm, -lr, dZ, prev, 1.0, GW)  # W -= lr·dZᵀ·prev
+        weight_product_(dZ, fm, prev, prev_fm, -lr, 1.0, GW, scratch)  # W -= lr·dZᵀ·prev
     else:
-        gemm(not fm, prev_fm, 1.0, dZ, prev, 0.0, GW)
+        weight_product_(dZ, fm, prev, prev_fm, 1.0, 0.0, GW, scratch)
     bias_backward_(dZ, Gb, mode, lr, fm)
 
 
@@ -274,14 +303,12 @@ def backward_groups_(
         dst = dA if p == 0 else part[(p - 1) * R * C : p * R * C].reshape(R, C)
         if fm:
             act_grad_(dZ[r0:r1], A[r0:r1], act)
-            layer_backward_(
-                dZ[r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1], Gb[r0:r1], mode, lr
-            )
+            layer_backward_(dZ[r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1],
+                            Gb[r0:r1], mode, lr, part[:0])  # fmt: skip
         else:
             act_grad_(dZ[:, r0:r1], A[:, r0:r1], act)
-            layer_backward_(
-                dZ[:, r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1], Gb[r0:r1], mode, lr
-            )
+            layer_backward_(dZ[:, r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1],
+                            Gb[r0:r1], mode, lr, part[:0])  # fmt: skip
     if dA.size and n > 1:
         for r in prange(R):
             for p in range(1, n):
@@ -353,7 +380,7 @@ def forward(
 
 @njit(cache=True, nogil=True)
 def backward(
-    data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, lr, parts, part
+    data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, lr, parts, part, scratch
 ):  # pragma: no cover - compiled
     """Backpropagate ``dLoss/dout`` (the first ``B·K`` values of D1, ``[B, K]``).
 
@@ -363,7 +390,8 @@ def backward(
     hidden layers are ``[width, batch]`` like their activations. With ``parts > 1``
     big layers run as neuron groups (``backward_groups_``), which need ``part``:
     ``(parts - 1)·B·max(width)`` scratch values; ``parts`` None: one thread, the
-    group code not compiled (as in ``forward``).
+    group code not compiled (as in ``forward``). ``scratch``: ``B·max(width)``
+    values for ``weight_product_``, or empty.
     """
     B = Xb.shape[0]
     L = shapes.shape[0]
@@ -383,7 +411,7 @@ def backward(
             dZ, fm, A, acts[l], prev, l > 0, W, dA, part, GW, Gb, mode, lr, B, parts
         ):
             act_grad_(dZ, A, acts[l])
-            layer_backward_(dZ, fm, prev, l > 0, W, dA, GW, Gb, mode, lr)
+            layer_backward_(dZ, fm, prev, l > 0, W, dA, GW, Gb, mode, lr, scratch)
         cur, other = other, cur
 
 
@@ -425,7 +453,9 @@ def loss_and_grad(data, shapes, offs, acts, loss, X, T, labels, G):  # pragma: n
     _gather(X, idx, Xb)
     out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
     value = loss_grad_(out, loss, T, labels, idx, D1[: out.size].reshape(out.shape))
-    backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, None, D1[:0])
+    backward(
+        data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, None, D1[:0], D1[:0]
+    )
     return value
 
 
@@ -491,6 +521,7 @@ def train_loop(  # pragma: no cover - compiled
     aoff, abuf, D1, D2, Xb = _workspace(shapes, batch, data)
     XbT = np.empty((Xb.shape[1], batch), data.dtype)
     part = D1[:0] if parts is None else np.empty((max(parts, 1) - 1) * D1.shape[0], data.dtype)
+    scratch = np.empty(D1.shape[0], data.dtype)
     K = shapes[shapes.shape[0] - 1, 0]
     # One call of backward with a run-time mode: two calls with the constants
     # MODE_SGD and MODE_GRAD compiled it twice (numba types them as literals).
@@ -501,6 +532,8 @@ def train_loop(  # pragma: no cover - compiled
         _gather(X, bidx, Xb, XbT)
         out = forward(data, shapes, offs, acts, Xb, abuf, aoff, parts, XbT)
         losses[s] = loss_grad_(out, loss, T, labels, bidx, D1[: batch * K].reshape(batch, K))
-        backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, step_lr, parts, part)
+        backward(
+            data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, step_lr, parts, part, scratch
+        )
         if opt != _SGD:
             optimizer_update_(data, G, opt, lr, mu, nesterov, b1, b2, eps, t0 + s + 1, buf1, buf2)

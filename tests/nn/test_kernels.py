@@ -193,3 +193,26 @@ def test_forward_from_the_feature_major_batch_matches_the_batch_major_path(width
         h = np.tanh(h @ W.T + b)
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs[1], h, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("o,i,batch", [(128, 128, 16), (48, 64, 16), (7, 3, 1)])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (-0.01, 1.0)], ids=["gradient", "sgd"])
+def test_weight_product_through_a_batch_major_copy_equals_the_plain_product(
+    o, i, batch, alpha, beta
+) -> None:
+    # Below UPDATE_COPY_MAX_MACS a hidden layer's update reads a batch-major copy
+    # of its input (sgemm's small-matrix kernel instead of its packed "TN" path,
+    # issue 19): the same product, to rounding; no scratch, no copy.
+    rng = np.random.default_rng(o)
+    dZ = rng.standard_normal((o, batch)).astype(np.float32)
+    prev = rng.standard_normal((i, batch)).astype(np.float32)
+    W = rng.standard_normal((o, i)).astype(np.float32)
+    want = beta * W.astype(np.float64) + alpha * dZ.astype(np.float64) @ prev.T
+    scratch = np.full(i * batch, np.nan, np.float32)
+    assert o * i * batch <= kernels.UPDATE_COPY_MAX_MACS
+    copied, plain = W.copy(), W.copy()
+    kernels.weight_product_(dZ, True, prev, True, alpha, beta, copied, scratch)
+    kernels.weight_product_(dZ, True, prev, True, alpha, beta, plain, scratch[:0])
+    np.testing.assert_array_equal(scratch.reshape(batch, i), prev.T)  # the copy was made
+    np.testing.assert_allclose(copied, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(plain, want, rtol=1e-5, atol=1e-5)
