@@ -2,9 +2,10 @@
 
 Theory of operation. A round is opened by the first idle client that asks for
 work. It has ``target`` slots (``clients_per_round``, or the number of clients
-connected when it opens); each slot is one task at the round's version. The
-round closes, combining its results into one outer step (a ``mean`` weights
-each by its task's rows: FedAvg), when
+connected when it opens, grown by clients that connect while it has no result
+yet); each slot is one task at the round's version. The round closes,
+combining its results into one outer step (a ``mean`` weights each by its
+task's rows: FedAvg), when
 
 - every slot has a result, or
 - the round deadline passes and at least ``ceil(quorum × target)`` slots have
@@ -110,6 +111,17 @@ class RoundStrategy(Strategy):
                     round=t.round,
                     reissue=t.task_id,
                 )
+        if (
+            self.planned >= self.target
+            and self.config.clients_per_round is None
+            and not self.results
+            and client.connected > self.target
+        ):
+            # A client that connected after the round opened joins it while no
+            # result is in yet: otherwise, with players arriving one by one,
+            # round 1 has one slot and everyone else sits it out (and then holds
+            # no version, so its next download is the whole model).
+            self.target = client.connected
         if self.planned < self.target:
             self.planned += 1
             return self.new_plan(round=self.round)

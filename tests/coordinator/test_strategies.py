@@ -79,6 +79,31 @@ def test_decentral_sync_round_averages_and_state_roundtrips() -> None:
     assert s.on_result(tasks[1], np.zeros(SPEC.num_params, np.float32), 3).reason == "stale"
 
 
+@pytest.mark.parametrize("name", ["decentral-sync", "central-sync"])
+def test_a_round_takes_in_clients_that_connect_before_its_first_result(name: str) -> None:
+    # Players arrive one by one: the first opens the round alone. Those who join
+    # before any result are given slots of the same round (and version); once a
+    # result is in, a newcomer waits for the next round; a fixed clients_per_round
+    # never grows.
+    s, _ = build(name)
+    book = LeaseBook()
+    tasks = []
+    for n, cid in enumerate("abc", start=1):
+        plan = s.task_for(view(cid, n), 0)
+        assert plan is not None and plan.round == 1
+        tasks.append(book.new_task(plan, version=0, now=0))
+        s.on_task_created(tasks[-1])
+    assert s.task_for(view("c", 3), 0) is None  # nobody new: no slot
+    assert s.on_result(tasks[0], np.zeros(SPEC.num_params, np.float32), 1).step is None
+    assert s.task_for(view("d", 4), 1) is None  # a result is in: the next round
+    assert s.on_result(tasks[1], np.zeros(SPEC.num_params, np.float32), 2).step is None
+    rep = s.on_result(tasks[2], np.zeros(SPEC.num_params, np.float32), 3).step
+    assert rep is not None and rep.merged == 3  # the round waited for all three
+    fixed, _ = build(name, clients_per_round=1)
+    assert fixed.task_for(view("a", 1), 0) is not None
+    assert fixed.task_for(view("b", 2), 0) is None
+
+
 def test_round_lease_lost_reissues_to_another_client() -> None:
     s, _ = build("central-sync", clients_per_round=1)
     book = LeaseBook()
