@@ -62,11 +62,12 @@ def test_anchors_take_the_fastest_rate_and_skip_a_diverging_one(bench, monkeypat
         single = a["single"][str(t)]
         assert single["lr"] == best_lr and single["steps"] == hits[best_lr]
         assert single["seconds"] == pytest.approx(single["steps"] * step_s)
-        ceiling = a["ceiling"][str(t)]
-        assert ceiling["steps"] == min(
+        parallel = a["data_parallel"][str(t)]
+        assert parallel["steps"] == min(
             s for lr in (0.003, 0.01) if (s := first_hit(sim, lr, 8 * 16, t, 100)) is not None
         )
-        assert a["ceiling_speedup"][str(t)] == pytest.approx(single["seconds"] / ceiling["seconds"])
+        speedup = a["data_parallel_speedup"][str(t)]
+        assert speedup == pytest.approx(single["seconds"] / parallel["seconds"])
 
 
 def test_the_crowds_time_to_a_loss_is_its_first_sample_at_or_below_it(bench, monkeypatch) -> None:
