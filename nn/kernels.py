@@ -177,10 +177,11 @@ UPDATE_COPY_MAX_MACS = 1_000_000
 def weight_product_(dZ, fm, prev, prev_fm, alpha, beta, GW, scratch):  # pragma: no cover
     """``GW := alpha·dZᵀ·prev + beta·GW`` in the layouts given (``dZ·prevᵀ`` when
     both are feature-major), through ``scratch`` (``batch·in`` values, or empty to
-    skip the copy) below ``UPDATE_COPY_MAX_MACS``."""
+    skip the copy) below ``UPDATE_COPY_MAX_MACS`` in float32."""
     o, i = GW.shape
     B = dZ.shape[1] if fm else dZ.shape[0]
-    if fm and prev_fm and o * i * B <= UPDATE_COPY_MAX_MACS and scratch.size >= B * i:
+    small = GW.itemsize == 4 and o * i * B <= UPDATE_COPY_MAX_MACS  # sgemm's, not loops
+    if fm and prev_fm and small and scratch.size >= B * i:
         P = scratch[: B * i].reshape(B, i)
         for k in range(i):
             for r in range(B):
@@ -453,8 +454,9 @@ def loss_and_grad(data, shapes, offs, acts, loss, X, T, labels, G):  # pragma: n
     _gather(X, idx, Xb)
     out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
     value = loss_grad_(out, loss, T, labels, idx, D1[: out.size].reshape(out.shape))
+    scratch = np.empty(D1.shape[0], data.dtype)
     backward(
-        data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, None, D1[:0], D1[:0]
+        data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, MODE_GRAD, 0.0, None, D1[:0], scratch
     )
     return value
 
