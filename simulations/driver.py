@@ -143,7 +143,10 @@ class Player:
         self.index = index
         self.rng = sim.engine.rng(f"{self.STREAM}/{index}")
         self.flops = max(1.0, sim.scenario.clients.sample_flops(self.rng))
-        codecs = tuple(sorted({sim.job.codecs.model, sim.job.codecs.update}))
+        # every codec of the job, the delta codec too: a client offers what it decodes
+        # (the coordinator sends deltas only to a client that lists their codec)
+        job_codecs = (sim.job.codecs.model, sim.job.codecs.update, sim.job.codecs.delta)
+        codecs = tuple(sorted({c for c in job_codecs if c is not None}))
         cache = MemoryCache()  # a player's shards outlive its reconnects
         if sim.scenario.clients.warm_data:
             for shard in sim.core.data.shards:
