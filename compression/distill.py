@@ -86,6 +86,7 @@ def kd_loop(  # pragma: no cover - compiled
     """``len(losses)`` distillation steps; mirrors ``nn.kernels.train_loop``."""
     aoff, abuf, D1, D2, Xb = kernels._workspace(shapes, batch, data)
     part = np.empty(0, data.dtype)  # one thread: no neuron-group scratch (nn.kernels.backward)
+    scratch = np.empty(D1.shape[0], data.dtype)  # the small updates' copy (weight_product_)
     K = shapes[shapes.shape[0] - 1, 0]
     mode = MODE_SGD if opt == _SGD else MODE_GRAD  # one backward to compile (train_loop)
     step_lr = lr if opt == _SGD else 0.0
@@ -95,7 +96,9 @@ def kd_loop(  # pragma: no cover - compiled
         out = forward(data, shapes, offs, acts, Xb, abuf, aoff)
         D = D1[: batch * K].reshape(batch, K)
         losses[s] = kd_grad_(out, teacher, labels, bidx, temperature, alpha, D)
-        backward(data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, step_lr, None, part)
+        backward(
+            data, shapes, offs, acts, Xb, abuf, aoff, D1, D2, G, mode, step_lr, None, part, scratch
+        )
         if opt != _SGD:
             kernels.optimizer_update_(
                 data, G, opt, lr, mu, nesterov, b1, b2, eps, t0 + s + 1, buf1, buf2
