@@ -16,10 +16,14 @@ teacher logits and labels, ``T`` and ``alpha``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from numba import njit
 
+import nn
 from nn import kernels
+from nn.jitcache import keep_in_step
 from nn.kernels import MODE_GRAD, MODE_SGD, OPT_CODES, backward, code_of, forward
 from nn.optim import Optimizer, OptState
 from nn.params import Params
@@ -32,6 +36,9 @@ from nn.train import (
     forward_outputs,
     layout_of,
 )
+
+# Compiled with nn's kernels in it: its numba cache follows nn's sources too.
+keep_in_step(Path(__file__).parent, depends_on=(Path(nn.__file__).parent,))
 
 _SGD = OPT_CODES.index("sgd")
 

@@ -23,11 +23,16 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+import nn
 from compression.uniform import quantize
+from nn.jitcache import keep_in_step
 from nn.kernels import ACT_CODES, code_of
 from nn.modelfile import open_npz, read_header, write_npz
 from nn.params import Params
 from nn.spec import ModelSpec
+
+# Compiled with nn's kernels in it: its numba cache follows nn's sources too.
+keep_in_step(Path(__file__).parent, depends_on=(Path(nn.__file__).parent,))
 
 FORMAT = "crowdgrad-qmodel"
 FORMAT_VERSION = 1
