@@ -797,20 +797,6 @@ def linear_steps_to_target(
     return None
 
 
-def linear_steps_to_loss(
-    job: Any, dataset: Dataset, loss: float, *, max_steps: int = 20_000
-) -> tuple[int | None, list[tuple[int, float]]]:
-    """Steps one machine needs to bring the held-out loss to ``loss`` (None if it
-    does not within ``max_steps``), and its loss curve ``[(steps, loss), ...]``:
-    speedup in ML is time to the same loss, so the crowd's final loss is the bar."""
-    curve: list[tuple[int, float]] = []
-    for done, r in linear_evaluations(job, dataset, max_steps=max_steps):
-        curve.append((done, float(r.loss)))
-        if r.loss <= loss:
-            return done, curve
-    return None, curve
-
-
 def run_scenario(
     scenario: Scenario,
     *,
