@@ -11,15 +11,16 @@ chunks) and up (result + chunks) as they crossed the wire, and how many times
 fewer than the baseline. Virtual time: the figures do not depend on the load.
 
 (b) ``huge``: the ``submodel-huge-64`` scenario (33.6 M parameters, 64 roblox
-players at 50 kB/s, simulator, real numerics) with sub-model tasks of at most
-1 MB, beside whole-model tasks on the same links (from the link rate: none
-ends within the run, see ``whole_model_tasks``) and beside the server alone
-(the same numerics at the scenario's server rate, its learning rate the best of
-a small grid). Reported: bytes per task down and up, client FLOPs per task, the
-server's loss after ``--virtual-s`` seconds, each crowd's loss then, the crowd's
-time to the server's loss (the issue's target: 4x shorter), and the server's
-time to the crowd's final loss over the crowd's time to it (speedup at equal
-loss). Takes 2-4 minutes of wall on a 2-core machine.
+players at 50 kB/s, simulator, real numerics) with sub-model tasks of at most 1
+MB, beside whole-model tasks on the same links (from the link rate: none ends
+within the run, see ``whole_model_tasks``) and beside the server alone (the
+same numerics at the scenario's server rate, at its best of SGD and momentum
+over a grid of learning rates, SERVER_SETTINGS). Reported: bytes per task down
+and up, client FLOPs per task, the server's loss after ``--virtual-s`` seconds,
+each crowd's loss then, the crowd's time to the server's loss (the issue's
+target: 4x shorter), and the server's time to the crowd's final loss over the
+crowd's time to it (speedup at equal loss). Takes 2-4 minutes of wall on a
+2-core machine.
 
 (c) ``--extreme S``: the ``submodel-extreme-700`` scenario (2.1 B parameters,
 8.6 GB, mapped from a file; 700 roblox players) for S virtual seconds: build
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import resource
 import statistics
 import sys
@@ -73,7 +75,12 @@ DOWN_TARGET, UP_TARGET, MAX_POINTS = 14.0, 28.0, 1.0
 HUGE = "submodel-huge-64"
 EXTREME = "submodel-extreme-700"
 #: the server alone's learning rates (the anchor at its own best)
-SERVER_LRS = (0.002, 0.003, 0.005, 0.007)
+#: the server alone at its best: each client optimizer the scenario could use, over
+#: a grid wide enough that its best lr is inside it (SGD diverges above ~0.01)
+SERVER_SETTINGS = (
+    *(("sgd", lr) for lr in (0.002, 0.003, 0.005, 0.007, 0.01, 0.014)),
+    *(("momentum", lr) for lr in (0.0005, 0.001, 0.002, 0.003)),
+)
 SPEEDUP_TARGET = 4.0
 
 
@@ -198,12 +205,13 @@ def huge(virtual_s: float) -> dict[str, Any]:
     step_s = spec.flops_per_sample(train=True) * job.data.batch / sc.server.compute
     steps = int(virtual_s / step_s)
     best: dict[str, Any] | None = None
-    for lr in SERVER_LRS:
-        solo = job.replace(strategy={"lr": lr, "tau": 2})
+    for optimizer, lr in SERVER_SETTINGS:
+        solo = job.replace(strategy={"lr": lr, "tau": 2, "client_optimizer": optimizer})
         curve = [(done * step_s, float(r.loss)) for done, r in
                  linear_evaluations(solo, sim.dataset, max_steps=4 * steps)]  # fmt: skip
         at = [loss for t, loss in curve if t <= virtual_s]
-        row = {"lr": lr, "loss_at_virtual_s": at[-1] if at else None, "curve": curve}
+        last = at[-1] if at and math.isfinite(at[-1]) else None  # diverged: out
+        row = {"optimizer": optimizer, "lr": lr, "loss_at_virtual_s": last, "curve": curve}
         if row["loss_at_virtual_s"] is not None and (
             best is None or row["loss_at_virtual_s"] < best["loss_at_virtual_s"]
         ):
@@ -222,6 +230,7 @@ def huge(virtual_s: float) -> dict[str, Any]:
         "submodel": sub,
         "whole": whole,
         "server": {
+            "optimizer": best["optimizer"],
             "lr": best["lr"],
             "step_s": step_s,
             "loss_at_virtual_s": target,
@@ -350,8 +359,9 @@ def main() -> None:
             f"{_kb(s['down_bytes_per_task'])} down, {_kb(s['up_bytes_per_task'])} up, "
             f"{s['client_flops_per_task'] / 1e9:.2f} GFLOP per task, {s['results']} results, "
             f"loss {s['loss']}; whole-model tasks {_kb(w['down_bytes_per_task'])} down, the "
-            f"first result after {w['first_result_s']:.0f} s; server alone (lr {srv['lr']}) loss "
-            f"{srv['loss_at_virtual_s']:.4f}; crowd reaches it at {h['crowd_s_to_server_loss']} s "
+            f"first result after {w['first_result_s']:.0f} s; server alone ({srv['optimizer']}, "
+            f"lr {srv['lr']}) loss {srv['loss_at_virtual_s']:.4f}; crowd reaches it at "
+            f"{h['crowd_s_to_server_loss']} s "
             f"(x{h['speedup_to_server_loss']}, target {SPEEDUP_TARGET}); at the crowd's final loss "
             f"the server needs {h['server_s_to_crowd_final_loss']} s "
             f"(x{h['speedup_at_crowd_final_loss']})"
