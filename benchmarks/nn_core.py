@@ -168,11 +168,11 @@ def step_phases(preset: str, batch: int, reps: int = 40) -> tuple[str, list[tupl
                 args = (dZ, fm, A, lay.acts[l], prv, l > 0, W, dA, part, W, b, K.MODE_SGD, lr, n)
                 timed(f"L{l} backward (groups)", K.backward_groups_, *args)
             else:
-                timed(f"L{l} act'", K.act_grad_, dZ, A, lay.acts[l])
+                delta_args = (dZ, A, lay.acts[l], b, K.MODE_SGD, lr, fm)
+                timed(f"L{l} act' + bias step", K.delta_bias_, *delta_args)
                 if l:
                     timed(f"L{l} dA gemm", gemm, True, not fm, 1.0, W, dZ, 0.0, dA)
                 timed(f"L{l} update gemm", K.weight_product_, dZ, fm, prv, l > 0, -lr, 1.0, W, T1)
-                timed(f"L{l} bias update", K.bias_backward_, dZ, b, K.MODE_SGD, lr, fm)
             cur, other = other, cur
 
     steps = 10

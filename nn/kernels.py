@@ -8,10 +8,12 @@ supported derivative is a function of the output (relu: ``a > 0``, tanh:
 ``1 - a²``, sigmoid: ``a(1 - a)``), so no pre-activation buffer is needed.
 
 A train step is forward (GEMM, then a fused bias + activation pass), the loss
-gradient, and backward layer by layer from the top. In backward, ``dA_prev =
-dZ·W`` is computed with the old ``W`` *before* that layer's update; with plain
-SGD the update is then folded into the weight-gradient GEMM (``W := W -
-lr·dZᵀA``, ``beta = 1``), so no gradient buffer is written or read. Momentum and
+gradient, and backward layer by layer from the top, each layer starting with
+one pass that applies the activation's derivative and takes the bias step. In
+backward, ``dA_prev = dZ·W`` is computed with the old ``W`` *before* that
+layer's update; with plain SGD the update is then folded into the
+weight-gradient GEMM (``W := W - lr·dZᵀA``, ``beta = 1``), so no gradient
+buffer is written or read. Momentum and
 Adam write the gradient into a scratch buffer ``G`` and update in one
 elementwise pass. ``train_loop`` runs all steps inside one compiled call, with
 the batch indices drawn by the caller, so Python is entered once per call.
@@ -129,16 +131,38 @@ def act_grad_(D, A, act):  # pragma: no cover - compiled
 # reassoc: lets LLVM vectorize the row sums of the feature-major case (same order
 # on every run, so results stay reproducible).
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def bias_backward_(dZ, bvec, mode, lr, fm):  # pragma: no cover - compiled
-    """``MODE_SGD``: ``bvec -= lr·Σ_batch dZ``; ``MODE_GRAD``: ``bvec := Σ_batch dZ``."""
-    if fm:
-        O, B = dZ.shape
-        for j in range(O):
-            s = dZ[j, 0] * 0
-            for r in range(B):
-                s += dZ[j, r]
-            bvec[j] = bvec[j] - lr * s if mode == MODE_SGD else s
+def delta_bias_(D, A, act, bvec, mode, lr, fm):  # pragma: no cover - compiled
+    """``D := D * act'(A)`` and the bias step from it, in one pass over a
+    feature-major ``D``: ``MODE_SGD``: ``bvec -= lr·Σ_batch D``; ``MODE_GRAD``:
+    ``bvec := Σ_batch D``.
+
+    Why fused: at medium/16 a layer's delta is 2k values, and each separate pass
+    over it (derivative, then bias sum) costs as much as the arithmetic (issue 19).
+    """
+    if not fm:  # the output layer, [batch, out]: the sums run across rows
+        act_grad_(D, A, act)
+        _bias_rows_(D, bvec, mode, lr)
         return
+    O, B = D.shape
+    for j in range(O):
+        zero = A[j, 0] * 0  # of D's dtype, without a literal that would widen it
+        s = zero
+        for r in range(B):
+            d = D[j, r]
+            a = A[j, r]
+            if act == _RELU:
+                d = d if a > 0 else zero
+            elif act == _TANH:
+                d *= 1 - a * a
+            elif act == _SIGMOID:
+                d *= a * (1 - a)
+            D[j, r] = d
+            s += d
+        bvec[j] = bvec[j] - lr * s if mode == MODE_SGD else s
+
+
+@njit(cache=True, nogil=True)
+def _bias_rows_(dZ, bvec, mode, lr):  # pragma: no cover - compiled
     B, O = dZ.shape
     if mode == MODE_SGD:
         for r in range(B):
@@ -192,21 +216,24 @@ def weight_product_(dZ, fm, prev, prev_fm, alpha, beta, GW, scratch):  # pragma:
 
 
 @njit(cache=True, nogil=True)
-def layer_backward_(dZ, fm, prev, prev_fm, W, dA, GW, Gb, mode, lr, scratch):  # pragma: no cover
-    """Given ``dZ`` (act' applied): ``dA := (dZ·W)ᵀ`` into the ``[in, batch]`` dA
-    (skipped when dA is empty), then the weight and bias step.
+def layer_backward_(
+    dZ, A, act, fm, prev, prev_fm, W, dA, GW, Gb, mode, lr, scratch
+):  # pragma: no cover - compiled
+    """Given ``dZ`` with respect to the layer's output ``A``: the derivative of
+    ``act`` applied in place with the bias step (``delta_bias_``), ``dA := (dZ·W)ᵀ``
+    into the ``[in, batch]`` dA (skipped when dA is empty), then the weight step.
 
     ``MODE_SGD``: GW and Gb are W and b, updated in place (``beta = 1``), after dA
     has read the old W. ``MODE_GRAD``: they receive the gradient. ``scratch``: see
     ``weight_product_`` (empty in neuron groups, which run side by side).
     """
+    delta_bias_(dZ, A, act, Gb, mode, lr, fm)
     if dA.size:
         gemm(True, not fm, 1.0, W, dZ, 0.0, dA)  # dAᵀ = Wᵀ·dZᵀ
     if mode == MODE_SGD:
         weight_product_(dZ, fm, prev, prev_fm, -lr, 1.0, GW, scratch)  # W -= lr·dZᵀ·prev
     else:
         weight_product_(dZ, fm, prev, prev_fm, 1.0, 0.0, GW, scratch)
-    bias_backward_(dZ, Gb, mode, lr, fm)
 
 
 @njit(cache=True, nogil=True)
@@ -303,13 +330,11 @@ def backward_groups_(
         r0, r1 = _rows(W.shape[0], p, n)
         dst = dA if p == 0 else part[(p - 1) * R * C : p * R * C].reshape(R, C)
         if fm:
-            act_grad_(dZ[r0:r1], A[r0:r1], act)
-            layer_backward_(dZ[r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1],
-                            Gb[r0:r1], mode, lr, part[:0])  # fmt: skip
+            layer_backward_(dZ[r0:r1], A[r0:r1], act, fm, prev, prev_fm, W[r0:r1], dst,
+                            GW[r0:r1], Gb[r0:r1], mode, lr, part[:0])  # fmt: skip
         else:
-            act_grad_(dZ[:, r0:r1], A[:, r0:r1], act)
-            layer_backward_(dZ[:, r0:r1], fm, prev, prev_fm, W[r0:r1], dst, GW[r0:r1],
-                            Gb[r0:r1], mode, lr, part[:0])  # fmt: skip
+            layer_backward_(dZ[:, r0:r1], A[:, r0:r1], act, fm, prev, prev_fm, W[r0:r1], dst,
+                            GW[r0:r1], Gb[r0:r1], mode, lr, part[:0])  # fmt: skip
     if dA.size and n > 1:
         for r in prange(R):
             for p in range(1, n):
@@ -411,8 +436,7 @@ def backward(
         if parts is None or not _backward_grouped(
             dZ, fm, A, acts[l], prev, l > 0, W, dA, part, GW, Gb, mode, lr, B, parts
         ):
-            act_grad_(dZ, A, acts[l])
-            layer_backward_(dZ, fm, prev, l > 0, W, dA, GW, Gb, mode, lr, scratch)
+            layer_backward_(dZ, A, acts[l], fm, prev, l > 0, W, dA, GW, Gb, mode, lr, scratch)
         cur, other = other, cur
 
 

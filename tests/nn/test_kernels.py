@@ -216,3 +216,31 @@ def test_weight_product_through_a_batch_major_copy_equals_the_plain_product(
     np.testing.assert_array_equal(scratch.reshape(batch, i), prev.T)  # the copy was made
     np.testing.assert_allclose(copied, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(plain, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", kernels.ACT_CODES)
+@pytest.mark.parametrize("fm", [True, False])
+@pytest.mark.parametrize("mode", [kernels.MODE_SGD, kernels.MODE_GRAD])
+def test_delta_and_bias_step_in_one_pass(act: str, fm: bool, mode: int) -> None:
+    # The derivative and the bias step share one pass over the delta (issue 19):
+    # D·act'(A), and the bias moved by the batch sum of that, in either layout.
+    rng = np.random.default_rng(len(act))
+    o, batch, lr = 37, 19, 0.05
+    code = kernels.code_of(act, kernels.ACT_CODES, "activation")
+    A = rng.uniform(-1, 1, (o, batch)).astype(np.float32)
+    if act == "relu":
+        A = np.maximum(A, 0)
+    elif act == "sigmoid":
+        A = (A + 1) / 2
+    D = rng.standard_normal((o, batch)).astype(np.float32)
+    slope = {"identity": 1.0, "relu": (A > 0) * 1.0, "tanh": 1 - A * A, "sigmoid": A * (1 - A)}
+    want_d = D.astype(np.float64) * slope[act]
+    b = rng.standard_normal(o).astype(np.float32)
+    want_b = b - lr * want_d.sum(axis=1) if mode == kernels.MODE_SGD else want_d.sum(axis=1)
+    if not fm:
+        D, A = np.ascontiguousarray(D.T), np.ascontiguousarray(A.T)
+    kernels.delta_bias_(D, A, code, b, mode, lr, fm)
+    np.testing.assert_allclose(D if fm else D.T, want_d, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(b, want_b, rtol=1e-5, atol=1e-5)
+    if act == "relu":  # an inactive unit passes nothing back, exactly
+        assert not (D if fm else D.T)[A == 0 if fm else A.T == 0].any()
