@@ -15,7 +15,8 @@ players at 50 kB/s, simulator, real numerics) with sub-model tasks of at most 1
 MB, beside whole-model tasks on the same links (from the link rate: none ends
 within the run, see ``whole_model_tasks``) and beside the server alone (the
 same numerics at the scenario's server rate, at its best of SGD and momentum
-over a grid of learning rates, SERVER_SETTINGS). Reported: bytes per task down
+over a grid of learning rates, constant or ramped up over the run as the
+crowd's merges are, SERVER_SETTINGS). Reported: bytes per task down
 and up, client FLOPs per task, the server's loss after ``--virtual-s`` seconds,
 each crowd's loss then, the crowd's time to the server's loss (the issue's
 target: 4x shorter), and the server's time to the crowd's final loss over the
@@ -74,12 +75,17 @@ DIGITS_ROWS: list[tuple[str, dict[str, Any] | None, str, str]] = [
 DOWN_TARGET, UP_TARGET, MAX_POINTS = 14.0, 28.0, 1.0
 HUGE = "submodel-huge-64"
 EXTREME = "submodel-extreme-700"
-#: the server alone's learning rates (the anchor at its own best)
-#: the server alone at its best: each client optimizer the scenario could use, over
-#: a grid wide enough that its best lr is inside it (SGD diverges above ~0.01)
-SERVER_SETTINGS = (
-    *(("sgd", lr) for lr in (0.002, 0.003, 0.005, 0.007, 0.01, 0.014)),
-    *(("momentum", lr) for lr in (0.0005, 0.001, 0.002, 0.003)),
+#: the server alone at its best: (optimizer, lr, ramp) for each client optimizer
+#: the scenario could use, over a grid wide enough that its best lr is inside it
+#: (SGD diverges from 0.01, momentum 0.9 from 0.008), constant (ramp None) and,
+#: as the crowd's merges may, with its lr ramped up to ``ramp`` times over the
+#: run (strategy.schedule). Near the edge the loss is not monotone in lr
+#: (momentum: 0.068 at 0.004, 0.041 at 0.005, 0.085 at 0.006), hence the fine grid.
+SERVER_SETTINGS: tuple[tuple[str, float, float | None], ...] = (
+    *(("sgd", lr, None) for lr in (0.002, 0.003, 0.005, 0.007, 0.01, 0.014)),
+    *(("momentum", lr, None) for lr in (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008)),
+    *(("sgd", lr, ramp) for lr in (0.005, 0.007, 0.0085, 0.01) for ramp in (1.5, 2, 3, 4, 6)),
+    *(("momentum", lr, ramp) for lr in (0.003, 0.004, 0.005) for ramp in (1.5, 2, 3)),
 )
 SPEEDUP_TARGET = 4.0
 
@@ -204,19 +210,32 @@ def huge(virtual_s: float) -> dict[str, Any]:
     # The server alone, at its best learning rate, evaluated every 2 steps.
     step_s = spec.flops_per_sample(train=True) * job.data.batch / sc.server.compute
     steps = int(virtual_s / step_s)
+
+    def solo(optimizer: str, lr: float, ramp: float | None, max_steps: int) -> list:
+        schedule = (
+            {"kind": "constant"}
+            if ramp is None
+            else {"kind": "warmup-cosine", "peak": ramp, "end": ramp, "warmup": steps,
+                  "versions": steps}
+        )  # fmt: skip
+        alone = job.replace(
+            strategy={"lr": lr, "tau": 2, "client_optimizer": optimizer, "schedule": schedule}
+        )
+        return [(done * step_s, float(r.loss)) for done, r in
+                linear_evaluations(alone, sim.dataset, max_steps=max_steps)]  # fmt: skip
+
+    # Every setting up to virtual_s; the best one on to 4x that (for its time to
+    # the crowd's final loss). Seeded: the longer run repeats the shorter's start.
     best: dict[str, Any] | None = None
-    for optimizer, lr in SERVER_SETTINGS:
-        solo = job.replace(strategy={"lr": lr, "tau": 2, "client_optimizer": optimizer})
-        curve = [(done * step_s, float(r.loss)) for done, r in
-                 linear_evaluations(solo, sim.dataset, max_steps=4 * steps)]  # fmt: skip
-        at = [loss for t, loss in curve if t <= virtual_s]
-        last = at[-1] if at and math.isfinite(at[-1]) else None  # diverged: out
-        row = {"optimizer": optimizer, "lr": lr, "loss_at_virtual_s": last, "curve": curve}
-        if row["loss_at_virtual_s"] is not None and (
-            best is None or row["loss_at_virtual_s"] < best["loss_at_virtual_s"]
-        ):
-            best = row
+    grid = []
+    for optimizer, lr, ramp in SERVER_SETTINGS:
+        at = [loss for t, loss in solo(optimizer, lr, ramp, steps + 2) if t <= virtual_s]
+        last = at[-1] if at and math.isfinite(at[-1]) else None  # diverged: None
+        grid.append({"optimizer": optimizer, "lr": lr, "ramp": ramp, "loss_at_virtual_s": last})
+        if last is not None and (best is None or last < best["loss_at_virtual_s"]):
+            best = dict(grid[-1])
     assert best is not None
+    best["curve"] = solo(best["optimizer"], best["lr"], best["ramp"], 4 * steps)
     target = best["loss_at_virtual_s"]
     crowd_to_target = _first(sub["curve"], target)
     crowd_final = sub["loss"]
@@ -232,8 +251,10 @@ def huge(virtual_s: float) -> dict[str, Any]:
         "server": {
             "optimizer": best["optimizer"],
             "lr": best["lr"],
+            "ramp": best["ramp"],
             "step_s": step_s,
             "loss_at_virtual_s": target,
+            "grid": grid,
         },
         "crowd_s_to_server_loss": crowd_to_target,
         "speedup_to_server_loss": None if crowd_to_target is None else virtual_s / crowd_to_target,
@@ -360,7 +381,8 @@ def main() -> None:
             f"{s['client_flops_per_task'] / 1e9:.2f} GFLOP per task, {s['results']} results, "
             f"loss {s['loss']}; whole-model tasks {_kb(w['down_bytes_per_task'])} down, the "
             f"first result after {w['first_result_s']:.0f} s; server alone ({srv['optimizer']}, "
-            f"lr {srv['lr']}) loss {srv['loss_at_virtual_s']:.4f}; crowd reaches it at "
+            f"lr {srv['lr']}, ramped x{srv['ramp'] or 1}) loss {srv['loss_at_virtual_s']:.4f}; "
+            f"crowd reaches it at "
             f"{h['crowd_s_to_server_loss']} s "
             f"(x{h['speedup_to_server_loss']}, target {SPEEDUP_TARGET}); at the crowd's final loss "
             f"the server needs {h['server_s_to_crowd_final_loss']} s "

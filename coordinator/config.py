@@ -138,6 +138,35 @@ class StalenessSection(_Section):
     count: Literal["versions", "overlap"] = "versions"
 
 
+class ScheduleSection(_Section):
+    """A multiplier on every step the server takes, by model version: an async
+    merge's weight (``alpha`` or the central lr, times the staleness scale) and
+    a sync round's or FedBuff's outer lr.
+
+    ``warmup-cosine``: from ``start`` rising linearly to ``peak`` over the first
+    ``warmup`` versions, then down a half cosine to ``end`` at ``versions``, and
+    ``end`` after that (``warmup = versions`` with ``end = peak``: a ramp that
+    holds). ``constant``: 1. Why: in the huge preset's sub-model crowd, merges
+    twice as heavy as the start stands diverge early but are what the late
+    phase needs (loss 0.032 at 600 s against 0.086; docs/performance.md, "A
+    schedule for the merge weight"), the warm-up of large-batch training."""
+
+    kind: Literal["constant", "warmup-cosine"] = "constant"
+    start: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    peak: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    end: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    warmup: int = Field(default=0, ge=0, description="versions rising from start to peak")
+    versions: int = Field(default=0, ge=0, description="the version where end is reached")
+
+    @model_validator(mode="after")
+    def _phases_in_order(self) -> ScheduleSection:
+        if self.kind != "constant" and (self.versions < 1 or self.versions < self.warmup):
+            raise ValueError(
+                f"versions must be >= 1 and >= warmup ({self.warmup}), got {self.versions}"
+            )
+        return self
+
+
 #: "auto" windows: this many deltas, while they fit in this many bytes
 WINDOW_AUTO = 16
 WINDOW_AUTO_BYTES = 256 << 20
@@ -164,6 +193,8 @@ class StrategySection(_Section):
     # async staleness
     staleness: StalenessSection = Field(default_factory=StalenessSection)
     max_staleness: int | None = Field(default=None, ge=0)
+    # every server step, by version
+    schedule: ScheduleSection = Field(default_factory=ScheduleSection)
     # outer optimizer (decentral-sync; central-sync uses it as the server optimizer)
     outer_optimizer: Literal["sgd", "nesterov"] = "sgd"
     outer_lr: float = Field(default=1.0, gt=0)

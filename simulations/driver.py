@@ -38,6 +38,7 @@ own modules.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import math
@@ -68,6 +69,7 @@ from client.session import (
 from coordinator import events as ev
 from coordinator.core import Coordinator
 from coordinator.data import load_job_data
+from coordinator.strategies.aggregate import schedule_factor
 from nn.data import Dataset
 from nn.mapped import MAP_ABOVE_PARAMS, create_mapped
 from nn.optim import Optimizer, OptState
@@ -767,7 +769,8 @@ def linear_evaluations(
     batches afresh, as a client's task does), up to ``max_steps``.
     ``lr`` and ``batch`` replace the job's: an anchor runs at its own best
     settings, and a batch of players × the job's batch is the ideal synchronous
-    crowd.
+    crowd. The job's ``strategy.schedule`` multiplies the lr, one step counting as
+    one version, set at the start of each stretch: the anchor may warm up too.
     """
     spec = job.spec
     params = spec.init_params(job.model.init_seed)
@@ -779,9 +782,16 @@ def linear_evaluations(
     rng = np.random.default_rng(job.data.seed)
     n = job.eval.max_samples or dataset.X_test.shape[0]
     every = max(1, s.tau if every is None else every)
+    sc = s.schedule
     done = 0
     while done < max_steps:
         size = job.data.batch if batch is None else batch
+        if sc.kind != "constant":
+            factor = schedule_factor(
+                done, kind=sc.kind, start=sc.start, peak=sc.peak, end=sc.end,
+                warmup=sc.warmup, versions=sc.versions,
+            )  # fmt: skip
+            state.optimizer = dataclasses.replace(opt, lr=opt.lr * factor)
         train_steps(params, state, dataset.X_train, dataset.y_train, every, size, rng)
         done += every
         yield done, evaluate(params, dataset.X_test[:n], dataset.y_test[:n])

@@ -1,4 +1,4 @@
-"""Pure aggregation maths: staleness scales, weighted means, outer optimizers.
+"""Pure aggregation maths: staleness scales, schedules, weighted means, outer optimizers.
 
 Everything here works on flat float32 arrays (``Params.data``) and holds no
 state except the outer optimizer's momentum buffer, which is exported by
@@ -8,6 +8,7 @@ state except the outer optimizer's momentum buffer, which is exported by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,39 @@ def staleness_scale(staleness: int, *, kind: str, a: float = 0.5, b: int = 4) ->
             return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1.0)
         case _:
             raise ValueError(f"staleness kind: unknown {kind!r}")
+
+
+def schedule_factor(
+    version: int,
+    *,
+    kind: str,
+    start: float = 1.0,
+    peak: float = 1.0,
+    end: float = 1.0,
+    warmup: int = 0,
+    versions: int = 0,
+) -> float:
+    """The server's step multiplier at ``version`` (config.ScheduleSection).
+
+    - ``constant``: 1;
+    - ``warmup-cosine``: ``start`` to ``peak`` linearly over ``[0, warmup)``,
+      ``peak`` to ``end`` along a half cosine over ``[warmup, versions)``, then
+      ``end``.
+    """
+    if version < 0:
+        raise ValueError(f"version must be >= 0, got {version}")
+    match kind:
+        case "constant":
+            return 1.0
+        case "warmup-cosine":
+            if version < warmup:
+                return start + (peak - start) * version / warmup
+            if version >= versions:
+                return end
+            x = (version - warmup) / (versions - warmup)
+            return end + (peak - end) * 0.5 * (1.0 + math.cos(math.pi * x))
+        case _:
+            raise ValueError(f"schedule kind: unknown {kind!r}")
 
 
 def weighted_mean(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
@@ -69,19 +103,19 @@ class OuterOptimizer:
         self.momentum = float(momentum)
         self.velocity: np.ndarray | None = None
 
-    def step(self, params: np.ndarray, direction: np.ndarray) -> None:
-        """Update ``params`` (flat float32) in place."""
+    def step(self, params: np.ndarray, direction: np.ndarray, scale: float = 1.0) -> None:
+        """Update ``params`` (flat float32) in place, at ``scale`` times the lr
+        (the job's schedule)."""
+        lr = self.lr * scale
         if self.kind == "sgd":
-            params += np.float32(self.lr) * direction.astype(np.float32, copy=False)
+            params += np.float32(lr) * direction.astype(np.float32, copy=False)
             return
         # Nesterov on the pseudo-gradient -direction: nn.optim's kernel keeps the
         # velocity of the gradient, the negation of the direction's velocity.
         if self.velocity is None:
             self.velocity = np.zeros_like(params, dtype=np.float32)
         grad = np.negative(direction, dtype=np.float32)
-        momentum_step(
-            params, grad, self.velocity, lr=self.lr, momentum=self.momentum, nesterov=True
-        )
+        momentum_step(params, grad, self.velocity, lr=lr, momentum=self.momentum, nesterov=True)
 
     def state_dict(self) -> dict[str, Any]:
         # Stored as the direction's velocity (what checkpoints have always held).

@@ -32,7 +32,7 @@ import numpy as np
 
 from coordinator.config import DataSection, StrategySection
 from coordinator.leases import Task, TaskPlan
-from coordinator.strategies.aggregate import staleness_scale
+from coordinator.strategies.aggregate import schedule_factor, staleness_scale
 from coordinator.strategies.robust import aggregate
 from nn.changes import ChangedRows
 from nn.params import Params
@@ -232,6 +232,14 @@ class Strategy(ABC):
     def scale(self, staleness: int) -> float:
         st = self.config.staleness
         return staleness_scale(staleness, kind=st.kind, a=st.a, b=st.b)
+
+    def step_scale(self) -> float:
+        """The schedule's multiplier on the step taken now (at the model's version)."""
+        sc = self.config.schedule
+        return schedule_factor(
+            self.model.version, kind=sc.kind, start=sc.start, peak=sc.peak, end=sc.end,
+            warmup=sc.warmup, versions=sc.versions,
+        )  # fmt: skip
 
     def staleness_of(self, task: Task) -> int:
         return self.model.version - task.version

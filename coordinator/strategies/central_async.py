@@ -28,5 +28,6 @@ class CentralAsync(Strategy):
         s = self.staleness_of(task)
         if self.too_stale(s):
             return Outcome(accepted=False, staleness=s, reason="stale")
-        self.model.params.data -= np.float32(self.config.lr * self.scale(s)) * update
+        step = self.config.lr * self.scale(s) * self.step_scale()
+        self.model.params.data -= np.float32(step) * update
         return Outcome(accepted=True, staleness=s, step=self.step_version(1))

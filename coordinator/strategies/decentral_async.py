@@ -100,7 +100,7 @@ class DecentralAsync(Strategy):
         w = self.scale(s)
         if self.config.aggregation == "fedasync":
             if task.subnet is not None and self.recent is None:  # in place: the slice only
-                scale = self.config.alpha * w
+                scale = self.config.alpha * w * self.step_scale()
                 with self.model.lock:
                     task.subnet.add_to(self.model.params, update, scale)
                     step = self.step_version(1, within=task.subnet, update=update, scale=scale)
@@ -108,7 +108,7 @@ class DecentralAsync(Strategy):
                     clock.step_one(task.subnet)
                 return Outcome(accepted=True, staleness=s, step=step)
             step = self._merged(w, self.dense(task, update))
-            self.model.params.data += np.float32(self.config.alpha) * step
+            self.model.params.data += np.float32(self.config.alpha * self.step_scale()) * step
             if clock is not None:  # a window's step moves its other deltas' subnets too
                 clock.step([task.subnet if self.recent is None else None])
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
@@ -122,7 +122,7 @@ class DecentralAsync(Strategy):
         if clock is not None:
             clock.step(self.buffer_subnets)
         self.buffer, self.buffer_weights, self.buffer_subnets = [], [], []
-        self.outer.step(self.model.params.data, combined)
+        self.outer.step(self.model.params.data, combined, self.step_scale())
         return Outcome(accepted=True, staleness=s, step=self.step_version(merged))
 
     def _merged(self, w: float, update: np.ndarray) -> np.ndarray:

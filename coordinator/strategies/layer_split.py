@@ -69,7 +69,7 @@ class LayerSplit(Strategy):
             if block == UPPER:
                 self.boundaries.lost(task.shard)
             return Outcome(accepted=False, staleness=s, reason="stale")
-        scale = self.config.alpha * self.scale(s)
+        scale = self.config.alpha * self.scale(s) * self.step_scale()
         with self.model.lock:
             self.blocks.merge(block, self.model.params, update, scale)
             step = self.step_version(1)

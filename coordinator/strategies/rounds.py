@@ -170,7 +170,8 @@ class RoundStrategy(Strategy):
         updates = [self.results[i] for i in ids]
         weights = [self.weights.get(i, 1.0) for i in ids]
         subnets = [self.subnets.get(i) for i in ids]
-        self.outer.step(self.model.params.data, self.direction(updates, weights, subnets))
+        direction = self.direction(updates, weights, subnets)
+        self.outer.step(self.model.params.data, direction, self.step_scale())
         dropped = tuple(
             tid
             for tid, t in sorted(self.round_tasks.items())

@@ -60,7 +60,8 @@ def main(store: str, results: int, dump: bool) -> None:
     service.add_sink(sink)
     service.start()
     service.submit_connect("a", m.Hello(client="a", codecs=("fp32", "int8")))
-    print("ready", flush=True)
+    with cond:  # the sink prints from the service's thread: never mid-line
+        print("ready", flush=True)
     for n in range(1, results + 1):
         with cond:
             cond.wait_for(lambda n=n: len(tasks) >= n)
@@ -75,7 +76,8 @@ def main(store: str, results: int, dump: bool) -> None:
             cond.wait_for(lambda: len(acked) >= results)
         params, version = service.call(lambda c: (c.params.data.copy(), c.version)).result()
         np.save(f"{store}.npy", np.append(params, np.float32(version)))
-        print("dumped", flush=True)
+        with cond:
+            print("dumped", flush=True)
     time.sleep(120)  # until killed
 
 

@@ -3,7 +3,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.strategies.aggregate import OuterOptimizer, staleness_scale, weighted_mean
+from coordinator.strategies.aggregate import (
+    OuterOptimizer,
+    schedule_factor,
+    staleness_scale,
+    weighted_mean,
+)
 
 
 def test_staleness_functions() -> None:
@@ -23,6 +28,34 @@ def test_scales_are_in_unit_interval_and_non_increasing(s: int, a: float, b: int
     for kind in ("constant", "polynomial", "hinge"):
         x, y = staleness_scale(s, kind=kind, a=a, b=b), staleness_scale(s + 1, kind=kind, a=a, b=b)
         assert 0 < y <= x <= 1
+
+
+def test_warmup_cosine_schedule() -> None:
+    ramp = {"kind": "warmup-cosine", "start": 1.0, "peak": 3.0, "end": 0.5}
+    f = lambda v: schedule_factor(v, **ramp, warmup=10, versions=30)  # noqa: E731
+    assert f(0) == 1.0 and f(5) == pytest.approx(2.0) and f(10) == pytest.approx(3.0)
+    assert f(20) == pytest.approx(1.75)  # half-way down the cosine: the mean of peak and end
+    assert f(30) == f(10_000) == 0.5
+    # a ramp that holds: warmup = versions, end = peak
+    hold = {"kind": "warmup-cosine", "start": 1.0, "peak": 2.0, "end": 2.0}
+    assert [schedule_factor(v, **hold, warmup=4, versions=4) for v in (0, 2, 4, 99)] == [
+        1.0,
+        1.5,
+        2.0,
+        2.0,
+    ]
+    assert schedule_factor(123, kind="constant") == 1.0
+    with pytest.raises(ValueError, match="version"):
+        schedule_factor(-1, kind="constant")
+    with pytest.raises(ValueError, match="unknown"):
+        schedule_factor(1, kind="step")
+
+
+@given(st.integers(0, 500), st.integers(0, 100), st.integers(0, 200))
+def test_schedule_stays_between_its_bounds(v: int, warmup: int, extra: int) -> None:
+    kw = {"kind": "warmup-cosine", "start": 0.5, "peak": 2.0, "end": 0.25}
+    x = schedule_factor(v, **kw, warmup=warmup, versions=max(1, warmup + extra))
+    assert 0.25 <= x <= 2.0
 
 
 def test_weighted_mean() -> None:

@@ -131,3 +131,17 @@ def test_the_extreme_example_job_is_valid_and_merges_in_place() -> None:
     assert job.spec.num_params > MAP_ABOVE_PARAMS  # held in a mapped file
     assert job.submodel is not None and job.strategy.name == "decentral-async"
     assert job.strategy.aggregation == "fedasync" and job.strategy.window == 1  # journaled
+
+
+def test_a_schedule_names_its_bad_phase() -> None:
+    ramp = {"kind": "warmup-cosine", "start": 0.5, "peak": 2, "warmup": 50}
+    with pytest.raises(JobConfigError) as info:
+        parse_job({"strategy": {"schedule": {**ramp, "versions": 10}}})
+    (path, message), *_ = info.value.errors
+    assert path == "strategy.schedule" and "warmup (50)" in message
+    with pytest.raises(JobConfigError) as info:
+        parse_job({"strategy": {"schedule": {**ramp, "versions": 80, "peak": 0}}})
+    assert [p for p, _ in info.value.errors] == ["strategy.schedule.peak"]
+    job = parse_job({"strategy": {"schedule": {**ramp, "versions": 80}}})
+    assert job.strategy.schedule.peak == 2.0
+    assert parse_job({}).strategy.schedule.kind == "constant"

@@ -159,3 +159,40 @@ def test_a_task_without_rows_counts_one() -> None:
     s, _ = build("decentral-sync")
     task = LeaseBook().new_task(s.task_for(view(), 0), version=0, now=0)
     assert task.rows is None and s.sample_weight(task) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg"),
+    [
+        ("central-async", {"lr": 0.5}),
+        ("central-sync", {"clients_per_round": 1, "lr": 0.5}),
+        ("decentral-sync", {"clients_per_round": 1}),
+        ("decentral-sync", {"clients_per_round": 1, "outer_optimizer": "nesterov"}),
+        ("decentral-async", {"window": 1}),
+        ("decentral-async", {"window": 4}),
+        ("decentral-async", {"aggregation": "fedbuff", "buffer_k": 1}),
+    ],
+)
+def test_the_schedule_scales_every_server_step(name: str, cfg: dict) -> None:
+    """strategy.schedule multiplies the step at each version: 0.25 at version 0,
+    0.625 at version 1 (a warm-up from 0.25 to 1 over 2 versions), against the
+    same results without a schedule."""
+    ramp = {"kind": "warmup-cosine", "start": 0.25, "peak": 1.0, "end": 1.0}
+    plain, pmodel = build(name, staleness={"kind": "constant"}, **cfg)
+    sched, smodel = build(
+        name, staleness={"kind": "constant"}, schedule={**ramp, "warmup": 2, "versions": 2}, **cfg
+    )
+    g = np.linspace(-1, 1, SPEC.num_params).astype(np.float32)
+    for version, factor in ((0, 0.25), (1, 0.625)):
+        moved = []
+        for s, model in ((plain, pmodel), (sched, smodel)):
+            book = LeaseBook()
+            task = book.new_task(s.task_for(view(), 0), version=version, now=0)
+            s.on_task_created(task)
+            before = model.params.data.copy()
+            out = s.on_result(task, g, 1)
+            assert out.accepted and out.step is not None and model.version == version + 1
+            moved.append(model.params.data - before)
+        np.testing.assert_allclose(moved[1], factor * moved[0], rtol=1e-5, atol=1e-7)
+        assert np.abs(moved[0]).max() > 0
+        smodel.params.data[:] = pmodel.params.data  # the next step from the same point

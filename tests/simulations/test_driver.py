@@ -111,6 +111,22 @@ def test_linear_anchor_takes_its_own_lr_batch_and_evaluation_cadence(digits):
     assert curve(batch=128) == curve(batch=128)
 
 
+def test_linear_anchor_follows_the_jobs_schedule(digits):
+    """One step is one version: a warm-up from half the lr (0.1) to all of it
+    over 10 steps runs the first stretch (10 steps) at 0.05, the second at 0.1."""
+    job = small().job
+    ramp = {"kind": "warmup-cosine", "start": 0.5, "peak": 1.0, "end": 1.0, "versions": 10}
+    warm = job.replace(strategy={"schedule": {**ramp, "warmup": 10}})
+
+    def curve(j, **kw):
+        return [(d, float(r.loss)) for d, r in linear_evaluations(j, digits, **kw)]
+
+    got = curve(warm, max_steps=20)
+    slow = curve(job, max_steps=10, lr=0.05)
+    assert got[0] == slow[0] and got != curve(job, max_steps=20)
+    assert got[0] != curve(job, max_steps=10)[0]
+
+
 def test_players_take_delta_downloads_in_a_codec_of_their_own(digits):
     """A job whose delta codec is neither its model nor its update codec: the
     players offer it too, so later downloads are deltas (fp16: about half the
