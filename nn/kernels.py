@@ -49,6 +49,7 @@ import math
 
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
 
 from nn.blas import gemm
 from nn.threads import bound_omp_spin
@@ -128,6 +129,19 @@ def act_grad_(D, A, act):  # pragma: no cover - compiled
                 D[r, j] *= a * (1 - a)
 
 
+def zero_of(a):  # pragma: no cover - typed by the overload below
+    """0 in the dtype of array ``a`` (compiled code only)."""
+
+
+@overload(zero_of)
+def _zero_of(a):  # pragma: no cover - compiled
+    # A typed constant: ``0.0`` would widen float32 to float64, and ``x * 0`` is
+    # not a constant to LLVM (inf·0 is NaN); either kept the loop below scalar
+    # (0.56 µs against 0.29 µs for medium's 128×16 delta).
+    dtype = a.dtype
+    return lambda a: dtype(0)
+
+
 # reassoc: lets LLVM vectorize the row sums of the feature-major case (same order
 # on every run, so results stay reproducible).
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
@@ -144,20 +158,29 @@ def delta_bias_(D, A, act, bvec, mode, lr, fm):  # pragma: no cover - compiled
         _bias_rows_(D, bvec, mode, lr)
         return
     O, B = D.shape
+    zero = zero_of(D)
+    one = zero + 1
     for j in range(O):
-        zero = A[j, 0] * 0  # of D's dtype, without a literal that would widen it
         s = zero
-        for r in range(B):
-            d = D[j, r]
-            a = A[j, r]
-            if act == _RELU:
-                d = d if a > 0 else zero
-            elif act == _TANH:
-                d *= 1 - a * a
-            elif act == _SIGMOID:
-                d *= a * (1 - a)
-            D[j, r] = d
-            s += d
+        # one loop per activation: a branch inside the loop kept it scalar
+        if act == _RELU:
+            for r in range(B):
+                d = D[j, r] if A[j, r] > 0 else zero
+                D[j, r] = d
+                s += d
+        elif act == _TANH:
+            for r in range(B):
+                d = D[j, r] * (one - A[j, r] * A[j, r])
+                D[j, r] = d
+                s += d
+        elif act == _SIGMOID:
+            for r in range(B):
+                d = D[j, r] * (A[j, r] * (one - A[j, r]))
+                D[j, r] = d
+                s += d
+        else:
+            for r in range(B):
+                s += D[j, r]
         bvec[j] = bvec[j] - lr * s if mode == MODE_SGD else s
 
 
