@@ -61,6 +61,9 @@ class _Readings(Collector):
             ("crowdgrad_pending_results",
              "Accepted results not yet merged into the model (buffers, open rounds).",
              r.get("pending")),
+            ("crowdgrad_step_scale",
+             "The schedule's multiplier on the server's next step (strategy.schedule).",
+             r.get("step_scale")),
         ):  # fmt: skip
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=float(value))

@@ -584,6 +584,7 @@ class CrowdServer:
             "max_queued": self.net.max_queued,
             "acks_held": st.acks_held,
             "pending": core.strategy.pending() if core is not None else None,
+            "step_scale": core.strategy.step_scale() if core is not None else None,
         }
 
     def stop_soon(self) -> None:

@@ -35,12 +35,15 @@ def total(series: dict, **labels: str) -> float:
 
 
 def test_metrics_agree_with_the_job(tmp_path) -> None:
-    job = digits_job(stop={"target_accuracy": 0.9})
+    # merges warm up from half weight to full over the first 4 versions
+    ramp = {"kind": "warmup-cosine", "start": 0.5, "warmup": 4, "versions": 4}
+    job = digits_job(stop={"target_accuracy": 0.9}, strategy={"schedule": ramp})
     with running(job, store=tmp_path / "s.db") as (bg, service, rec):
         base = bg.url.replace("ws://", "http://").removesuffix("/ws")
         before = scrape(base)
         assert total(before["crowdgrad_clients"]) == 0
         assert before["crowdgrad_model_version"][()] == 0
+        assert before["crowdgrad_step_scale"][()] == 0.5
         with clients(bg.url, ["m1", "m2"]):
             assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=HANG_GUARD_S)
             assert rec.wait_for(lambda: service.stats.checkpoints >= 1, timeout=30)
@@ -64,7 +67,8 @@ def test_metrics_agree_with_the_job(tmp_path) -> None:
         last = rec.of(ev.Evaluated)[-1]
         assert got["crowdgrad_last_evaluation_accuracy"][()] == last.accuracy
         assert got["crowdgrad_evaluations_total"][()] == len(rec.of(ev.Evaluated))
-        assert got["crowdgrad_model_version"][()] == service.stats.version
+        assert got["crowdgrad_model_version"][()] == service.stats.version > 4
+        assert got["crowdgrad_step_scale"][()] == 1.0
         assert got["crowdgrad_checkpoint_seconds_count"][()] >= 1
         assert got["crowdgrad_job_finished"][()] == 1
 
