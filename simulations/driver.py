@@ -782,15 +782,12 @@ def linear_evaluations(
     rng = np.random.default_rng(job.data.seed)
     n = job.eval.max_samples or dataset.X_test.shape[0]
     every = max(1, s.tau if every is None else every)
-    sc = s.schedule
+    schedule = s.schedule.model_dump()
     done = 0
     while done < max_steps:
         size = job.data.batch if batch is None else batch
-        if sc.kind != "constant":
-            factor = schedule_factor(
-                done, kind=sc.kind, start=sc.start, peak=sc.peak, end=sc.end,
-                warmup=sc.warmup, versions=sc.versions,
-            )  # fmt: skip
+        if schedule["kind"] != "constant":
+            factor = schedule_factor(done, **schedule)
             state.optimizer = dataclasses.replace(opt, lr=opt.lr * factor)
         train_steps(params, state, dataset.X_train, dataset.y_train, every, size, rng)
         done += every

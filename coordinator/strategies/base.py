@@ -235,11 +235,7 @@ class Strategy(ABC):
 
     def step_scale(self) -> float:
         """The schedule's multiplier on the step taken now (at the model's version)."""
-        sc = self.config.schedule
-        return schedule_factor(
-            self.model.version, kind=sc.kind, start=sc.start, peak=sc.peak, end=sc.end,
-            warmup=sc.warmup, versions=sc.versions,
-        )  # fmt: skip
+        return schedule_factor(self.model.version, **self.config.schedule.model_dump())
 
     def staleness_of(self, task: Task) -> int:
         return self.model.version - task.version
