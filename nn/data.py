@@ -126,11 +126,50 @@ def teacher_task(spec: ModelSpec, *, n_train: int, n_test: int, seed: int) -> Da
     )
 
 
+def classification_task(rows: int, *, seed: int = 0, test_rows: int = 10_000) -> Dataset:
+    """A generated 64-feature, 10-class problem (scikit-learn's ``make_classification``:
+    32 informative features, 2 clusters a class, 1 % flipped labels), standardised.
+    Big enough that a crowd has something to share: the workload of
+    benchmarks/crowd.py beside digits, generated, so nothing is downloaded."""
+    from sklearn.datasets import make_classification
+
+    if rows < 100:
+        raise ValueError(f"classify: needs at least 100 training rows, got {rows}")
+    X, y = make_classification(
+        n_samples=rows + test_rows,
+        n_features=64,
+        n_informative=24,
+        n_redundant=8,
+        n_classes=10,
+        n_clusters_per_class=4,
+        class_sep=1.0,
+        flip_y=0.01,
+        random_state=seed,
+    )
+    X = ((X - X.mean(axis=0)) / (X.std(axis=0) + 1e-12)).astype(np.float32)
+    y = y.astype(np.int32)
+    return Dataset(
+        name=f"classify:{rows}",
+        X_train=X[:rows],
+        y_train=y[:rows],
+        X_test=X[rows:],
+        y_test=y[rows:],
+        num_classes=10,
+    )
+
+
 def load_dataset(name: str, *, seed: int = 0, **kw: object) -> Dataset:
-    """``"digits"`` or ``"teacher:<preset>"`` (kw go to the loader; teacher sizes
-    default to 4,096 train and 1,024 test rows)."""
+    """``"digits"``, ``"teacher:<preset>"`` or ``"classify:<rows>"`` (kw go to the
+    loader; teacher sizes default to 4,096 train and 1,024 test rows)."""
     if name == "digits":
         return load_digits(seed=seed, **kw)  # type: ignore[arg-type]
+    if name.startswith("classify:"):
+        count = name.removeprefix("classify:")
+        if not count.isdigit():
+            raise ValueError(f"dataset {name!r}: expected 'classify:<rows>', e.g. classify:200000")
+        if kw:
+            raise ValueError(f"dataset {name!r}: unknown option(s) {sorted(kw)}")
+        return classification_task(int(count), seed=seed)
     if name.startswith("teacher:"):
         spec = ModelSpec.preset(name.removeprefix("teacher:"))
         n_train = int(kw.pop("n_train", 4096))  # type: ignore[call-overload]
@@ -139,7 +178,10 @@ def load_dataset(name: str, *, seed: int = 0, **kw: object) -> Dataset:
             raise ValueError(f"dataset {name!r}: unknown option(s) {sorted(kw)}")
         ds = teacher_task(spec, n_train=n_train, n_test=n_test, seed=seed)
         return replace(ds, name=name)
-    raise ValueError(f"dataset: unknown dataset {name!r}; expected 'digits' or 'teacher:<preset>'")
+    raise ValueError(
+        f"dataset: unknown dataset {name!r}; expected 'digits', 'teacher:<preset>' "
+        "or 'classify:<rows>'"
+    )
 
 
 def shard(
