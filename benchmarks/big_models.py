@@ -192,7 +192,7 @@ def huge(virtual_s: float) -> dict[str, Any]:
     sim, sub = _crowd(raw, virtual_s)
     job, sc = sim.job, sim.scenario
     spec = job.spec
-    samples = job.strategy.tau * job.data.batch
+    samples = job.strategy.nominal_tau * job.data.batch
     planner = sim.core.submodels
     assert planner is not None
     g = job.submodel.group

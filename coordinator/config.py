@@ -26,18 +26,38 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from compression import CodecError, get
+from coordinator.strategyconfig import (
+    STRATEGY_NAMES,
+    WINDOW_AUTO,
+    WINDOW_AUTO_BYTES,
+    WINDOW_AUTO_CLIENTS_PER_DELTA,
+    WINDOW_AUTO_MIN,
+    ScheduleSection,
+    StalenessSection,
+    StrategyName,
+    StrategySection,
+    _Section,
+)
 from nn.spec import ModelSpec
 
-StrategyName = Literal["central-sync", "central-async", "decentral-sync", "decentral-async"]
-STRATEGY_NAMES: tuple[str, ...] = (
-    "central-sync",
-    "central-async",
-    "decentral-sync",
-    "decentral-async",
-)
+__all__ = [
+    "STRATEGY_NAMES",
+    "WINDOW_AUTO",
+    "WINDOW_AUTO_BYTES",
+    "WINDOW_AUTO_CLIENTS_PER_DELTA",
+    "WINDOW_AUTO_MIN",
+    "JobConfig",
+    "JobConfigError",
+    "ScheduleSection",
+    "StalenessSection",
+    "StrategyName",
+    "StrategySection",
+    "load_job",
+    "parse_job",
+]
 
 
 class JobConfigError(ValueError):
@@ -49,10 +69,6 @@ class JobConfigError(ValueError):
         lines = [f"{source}: {len(errors)} invalid field(s)"]
         lines += [f"  {path}: {msg}" for path, msg in errors]
         super().__init__("\n".join(lines))
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelSection(_Section):
@@ -114,130 +130,6 @@ class DataSection(_Section):
     def source(self) -> str:
         """What the data is called in logs and status: the file's path or the name."""
         return self.path if self.path is not None else str(self.dataset)
-
-
-class StalenessSection(_Section):
-    """Step scale by staleness s: constant 1, polynomial (1+s)^-a, hinge 1/(a(s-b)+1) past b.
-
-    Hinge by default: with N players a result is ~N versions stale and ~N arrive
-    per task time, so the model moves ~N·f(N) per task time. The polynomial's
-    N^(1-a) grows with the crowd (700 players on digits collapsed to one class),
-    the hinge's ~1/a does not, and up to b versions it takes the whole step
-    (docs/simulations.md, "Beyond the seed").
-
-    ``count``: what s counts. ``versions`` (the default): every version since the
-    task was created. ``overlap`` (decentral-async): the versions that touched
-    the task's subnet's neurons, averaged over its neurons
-    (coordinator/strategies/overlap.py): a sub-model slice is as old as its own
-    coordinates, not the crowd's merges elsewhere. Without sub-model tasks they
-    agree."""
-
-    kind: Literal["constant", "polynomial", "hinge"] = "hinge"
-    a: float = Field(default=0.5, ge=0)
-    b: int = Field(default=4, ge=0)
-    count: Literal["versions", "overlap"] = "versions"
-
-
-class ScheduleSection(_Section):
-    """A multiplier on every step the server takes, by model version: an async
-    merge's weight (``alpha`` or the central lr, times the staleness scale) and
-    a sync round's or FedBuff's outer lr.
-
-    ``warmup-cosine``: from ``start`` rising linearly to ``peak`` over the first
-    ``warmup`` versions, then down a half cosine to ``end`` at ``versions``, and
-    ``end`` after that (``warmup = versions`` with ``end = peak``: a ramp that
-    holds). ``constant``: 1. Why: in the huge preset's sub-model crowd, merges
-    twice as heavy as the start stands diverge early but are what the late
-    phase needs (loss 0.032 at 600 s against 0.086; docs/performance.md, "A
-    schedule for the merge weight"), the warm-up of large-batch training."""
-
-    kind: Literal["constant", "warmup-cosine"] = "constant"
-    start: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    peak: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    end: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    warmup: int = Field(default=0, ge=0, description="versions rising from start to peak")
-    versions: int = Field(default=0, ge=0, description="the version where end is reached")
-
-    @model_validator(mode="after")
-    def _phases_in_order(self) -> ScheduleSection:
-        if self.kind != "constant" and (self.versions < 1 or self.versions < self.warmup):
-            raise ValueError(
-                f"versions must be >= 1 and >= warmup ({self.warmup}), got {self.versions}"
-            )
-        return self
-
-
-#: "auto" windows: this many deltas, while they fit in this many bytes
-WINDOW_AUTO = 16
-WINDOW_AUTO_BYTES = 256 << 20
-#: an "auto" window combines one delta per this many connected clients, and
-#: none below WINDOW_AUTO_MIN (the delta alone): a window over a few clients'
-#: deltas holds several from each, spanning many versions, and the lag slowed
-#: 8 clients 2.4x and stalled 2 (docs/coordinator.md)
-WINDOW_AUTO_CLIENTS_PER_DELTA = 4
-WINDOW_AUTO_MIN = 4
-
-
-class StrategySection(_Section):
-    """Scheduling method and its hyperparameters; unused keys of other methods are ignored."""
-
-    name: StrategyName = "decentral-async"
-    tau: int = Field(default=10, ge=1, description="local steps per task (decentral)")
-    lr: float = Field(default=0.05, gt=0, description="client lr, or server lr (central)")
-    client_optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    # sync rounds
-    quorum: float = Field(default=0.75, gt=0, le=1)
-    round_deadline_s: float = Field(default=30.0, gt=0)
-    clients_per_round: int | None = Field(default=None, ge=1)
-    # async staleness
-    staleness: StalenessSection = Field(default_factory=StalenessSection)
-    max_staleness: int | None = Field(default=None, ge=0)
-    # every server step, by version
-    schedule: ScheduleSection = Field(default_factory=ScheduleSection)
-    # outer optimizer (decentral-sync; central-sync uses it as the server optimizer)
-    outer_optimizer: Literal["sgd", "nesterov"] = "sgd"
-    outer_lr: float = Field(default=1.0, gt=0)
-    outer_momentum: float = Field(default=0.9, ge=0, lt=1)
-    # decentral-async merge
-    aggregation: Literal["fedasync", "fedbuff"] = "fedasync"
-    alpha: float = Field(default=0.6, gt=0, le=1, description="FedAsync mixing weight")
-    buffer_k: int = Field(default=4, ge=1, description="FedBuff deltas per outer step")
-    # FedAsync: each arrival steps by the robust combination of the newest deltas
-    # (robust.SlidingWindow); "auto" is 16 while the window fits in
-    # WINDOW_AUTO_BYTES, 1 (each delta alone, no protection) is classic FedAsync
-    window: int | Literal["auto"] = Field(
-        default="auto", description="FedAsync: deltas combined per step, or 'auto'"
-    )
-    window_aggregator: Literal["mean", "median", "trimmed_mean", "krum", "centered_clip"] = (
-        "centered_clip"
-    )
-    # how a round's results or a FedBuff buffer combine (coordinator/strategies/robust.py)
-    aggregator: Literal["mean", "median", "trimmed_mean", "krum", "centered_clip"] = "mean"
-    byzantine_fraction: float = Field(
-        default=0.2, ge=0, lt=0.5, description="share of updates a robust aggregator survives"
-    )
-
-    @model_validator(mode="after")
-    def _window_in_range(self) -> StrategySection:
-        if self.window != "auto" and not 1 <= self.window <= 64:
-            raise ValueError(f"window must be 'auto' or 1..64, got {self.window}")
-        return self
-
-    @model_validator(mode="after")
-    def _overlap_needs_decentral_async(self) -> StrategySection:
-        if self.staleness.count == "overlap" and self.name != "decentral-async":
-            raise ValueError(
-                f"staleness.count 'overlap': needs decentral-async (its merges touch "
-                f"subnets), not {self.name!r}"
-            )
-        return self
-
-    def window_for(self, num_params: int) -> int:
-        """The FedAsync window for a model of ``num_params`` float32 values."""
-        if self.window != "auto":
-            return self.window
-        return max(1, min(WINDOW_AUTO, WINDOW_AUTO_BYTES // (4 * max(num_params, 1))))
 
 
 class LinkSection(_Section):

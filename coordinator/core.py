@@ -46,6 +46,7 @@ checkpoint round trip, which must see all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable
@@ -61,7 +62,14 @@ from coordinator.downloads import ModelDistribution
 from coordinator.evaluation import Evaluator
 from coordinator.handshake import check_hello, open_conn, server_limits, welcome
 from coordinator.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBlocks
-from coordinator.leases import LeaseBook, LeaseState, TaskPlan, TaskState, lease_seconds
+from coordinator.leases import (
+    LeaseBook,
+    LeaseState,
+    TaskPlan,
+    TaskState,
+    lease_seconds,
+    task_steps,
+)
 from coordinator.orphans import Orphans
 from coordinator.reference import reference_norms
 from coordinator.registry import ClientRecord, Registry
@@ -517,6 +525,24 @@ class Coordinator:
             n += 1
         return n
 
+    def _sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
+        """The plan with this client's own number of local steps (``tau = "auto"``)."""
+        st = self.job.strategy
+        steps = task_steps(
+            flops_per_step=self._flops_per_sample * plan.batch,
+            flops_per_s=rec.rate(),
+            transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
+            bytes_per_s=conn.limits.bytes_per_s,
+            rows=rows,
+            batch=plan.batch,
+            task_seconds=st.task_seconds,
+            transfer_ratio=st.transfer_ratio,
+            max_epochs=st.max_epochs,
+            tau_min=st.tau_min,
+            tau_max=st.tau_max,
+        )
+        return dataclasses.replace(plan, steps=steps)
+
     def _reference_norms(self) -> list[float]:
         """The norms of a few updates the coordinator computes itself on the model as
         it is (coordinator/reference.py): the norm check's yardstick."""
@@ -533,7 +559,7 @@ class Coordinator:
                 update_codec=job.codecs.update,
                 rng=np.random.default_rng(self._reference_seq.spawn(1)[0]),
             )
-            samples = st.tau * job.data.batch
+            samples = st.nominal_tau * job.data.batch
             subnets = [
                 chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
                 for _ in range(job.validation.reference_tasks)
@@ -543,7 +569,7 @@ class Coordinator:
             self.dataset,
             self.data.indices,
             kind="train" if local else "gradient",
-            steps=st.tau if local else 1,
+            steps=st.nominal_tau if local else 1,
             batch=job.data.batch,
             optimizer=self.tasks.optimizer,
             seed=self._reference_seed,
@@ -577,7 +603,7 @@ class Coordinator:
                 self.dataset,
                 self.data.indices,
                 kind="train",
-                steps=st.tau,
+                steps=st.nominal_tau,
                 batch=job.data.batch,
                 optimizer=self.tasks.optimizer,
                 seed=self._reference_seed,
@@ -736,6 +762,8 @@ class Coordinator:
         else:
             v = self.model.version if plan.version is None else plan.version
             rows = self.data.shard(plan.shard).rows  # a mean's weight (FedAvg)
+            if plan.kind == "local" and plan.block is None and self.job.strategy.tau == "auto":
+                plan = self._sized(plan, conn, rec, rows)
             task = self.book.new_task(plan, version=v, now=now, rows=rows)
             if self.submodels is not None:
                 task.subnet = self.submodels.choose(

@@ -114,7 +114,7 @@ class EdgeUplink(DesktopClient):
             return sync(core, task.task_id), loss, core.model_contributions - before
 
         update, loss, merged = call(measure).result()
-        steps = merged * max(1, self.service.job.strategy.tau)
+        steps = merged * max(1, self.service.job.strategy.nominal_tau)
         log.info(
             "sync to the root: %d edge versions, %d results merged, |Δ| %.3g",
             self.service.stats.version - v0,

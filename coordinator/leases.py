@@ -191,6 +191,36 @@ def lease_seconds(
     return max(min_s, slack * predicted)
 
 
+def task_steps(
+    *,
+    flops_per_step: float,
+    flops_per_s: float,
+    transfer_bytes: float,
+    bytes_per_s: float,
+    rows: int,
+    batch: int,
+    task_seconds: float,
+    transfer_ratio: float,
+    max_epochs: float,
+    tau_min: int,
+    tau_max: int,
+) -> int:
+    """Local steps for one client's task under ``tau = "auto"``.
+
+    Enough that the task computes for ``task_seconds`` and for ``transfer_ratio``
+    times its transfer (``transfer_bytes`` at ``bytes_per_s``) at the client's
+    rate: the coordinator's merge and the link are then a small part of every
+    task, whatever the client's speed. At most ``max_epochs`` passes over the
+    task's ``rows`` (more only memorises one shard), within ``tau_min..tau_max``.
+    """
+    transfer_s = transfer_bytes / max(bytes_per_s, 1e-9)
+    seconds = max(task_seconds, transfer_ratio * transfer_s)
+    steps = math.ceil(seconds * max(flops_per_s, 1.0) / max(flops_per_step, 1.0))
+    if rows > 0:
+        steps = min(steps, math.floor(max_epochs * rows / max(batch, 1)))
+    return max(tau_min, min(tau_max, steps))
+
+
 class LeaseBook:
     """All tasks and leases of a job, with ids from counters (deterministic).
 

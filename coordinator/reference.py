@@ -36,7 +36,8 @@ def reference_norms(
     subnets: list[Subnet] | None = None,
     inputs: list[np.ndarray] | None = None,
 ) -> list[float]:
-    """L2 norms of ``count`` updates computed as clients would, on the first shards;
+    """L2 norms of ``count`` updates computed as clients would, on the first shards,
+    per local step (validation.py compares norms per step: tasks differ in steps);
     with ``subnets`` (a sub-model job) each trains its slice, as its clients do:
     the norms are a slice's, and no copy of a model too big to copy is made.
     ``inputs``: what each task takes instead of its shard's rows, one array per
@@ -58,5 +59,6 @@ def reference_norms(
             opt = Optimizer.from_dict(optimizer)
             train_steps(local, OptState.init(opt, start.spec), X, y, steps, batch, rng)
             u = local.data - start.data
-        norms.append(math.sqrt(float(u.astype(np.float64) @ u.astype(np.float64))))
+        norm = math.sqrt(float(u.astype(np.float64) @ u.astype(np.float64)))
+        norms.append(norm / (steps if kind == "train" else 1))
     return norms

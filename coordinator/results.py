@@ -156,7 +156,9 @@ class ResultPath:
         # it (task.subnet), in place where it can, so no model-sized copy is made.
         sub = task.subnet
         validator = self._validator_of(task)
-        reject, norm = validator.check(update, size=None if sub is None else sub.sub.num_params)
+        reject, norm = validator.check(
+            update, size=None if sub is None else sub.sub.num_params, steps=task.steps
+        )
         if reject is None and task.block is not None:
             reject = self._take_boundary(task, upload, self._validators[BOUNDARY])
         if reject is not None:
@@ -167,7 +169,7 @@ class ResultPath:
         unit = verifier.unit_of(task.task_id)
         clip = 1.0
         if unit is None:
-            clip = validator.clip_scale(norm)
+            clip = validator.clip_scale(norm, steps=task.steps)
             outcome = self.apply(task, update, norm, rec.resume_id, now, checked=False, clip=clip)
             if not outcome.accepted:
                 self._orphans.discard(task.task_id)
@@ -283,7 +285,7 @@ class ResultPath:
         (``clip``: that factor, when the caller took it already).
         ``checked``: replication compared it; an unchecked one is journaled."""
         validator = self._validator_of(task)
-        scale = validator.clip_scale(norm) if clip is None else clip
+        scale = validator.clip_scale(norm, steps=task.steps) if clip is None else clip
         if scale < 1.0:
             update = update * np.float32(scale)
         journal = not checked and self._verifier.journals
@@ -292,7 +294,7 @@ class ResultPath:
         outcome = self._strategy.on_result(task, update, now)
         task.boundary = None
         if outcome.accepted:
-            validator.accept(norm * scale)
+            validator.accept(norm * scale, steps=task.steps)
             if had_boundary:
                 self._validators[BOUNDARY].accept(task.boundary_norm)
             self.accepted += 1

@@ -1,7 +1,7 @@
 """Update validation: nothing touches the model before passing these checks.
 
 An update is a flat array meant to be added to (or subtracted from) the model.
-It must be exactly the model's size, float32, all finite, and its L2 norm
+It must be exactly the model's size, float32, all finite, and its L2 norm per local step
 within ``norm_multiple`` × the running median of recently *accepted* non-zero norms and
 the coordinator's own reference norms (coordinator/reference.py: without them
 the check waits for ``norm_warmup`` accepted norms, and the first results are
@@ -59,18 +59,24 @@ class UpdateValidator:
         # statistics.median: a quarter of np.median's cost at these sizes
         return float(statistics.median([*self.reference, *self.norms]))
 
-    def clip_scale(self, norm: float) -> float:
+    def clip_scale(self, norm: float, *, steps: int = 1) -> float:
         """The factor (<= 1) that brings an accepted update to ``clip_multiple`` ×
-        the median; 1 when it is within that or clipping is off."""
+        the median (per step); 1 when it is within that or clipping is off."""
         c = self.config.clip_multiple
         med = self.median()
-        if c is None or med is None or not norm > c * med:
+        per_step = norm / steps
+        if c is None or med is None or not per_step > c * med:
             return 1.0
-        return c * med / norm
+        return c * med / per_step
 
-    def check(self, update: np.ndarray, *, size: int | None = None) -> tuple[Reject | None, float]:
-        """``(reason or None, norm)``; call ``accept(norm)`` once the result is taken.
-        ``size``: the values expected when not the whole model's (a subnet's)."""
+    def check(
+        self, update: np.ndarray, *, size: int | None = None, steps: int = 1
+    ) -> tuple[Reject | None, float]:
+        """``(reason or None, norm)``; call ``accept(norm, steps=...)`` once the result
+        is taken. ``size``: the values expected when not the whole model's (a
+        subnet's). ``steps``: the task's local steps; norms are compared per step,
+        since clients under ``tau = "auto"`` take different numbers of them (a
+        long task's delta grows at most linearly with its steps)."""
         if update.ndim != 1 or update.size != (self.size if size is None else size):
             return Reject.SHAPE, float("nan")
         if update.dtype != np.float32:
@@ -81,7 +87,7 @@ class UpdateValidator:
         if not math.isfinite(norm):
             return Reject.NONFINITE, float("nan")
         med = self.median()
-        if med is not None and norm > self.config.norm_multiple * max(med, 1e-12):
+        if med is not None and norm / steps > self.config.norm_multiple * max(med, 1e-12):
             return Reject.NORM, norm
         return None, norm
 
@@ -92,7 +98,7 @@ class UpdateValidator:
         self.norms.clear()
         self.reference = list(reference)
 
-    def accept(self, norm: float) -> None:
+    def accept(self, norm: float, *, steps: int = 1) -> None:
         """Count an accepted update's norm; a zero one is not counted. It says
         nothing about how long honest updates are (nothing was trained: an edge
         whose crowd had not returned a result yet, or a free rider), and enough
@@ -100,7 +106,7 @@ class UpdateValidator:
         (simulations/federation.py found it: a root refused every sync after
         its edges' first, empty, ones)."""
         if norm > 0:
-            self.norms.append(norm)
+            self.norms.append(norm / steps)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})

@@ -131,7 +131,9 @@ class CostSimulation:
         spec = job.spec
         self.strategy = job.strategy.name
         self.sync = self.strategy.endswith("-sync")
-        self.steps_per_task = job.strategy.tau if self.strategy.startswith("decentral") else 1
+        self.steps_per_task = (
+            job.strategy.nominal_tau if self.strategy.startswith("decentral") else 1
+        )
         self.step_flops = spec.flops_per_sample(train=True) * job.data.batch
         limits = scenario.limits
         nbytes = spec.num_params * 4

@@ -781,7 +781,7 @@ def linear_evaluations(
     state = OptState.init(opt, spec)
     rng = np.random.default_rng(job.data.seed)
     n = job.eval.max_samples or dataset.X_test.shape[0]
-    every = max(1, s.tau if every is None else every)
+    every = max(1, s.nominal_tau if every is None else every)
     schedule = s.schedule.model_dump()
     done = 0
     while done < max_steps:

@@ -169,7 +169,7 @@ class Uplink(Player):
         update = sync(core, req.task.task_id)
         last = core.evaluator.last
         loss = float(last.loss) if last is not None else math.nan
-        steps = (core.model_contributions - self.before) * max(1, job.strategy.tau)
+        steps = (core.model_contributions - self.before) * max(1, job.strategy.nominal_tau)
         self.sim.steps_of[req.task.task_id] = steps
         self.syncs += 1
         now = self.sim.engine.now

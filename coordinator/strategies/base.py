@@ -186,7 +186,7 @@ class Strategy(ABC):
     # -- helpers ----------------------------------------------------------------
 
     def new_plan(self, *, round: int | None = None) -> TaskPlan:
-        steps = self.config.tau if self.task_kind == "local" else 1
+        steps = self.config.nominal_tau if self.task_kind == "local" else 1
         return TaskPlan(
             kind=self.task_kind,
             shard=self.cursor.next(),

@@ -45,7 +45,7 @@ class LayerSplit(Strategy):
             kind=self.task_kind,
             shard=shard,
             seed=int(self.rng.integers(0, 2**31 - 1)),
-            steps=self.config.tau,
+            steps=self.config.nominal_tau,
             batch=self.data.batch,
             block=block,
         )

@@ -54,6 +54,19 @@ _SERVING = (
 )
 
 
+def tau_value(text: str) -> int | str:
+    """``--tau``: a positive step count or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("coordinator", help="serve a training job to clients", description=__doc__)
     p.add_argument("--job", help="job file (TOML); flags below override its fields")
@@ -62,7 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", choices=STRATEGY_NAMES)
     p.add_argument("--widths", help="model widths, e.g. 64,128,10")
     p.add_argument("--dataset", help="dataset name (nn.data.load_dataset)")
-    p.add_argument("--tau", type=int, help="local steps per task (decentral)")
+    p.add_argument(
+        "--tau", type=tau_value, help="local steps per task (decentral), or 'auto' (per client)"
+    )
     p.add_argument("--lr", type=float)
     p.add_argument("--batch", type=int)
     p.add_argument("--link", help="link profile: lan, roblox, mobile, unlimited")

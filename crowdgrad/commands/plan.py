@@ -145,7 +145,7 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         server_flops=sc.server.compute,
         latency=sc.clients.latency.mean,
         steps=steps,
-        tau=sc.job.strategy.tau,
+        tau=sc.job.strategy.nominal_tau,
         contention=args.contention or "independent",
         prefetch=prefetch,
     )
