@@ -103,9 +103,16 @@ class OuterOptimizer:
         self.momentum = float(momentum)
         self.velocity: np.ndarray | None = None
 
-    def step(self, params: np.ndarray, direction: np.ndarray, scale: float = 1.0) -> None:
+    def step(
+        self,
+        params: np.ndarray,
+        direction: np.ndarray,
+        scale: float = 1.0,
+        *,
+        momentum: float | None = None,
+    ) -> None:
         """Update ``params`` (flat float32) in place, at ``scale`` times the lr
-        (the job's schedule)."""
+        (the job's schedule); ``momentum``: this step's, instead of the set one."""
         lr = self.lr * scale
         if self.kind == "sgd":
             params += np.float32(lr) * direction.astype(np.float32, copy=False)
@@ -115,7 +122,8 @@ class OuterOptimizer:
         if self.velocity is None:
             self.velocity = np.zeros_like(params, dtype=np.float32)
         grad = np.negative(direction, dtype=np.float32)
-        momentum_step(params, grad, self.velocity, lr=lr, momentum=self.momentum, nesterov=True)
+        beta = self.momentum if momentum is None else momentum
+        momentum_step(params, grad, self.velocity, lr=lr, momentum=beta, nesterov=True)
 
     def state_dict(self) -> dict[str, Any]:
         # Stored as the direction's velocity (what checkpoints have always held).

@@ -7,7 +7,11 @@ the robust combination (``window_aggregator``) of the newest ``window``
 staleness-weighted deltas (robust.SlidingWindow): one result is still one
 version, but a bad delta meets honest ones before it moves the model.
 ``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and takes one
-outer step on their mean (FedBuff). A delta older than
+outer step on their mean (FedBuff). ``diloco`` takes an outer step (Nesterov:
+DiLoCo's) on every arrival at ``outer_lr / K``, with momentum ``outer_momentum
+** (1 / K)``, where K is the crowd's concurrency measured as the running mean
+of ``staleness + 1``: K tasks in flight from about the same model move it by
+their mean, as one synchronous DiLoCo round would, whatever the crowd's size. A delta older than
 ``max_staleness`` versions is refused as stale. With ``staleness.count =
 "overlap"`` a result's staleness counts only the versions that touched its
 subnet's neurons (overlap.OverlapClock), for the weight and ``max_staleness``.
@@ -35,6 +39,9 @@ from nn.subnet import Subnet
 
 log = logging.getLogger(__name__)
 
+#: diloco: how fast the measured concurrency follows each result's staleness + 1
+CONCURRENCY_GAIN = 0.05
+
 
 class DecentralAsync(Strategy):
     name = "decentral-async"
@@ -54,6 +61,8 @@ class DecentralAsync(Strategy):
         self.buffer_subnets: list[Subnet | None] = []
         #: clients connected at the last lease ("auto" windows scale with it)
         self.crowd = 0
+        #: diloco: the running mean of staleness + 1 (tasks in flight together)
+        self.concurrency = 1.0
         #: staleness.count = "overlap": the steps that touched each hidden neuron
         self.overlap = (
             OverlapClock(self.model.params.spec) if c.staleness.count == "overlap" else None
@@ -63,7 +72,7 @@ class DecentralAsync(Strategy):
         k = c.window_for(size)
         self.recent = (
             SlidingWindow(k, size, c.window_aggregator, byzantine_fraction=c.byzantine_fraction)
-            if c.aggregation == "fedasync" and k > 1
+            if c.aggregation in ("fedasync", "diloco") and k > 1
             else None
         )
         if c.aggregation == "fedasync" and c.window == "auto" and k < WINDOW_AUTO:
@@ -112,6 +121,20 @@ class DecentralAsync(Strategy):
             if clock is not None:  # a window's step moves its other deltas' subnets too
                 clock.step([task.subnet if self.recent is None else None])
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
+        if self.config.aggregation == "diloco":
+            self.concurrency += CONCURRENCY_GAIN * (s + 1 - self.concurrency)
+            k = max(1.0, self.concurrency)
+            # as old as the crowd makes every result: full weight; far older, less
+            step = self._merged(min(1.0, 2.0 * k / (s + 1)), self.dense(task, update))
+            self.outer.step(
+                self.model.params.data,
+                step,
+                self.step_scale() / k,
+                momentum=self.config.outer_momentum ** (1.0 / k),
+            )
+            if clock is not None:
+                clock.step([task.subnet if self.recent is None else None])
+            return Outcome(accepted=True, staleness=s, step=self.step_version(1))
         self.buffer.append((np.float32(w) * self.dense(task, update)).astype(np.float32))
         self.buffer_weights.append(self.sample_weight(task))
         self.buffer_subnets.append(task.subnet)
@@ -152,6 +175,7 @@ class DecentralAsync(Strategy):
             "buffer_weights": list(self.buffer_weights),
             "buffer_subnets": [None if s is None else s.to_state() for s in self.buffer_subnets],
             "recent": None if self.recent is None else self.recent.state_dict(),
+            "concurrency": self.concurrency,
             **({} if self.overlap is None else self.overlap.state_dict()),
         }
 
@@ -164,6 +188,7 @@ class DecentralAsync(Strategy):
         spec = self.model.params.spec
         subnets = state.get("buffer_subnets", [None] * len(self.buffer))
         self.buffer_subnets = [None if s is None else Subnet.from_state(spec, s) for s in subnets]
+        self.concurrency = float(state.get("concurrency", 1.0))
         if self.recent is not None and state.get("recent") is not None:
             self.recent.load_state_dict(state["recent"])
         if self.overlap is not None:
