@@ -2,6 +2,10 @@
 
 The local baseline every distributed run is compared with (the seed's "linear,
 one machine" row), and a quick way to check that a model and dataset fit.
+With ``--job`` it is the anchor of that job (crowdgrad/anchor.py): the job's
+data, model, batch and held-out rows for ``--seconds`` of training, the
+fastest thread count, and with ``--grid`` the best optimizer and lr of a short
+trial of each; ``--json`` records its accuracy over time.
 """
 
 from __future__ import annotations
@@ -30,6 +34,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dataset", default="digits", help="'digits' or 'teacher:<preset>' (default digits)"
     )
     p.add_argument("--save", help="write the trained model to this .npz file")
+    p.add_argument("--job", help="train this job file's model on its data: its one-machine anchor")
+    p.add_argument(
+        "--seconds", type=float, default=60.0, help="--job: training seconds (default 60)"
+    )
+    p.add_argument(
+        "--grid", action="store_true", help="--job: try SGD, momentum and Adam lrs first"
+    )
+    p.add_argument(
+        "--grid-seconds", type=float, help="--job --grid: seconds a trial (default seconds/4)"
+    )
+    p.add_argument(
+        "--eval-every", type=float, default=0.5, help="--job: seconds between evaluations"
+    )
+    p.add_argument("--json", help="--job: write the anchor's history to this file ('-': stdout)")
     p.set_defaults(func=run)
 
 
@@ -102,6 +120,8 @@ def train_with_progress(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.job is not None:
+        return run_job(args)
     console = Console()
     optimizer = optimizer_from_args(args)
     ds = load_dataset(args.dataset, seed=args.seed)
@@ -124,4 +144,54 @@ def run(args: argparse.Namespace) -> int:
 
         save_model(args.save, params, metadata={"dataset": ds.name, "test": result.accuracy})
         console.print(f"saved {args.save}")
+    return 0
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """The job's one-machine anchor, printed as it trains and kept with ``--json``."""
+    import json
+
+    from coordinator.config import JobConfigError, load_job
+    from crowdgrad.anchor import AnchorRun, Point, anchor_of
+
+    if args.preset or args.widths or args.dataset != "digits":
+        raise UsageError("--job takes the model and data from the job file: drop --preset, "
+                         "--widths and --dataset")  # fmt: skip
+    for name in ("seconds", "eval_every"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.grid_seconds is not None and not args.grid_seconds > 0:
+        raise UsageError(f"--grid-seconds must be > 0, got {args.grid_seconds}")
+    try:
+        job = load_job(args.job)
+    except (OSError, JobConfigError) as exc:
+        raise UsageError(str(exc)) from None
+    console = Console(stderr=args.json == "-")
+
+    def trial(t: AnchorRun) -> None:
+        o = t.optimizer
+        console.print(f"  trial {o['kind']} lr {o['lr']:g}: best accuracy {t.best_accuracy}")
+
+    def point(p: Point) -> None:
+        console.print(f"  {p.t:7.2f} s  {p.steps:>9,} steps  accuracy {p.accuracy:.4f}  loss "
+                      f"{p.loss:.4f}")  # fmt: skip
+
+    console.print(f"anchor of {args.job}: {list(job.spec.widths)}, batch {job.data.batch}")
+    anchor = anchor_of(
+        job, seconds=args.seconds, grid=args.grid, grid_seconds=args.grid_seconds,
+        threads=getattr(args, "threads", None), eval_every_s=args.eval_every,
+        on_point=point, on_trial=trial,
+    )  # fmt: skip
+    r = anchor.run
+    console.print(
+        f"best {r.optimizer['kind']} lr {r.optimizer['lr']:g} on {r.threads} thread(s): "
+        f"best accuracy [bold]{r.best_accuracy}[/bold], final {r.final_accuracy}"
+    )
+    if args.json:
+        text = json.dumps(anchor.to_json(), indent=1)
+        if args.json == "-":
+            print(text)  # noqa: T201 - the CLI's output
+        else:
+            with open(args.json, "w") as f:
+                f.write(text)
     return 0
