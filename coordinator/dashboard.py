@@ -46,7 +46,15 @@ class ClientRow:
     staleness_sum: int = 0
     resumed: int = 0
 
-    def to_json(self, flops: float | None) -> dict[str, Any]:
+    def bytes_per_hour(self, now: float) -> float | None:
+        """Both directions' bytes per hour connected: what lending this client's
+        machine costs its owner's link (None in its first minute: too noisy)."""
+        span = (self.left if self.left is not None else now) - self.joined
+        if span < 60.0:
+            return None
+        return (self.bytes_down + self.bytes_up) * 3600.0 / span
+
+    def to_json(self, flops: float | None, now: float | None = None) -> dict[str, Any]:
         return {
             "client_id": self.client_id,
             "name": self.name,
@@ -63,6 +71,7 @@ class ClientRow:
             "expired": self.expired,
             "bytes_down": self.bytes_down,
             "bytes_up": self.bytes_up,
+            "bytes_per_hour": None if now is None else self.bytes_per_hour(now),
             "mean_staleness": (
                 round(self.staleness_sum / self.accepted, 2) if self.accepted else None
             ),
@@ -144,8 +153,9 @@ class Dashboard:
 
     def snapshot(self, flops_of: Callable[[str], float | None], since_event: int = 0) -> dict:
         rows = list(self.rows.values())
+        now = self.clock()
         return {
-            "clients": [r.to_json(flops_of(r.client_id)) for r in rows],
+            "clients": [r.to_json(flops_of(r.client_id), now) for r in rows],
             "events": [e for e in list(self.events) if e["id"] > since_event],
         }
 

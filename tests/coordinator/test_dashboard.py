@@ -32,6 +32,26 @@ def test_rows_follow_the_events() -> None:
     assert d.snapshot(lambda cid: None)["clients"][0]["connected"] is False
 
 
+def test_a_row_says_what_the_client_costs_its_link_an_hour() -> None:
+    """Both directions' bytes per hour connected, from the first minute on (before
+    it a few tasks' bytes say little), and frozen once the client left."""
+    now = [0.0]  # the rows' times are the dashboard's clock
+    d = Dashboard(clock=lambda: now[0])
+    d([ev.ClientJoined(client_id="c1", name="x", resumed=False, now=0.0),
+       ev.TaskLeased(client_id="c1", task_id=1, lease_id=1, version=0, shard=0, deadline=9.0,
+                     now=0.0, download_bytes=1000),
+       ev.ResultAccepted(client_id="c1", task_id=1, staleness=0, version=1, now=1.0,
+                         frame_bytes=500)])  # fmt: skip
+    now[0] = 30.0
+    assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] is None
+    now[0] = 1800.0
+    assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] == 3000.0
+    now[0] = 900.0
+    d([ev.ClientLeft(client_id="c1", reason="gone", now=900.0)])
+    now[0] = 7200.0
+    assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] == 6000.0
+
+
 def test_rows_of_clients_that_left_are_bounded() -> None:
     d = Dashboard()
     for i in range(MAX_GONE + 50):

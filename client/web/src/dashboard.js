@@ -151,6 +151,7 @@ function showClients(rows) {
           cell(r.flops == null ? "–" : (r.flops / 1e9).toFixed(2)),
           cell(r.tasks), cell(r.accepted), cell(rej), cell(`${r.declined} · ${r.expired}`),
           cell(bytes(r.bytes_down)), cell(bytes(r.bytes_up)),
+          cell(r.bytes_per_hour == null ? "–" : `${bytes(r.bytes_per_hour)}/h`),
           cell(r.mean_staleness ?? "–"),
           cell(r.connected ? "connected" : `left (${r.left_reason})`),
         );

@@ -84,6 +84,17 @@ function bytes(n) {
   return `${(n / (1 << 20)).toFixed(2)} MB`;
 }
 
+// What lending this tab costs the visitor's link: both directions' bytes per
+// hour since the first byte moved (shown after a minute: sooner it is noise).
+const traffic = { since: null };
+
+function perHour(total) {
+  const now = performance.now();
+  if (total > 0 && traffic.since === null) traffic.since = now;
+  const hours = traffic.since === null ? 0 : (now - traffic.since) / 3.6e6;
+  return hours < 1 / 60 ? "–" : `${bytes(Math.round(total / hours))} an hour`;
+}
+
 function showStats(s) {
   $("tasks").textContent = s.tasks;
   $("accepted").textContent = s.accepted;
@@ -91,6 +102,7 @@ function showStats(s) {
   $("steps").textContent = s.steps.toLocaleString();
   $("bytes-in").textContent = bytes(s.bytesIn);
   $("bytes-out").textContent = bytes(s.bytesOut);
+  $("per-hour").textContent = perHour(s.bytesIn + s.bytesOut);
   $("kernels").textContent = s.kernels === "wasm-simd" ? "WebAssembly SIMD" : "plain JavaScript";
   $("version").textContent = s.modelVersion ?? "–";
   if (s.finished === null) {
