@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from client import WEB_ROOT
 from coordinator.dashboard import estimate_left
+from coordinator.service import ServiceStopped
 
 if TYPE_CHECKING:
     from coordinator.server import CrowdServer
@@ -305,11 +306,16 @@ def build_app(crowd: CrowdServer) -> FastAPI:
 
     @app.post("/api/admin/checkpoint")
     async def checkpoint(authorization: str | None = Header(None)) -> dict[str, Any]:
-        """Write a checkpoint now (needs a store)."""
+        """Write a checkpoint now (needs a store); 503 once the coordinator is
+        stopping (its stop writes the final checkpoint)."""
         admin(crowd, authorization)
         crowd.ensure_started()
-        fut = crowd.service.checkpoint_now()
-        version = await asyncio.wrap_future(fut)
+        try:
+            version = await asyncio.wrap_future(crowd.service.checkpoint_now())
+        except ServiceStopped:
+            raise HTTPException(
+                503, "coordinator stopping: its stop writes the final checkpoint"
+            ) from None
         if version is None:
             raise HTTPException(409, "no checkpoint store: start with --store PATH")
         return {"version": version}

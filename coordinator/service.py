@@ -158,6 +158,11 @@ class FreshStartRefused(RuntimeError):
     """The store holds checkpoints and none of them verifies (see ``prepare``)."""
 
 
+class ServiceStopped(RuntimeError):
+    """The core thread is stopping or stopped: a ``call``, ``act`` or
+    ``checkpoint_now`` made then fails with this instead of waiting forever."""
+
+
 class CoreService:
     """One core on its own thread; see the module docstring. Use ``start``/``stop``
     (or ``with``); ``submit_*`` may be called from any thread."""
@@ -224,6 +229,11 @@ class CoreService:
         self._pending_writes: list[Future[Any]] = []
         self.done = threading.Event()
         self.stopped = threading.Event()
+        # Set (under ``_gate``) once the core thread takes no more requests: a
+        # request that carries a future is refused from then on, so none waits
+        # on a thread that will never answer it.
+        self._closing = False
+        self._gate = threading.Lock()
         self.ack_durable = store is not None if ack_durable is None else ack_durable
         self.durable_interval = durable_interval
         # Held acks as (sequence number, Send); a snapshot covers every seq up to
@@ -272,6 +282,8 @@ class CoreService:
         """Finish the current event, checkpoint, stop the thread; idempotent."""
         if self._thread is None:
             return
+        with self._gate:
+            self._closing = True
         self._inbox.put(("stop",))
         self._thread.join(timeout)
         if self._writer is not None:
@@ -306,22 +318,28 @@ class CoreService:
 
     def call(self, fn: Callable[[Coordinator], Any]) -> Future[Any]:
         """Run ``fn(core)`` on the core thread (admin commands, inspection)."""
-        fut: Future[Any] = Future()
-        self._inbox.put(("call", fn, fut))
-        return fut
+        return self._request(("call", fn))
 
     def act(self, fn: Callable[[Coordinator, float], tuple[Any, list[ev.Output]]]) -> Future[Any]:
         """Run ``fn(core, now)`` on the core thread, for actions that move the model
         (an edge's rebase): its outputs go out like a result's (model updated,
         checkpoint, evaluation, tasks); the future gives its first value."""
-        fut: Future[Any] = Future()
-        self._inbox.put(("act", fn, fut))
-        return fut
+        return self._request(("act", fn))
 
     def checkpoint_now(self) -> Future[Any]:
-        """Snapshot on the core thread and write; the future gives the version written."""
+        """Snapshot on the core thread and write; the future gives the version written
+        (``ServiceStopped`` once stopping: the stop writes its own final checkpoint)."""
+        return self._request(("checkpoint",))
+
+    def _request(self, item: tuple[Any, ...]) -> Future[Any]:
+        """Queue ``item`` plus a future for the core thread, or fail the future at once
+        when the thread takes no more requests (stopping, stopped, crashed)."""
         fut: Future[Any] = Future()
-        self._inbox.put(("checkpoint", fut))
+        with self._gate:
+            if not self._closing:
+                self._inbox.put((*item, fut))
+                return fut
+        fut.set_exception(ServiceStopped("the coordinator is stopping"))
         return fut
 
     def set_paused(self, paused: bool) -> None:
@@ -503,6 +521,8 @@ class CoreService:
         except Exception:  # a bug in the core: log it, stop serving rather than hang
             log.exception("coordinator core crashed; stopping")
         finally:
+            with self._gate:  # no request is queued after this: _final_checkpoint fails
+                self._closing = True  # those already queued
             self._final_checkpoint(core)
             self._flush_out()
             self.stopped.set()
@@ -827,3 +847,5 @@ class CoreService:
                 break
             if item[0] == "written":
                 self._written(*item[1:])
+            elif isinstance(item[-1], Future):  # a call, act or checkpoint never run
+                item[-1].set_exception(ServiceStopped("the coordinator stopped"))
