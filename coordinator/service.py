@@ -418,11 +418,31 @@ class CoreService:
                     "'crowdgrad checkpoint verify', or pass --allow-fresh-start."
                 ) from None
             if damaged:
+                kept = self._keep_damaged(store)
                 log.warning(
-                    "store %s: no checkpoint verifies; starting from version 0 as allowed",
-                    self._store_path,
-                )
+                    "store %s: no checkpoint verifies; starting from version 0 as allowed; "
+                    "the damaged checkpoints (versions %d..%d) are kept in %s",
+                    self._store_path, damaged[0], damaged[-1], kept,
+                )  # fmt: skip
         self.store = store
+
+    def _keep_damaged(self, store: CheckpointStore) -> Path:
+        """Copy a store none of whose checkpoints verifies beside it, before a fresh
+        start writes over them: the fresh run's checkpoints take their version
+        numbers (a quarantined number is free again), and the operator may still
+        want to inspect or salvage them (``crowdgrad checkpoint verify --store``)."""
+        assert self._store_path is not None
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for n in range(1000):
+            suffix = f".damaged-{stamp}" + (f"-{n}" if n else "")
+            kept = self._store_path.with_name(self._store_path.name + suffix)
+            if not kept.exists():
+                break
+        backup = getattr(store.backend, "backup", None)
+        if backup is None:
+            raise StorageError(f"store {self._store_path}: cannot copy its damaged checkpoints")
+        backup(kept)
+        return kept
 
     @property
     def resume_version(self) -> int | None:
