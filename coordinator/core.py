@@ -64,6 +64,7 @@ from coordinator.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBloc
 from coordinator.leases import LeaseBook, LeaseState, TaskPlan, TaskState, lease_seconds
 from coordinator.orphans import Orphans
 from coordinator.reference import reference_norms
+from coordinator.refusals import RefusalMarks
 from coordinator.registry import ClientRecord, Registry
 from coordinator.replication import Replicator
 from coordinator.results import ResultPath
@@ -253,6 +254,8 @@ class Coordinator:
             grace_s=job.lease.resume_grace_s,
             cap=2 * job.lease.max_resumable,
         )
+        #: closes for refused updates by address and resume id (coordinator/refusals.py)
+        self.refusal_marks = RefusalMarks()
         #: a client's answers to its tasks: results and declines (coordinator/results.py)
         self.results = ResultPath(
             job=job,
@@ -268,6 +271,7 @@ class Coordinator:
             stepped=self._stepped,
             finished=lambda: self.finished is not None,
             block_validators=self.block_validators,
+            marks=self.refusal_marks,
         )
         #: an edge's standing against its root (coordinator/upstream.py), None
         #: unless this coordinator serves as an edge; it is checkpointed
@@ -275,8 +279,11 @@ class Coordinator:
 
     # -- public API ----------------------------------------------------------------
 
-    def connect(self, client_id: str, hello: m.Hello, now: float) -> list[ev.Output]:
-        """A connection opened and sent ``hello``; answer welcome (or refuse)."""
+    def connect(
+        self, client_id: str, hello: m.Hello, now: float, *, address: str | None = None
+    ) -> list[ev.Output]:
+        """A connection opened and sent ``hello``; answer welcome (or refuse).
+        ``address``: the peer's, when the driver knows it (refusals.py)."""
         out: list[ev.Output] = []
         self._advance(now)
         if client_id in self.conns:
@@ -312,6 +319,13 @@ class Coordinator:
             offered,
             seeded_v0=self._v0_crc is not None,
         )
+        conn.address = address
+        # by the token it sent too: a forgotten session's token starts a new record
+        marks = RefusalMarks.keys(address, rec.resume_id) + RefusalMarks.keys(None, hello.resume)
+        if self.refusal_marks.marked(marks, now):
+            # Its address or session was closed for refused updates: on probation.
+            limit = self.job.validation.max_rejections
+            rec.rejections = max(rec.rejections, limit - 1)
         self.connections.add(conn)
         answer = welcome(
             self.job,

@@ -562,7 +562,7 @@ class CrowdServer:
         ):
             raise ProtocolError(ErrorCode.AUTH_FAILED, "hello.token: join token refused")
         peer.joined = True
-        self.service.submit_connect(peer.client_id, msg)
+        self.service.submit_connect(peer.client_id, msg, peer.ws.client_ip)
 
     def _send_error(self, peer: _Peer, code: ErrorCode, message: str) -> None:
         err = m.Error(code=int(code), message=message[:1024])

@@ -307,8 +307,8 @@ class CoreService:
 
     # -- inputs (any thread) -------------------------------------------------------
 
-    def submit_connect(self, client_id: str, hello: m.Hello) -> None:
-        self._inbox.put(("connect", client_id, hello))
+    def submit_connect(self, client_id: str, hello: m.Hello, address: str | None = None) -> None:
+        self._inbox.put(("connect", client_id, hello, address))
 
     def submit_receive(self, client_id: str, message: m.Message, nbytes: int) -> None:
         self._inbox.put(("receive", client_id, message, nbytes))
@@ -551,7 +551,7 @@ class CoreService:
         now = time.monotonic()
         match item[0]:
             case "connect":
-                self._emit(core.connect(item[1], item[2], now))
+                self._emit(core.connect(item[1], item[2], now, address=item[3]))
             case "receive":
                 if item[1] in core.conns:  # closed by the core while the frame queued
                     self._emit(core.receive(item[1], item[2], now, nbytes=item[3]))
