@@ -80,7 +80,7 @@ from coordinator.strategies.layer_split import LayerSplit
 from coordinator.submodel import SubmodelPlanner
 from coordinator.taskwriter import TaskWriter
 from coordinator.upstream import UpstreamState
-from coordinator.validation import UpdateValidator
+from coordinator.validation import Reject, UpdateValidator
 from nn.data import Dataset
 from nn.layersplit import boundary_of
 from nn.params import Params
@@ -890,6 +890,11 @@ class Coordinator:
         if self.job.checkpoint.every_versions:
             out.append(ev.Checkpoint(version=v))
         for conn in list(self.conns.values()):
+            # Results still uploading are not taken: each is answered (§6), before
+            # the bye, like any result the server does not take.
+            for task_id in conn.uploads.in_flight():
+                ack = m.Ack.trusted(task_id=task_id, accepted=False, reason=Reject.STALE.value)
+                self.connections.queue(conn, ack)
             conn.outbox.flush(now, out)  # type: ignore[arg-type]
             # Every result taken so far is acknowledged before the bye: acks still
             # held by pacing go now (a few dozen bytes each). Tasks, model chunks

@@ -721,10 +721,15 @@ class CoreService:
             if tail is None or cover < tail[0]:
                 return
             # The job is over: no next version will come. Results taken since that
-            # copy (a sync buffer never merged) are not durable, so not acknowledged.
+            # copy (a sync buffer never merged) are not durable: not taken after all,
+            # and answered so (§6: every result not taken gets ack accepted=false).
             while self._held and self._held[0][0] <= tail[0]:
-                self._held.popleft()
-                log.warning("job finished: an ack for a result not in any checkpoint dropped")
+                send = self._held.popleft()[1]
+                task_id = send.message.task_id
+                log.info("job finished: result %s is in no checkpoint; acked stale", task_id)
+                refusal = m.Ack(task_id=task_id, accepted=False, reason="stale")
+                released.append(ev.Send(client_id=send.client_id, message=refusal,
+                                        frame=m.encode(refusal)))  # fmt: skip
         else:
             self._committed = tasks
             if self._journal is not None:
