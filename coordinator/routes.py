@@ -165,6 +165,10 @@ def dashboard_state(crowd: CrowdServer, since_event: int = 0) -> dict[str, Any]:
     return state
 
 
+#: The admin API's actions, each ``POST /api/admin/<action>``.
+ADMIN_ACTIONS = frozenset({"checkpoint", "pause", "resume", "stop"})
+
+
 def admin_if_set(crowd: CrowdServer, authorization: str | None) -> None:
     """The admin token guards the operator's views only when one is set."""
     if crowd.admin_token is not None:
@@ -339,6 +343,18 @@ def build_app(crowd: CrowdServer) -> FastAPI:
         admin(crowd, authorization)
         asyncio.get_running_loop().call_soon(crowd.stop_soon)
         return {"stopping": True}
+
+    @app.api_route(
+        "/api/admin/{action}",
+        methods=["GET", "HEAD", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
+    async def admin_other_method(action: str) -> Response:
+        """405 for an admin action asked with another method than POST (the volunteer
+        page's mount below would answer 404, as if it did not exist)."""
+        if action not in ADMIN_ACTIONS:
+            raise HTTPException(404, f"no admin action {action[:80]!r}")
+        raise HTTPException(405, "admin actions take POST", headers={"Allow": "POST"})
 
     # The volunteer page (client/web): index.html at /, its bundles and the
     # WebAssembly kernels beside it. Mounted last, so the routes above win.
