@@ -186,6 +186,26 @@ def port_number(text: str) -> int:
     return port
 
 
+def check_tokens(args: argparse.Namespace) -> None:
+    """Refuse a token that is surely a mistake: blank (an empty one means none), or
+    an admin token with whitespace around it (no bearer header can carry it)."""
+    for flag, env, token in (
+        ("--admin-token", "CROWDGRAD_ADMIN_TOKEN", args.admin_token),
+        ("--join-token", "CROWDGRAD_JOIN_TOKEN", args.join_token),
+    ):
+        if not token:
+            continue
+        if not token.strip():
+            raise UsageError(
+                f"{flag} (or {env}) is blank: give a token, or leave it unset (or empty) for none"
+            )
+        if flag == "--admin-token" and token != token.strip():
+            raise UsageError(
+                f"{flag} (or {env}): the token begins or ends with whitespace, which "
+                "the Authorization header cannot carry"
+            )
+
+
 def check_store_path(store: str) -> None:
     """Refuse a --store the coordinator could not write, before anything is served:
     SQLite opens a read-only file without complaint and fails at the first
@@ -420,10 +440,15 @@ def listen_early(args: argparse.Namespace) -> None:
     Signals are caught from here on (``StopGuard``)."""
     if not args.stop_grace > 0:
         raise UsageError(f"--stop-grace must be > 0, got {args.stop_grace}")
-    stop_guard(args)
-    args.listening = listen(args.host, args.port)
-    for name in _SERVING:
-        importlib.import_module(name)
+    check_tokens(args)
+    guard = stop_guard(args)
+    try:
+        args.listening = listen(args.host, args.port)
+        for name in _SERVING:
+            importlib.import_module(name)
+    except BaseException:  # ``run`` will not come to restore them
+        guard.restore()
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -435,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
     a client that connects meanwhile waits in the listen backlog, answered as soon
     as the server runs, instead of being refused and sleeping its backoff out.
     """
+    check_tokens(args)
     guard = stop_guard(args)
     try:
         sock = getattr(args, "listening", None) or listen(args.host, args.port)
