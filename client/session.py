@@ -28,7 +28,11 @@ Rules:
   token) it is sent again, and the server applies it at most once. The next
   task never waits for an ack (a server may hold acks until the result is
   durable, §6), so several results may await theirs: each is kept, matched by
-  task id (at most ``MAX_UNACKED``, the oldest dropped first).
+  task id. At most ``MAX_UNACKED``: with that many waiting, the next task waits
+  for one of their acks before it computes (back-pressure: a server that holds
+  acks for a checkpoint gets results no faster than it commits them), but not
+  past half its lease (a strategy may hold acks until more results come); only
+  then is the oldest result dropped, and said once per session.
 - The model of the last task is cached with its version, so a task that names
   ``base_version`` needs no download, and one that names ``delta_base`` downloads
   only the difference and adds it to the cached copy.
@@ -220,8 +224,8 @@ class _Pending:
     messages: list[m.Message]
 
 
-#: Results kept for resending while their acks are outstanding (a server answers
-#: each one; more than this means acks were lost, and the oldest go first).
+#: Results kept for resending while their acks are outstanding; with this many,
+#: the next task waits for an ack (at most half its lease) before it computes.
 MAX_UNACKED = 16
 
 
@@ -278,6 +282,13 @@ class ClientSession:
         self.unacked: dict[str, _Pending] = {}
         #: task ids of the newest results the server acked as accepted
         self.accepted: deque[str] = deque(maxlen=MAX_UNACKED)
+        #: the task whose compute waits for an ack (MAX_UNACKED results await
+        #: theirs), and when it starts anyway (half its lease from then)
+        self._ack_wait: m.Task | None = None
+        self._ack_wait_until = math.inf
+        #: times a task waited for acks, and results dropped without one
+        self.ack_waits = 0
+        self.results_dropped = 0
         self.rtt: float | None = None
         #: seconds the last model download took, task frame to last chunk
         self.last_download_s: float | None = None
@@ -347,6 +358,7 @@ class ClientSession:
                     self.accepted.append(message.task_id)
                 else:
                     log.info("result %s refused: %s", message.task_id, message.reason)
+                self._start_waiting(out)
             case m.Heartbeat():
                 self._peer_time, self._peer_time_at = message.time, now
                 if message.echo is not None:
@@ -437,10 +449,15 @@ class ClientSession:
             metrics=dict(metrics or {}),
         )
         pending = self.unacked[task.task_id] = _Pending(task.task_id, [result, *chunks])
-        while len(self.unacked) > MAX_UNACKED:
+        while len(self.unacked) > MAX_UNACKED:  # only after a wait for acks ran out
             dropped = next(iter(self.unacked))
-            log.warning("result %s: no ack among the last %d; not kept", dropped, MAX_UNACKED)
             del self.unacked[dropped]
+            self.results_dropped += 1
+            if self.results_dropped == 1:
+                log.warning(
+                    "result %s: no ack among the last %d within half a lease; not kept "
+                    "(later ones are counted, not logged)", dropped, MAX_UNACKED,
+                )  # fmt: skip
         if self.phase is Phase.READY:
             self._send_pending(pending)
         self._prefetch_for = None
@@ -484,6 +501,7 @@ class ClientSession:
         ask for none (the server reissues a queued task when the client leaves)."""
         self._winding_down = True
         self.next_task, self._next_ready = None, False
+        self._ack_wait, self._ack_wait_until = None, math.inf  # not started either
 
     def prefetch_delay(self) -> float | None:
         """Seconds after the current compute started to call ``prefetch`` (None: do
@@ -553,6 +571,7 @@ class ClientSession:
             peer = self._peer_time
             held = None if peer is None else max(0.0, now - self._peer_time_at)
             self._queue(m.Heartbeat(seq=self._hb_seq, time=now, echo=peer, held=held))
+        self._start_waiting(out)
         self._flush(now, out)
         return out
 
@@ -560,8 +579,12 @@ class ClientSession:
         if self.phase is not Phase.READY:
             return None
         if self._outbox and self._outbox.pacer is not None:
-            return self._outbox.next_send_time(self._now)
-        return self._last_sent + self.heartbeat_interval
+            wake = self._outbox.next_send_time(self._now)
+        else:
+            wake = self._last_sent + self.heartbeat_interval
+        if self._ack_wait is not None:
+            wake = min(wake, self._ack_wait_until)
+        return wake
 
     # -- internals -----------------------------------------------------------------
 
@@ -689,15 +712,38 @@ class ClientSession:
         elif task is self.task and self.computing is None:
             self._request(out)
 
-    def _request(self, out: list[Action]) -> None:
+    def _request(self, out: list[Action], *, waited: bool = False) -> None:
+        """Compute ``self.task`` now, or, with ``MAX_UNACKED`` results awaiting their
+        acks, once one comes (``_start_waiting``; ``waited``: it is time anyway)."""
         assert self.task is not None and self.model is not None
         assert self.model_version == self.task.model_version
+        if len(self.unacked) >= MAX_UNACKED and not waited:
+            if self._ack_wait is not self.task:
+                self._ack_wait = self.task
+                self._ack_wait_until = self._now + self.task.deadline / 2
+                self.ack_waits += 1
+                log.debug("task %s waits: %d results await their acks", self.task.task_id,
+                          len(self.unacked))  # fmt: skip
+            return
+        self._ack_wait, self._ack_wait_until = None, math.inf
         self.request_id += 1
         self.computing = self.request_id
         data = None if self.task.data is None else self.shards[self.task.data]
         out.append(
             ComputeRequest(request_id=self.request_id, task=self.task, params=self.model, data=data)
         )
+
+    def _start_waiting(self, out: list[Action]) -> None:
+        """Start the task that waits for acks once one came or its wait is over
+        (forget it if another task superseded it or it was declined)."""
+        task = self._ack_wait
+        if task is None:
+            return
+        if task is not self.task or self.computing is not None:
+            self._ack_wait, self._ack_wait_until = None, math.inf
+            return
+        if len(self.unacked) < MAX_UNACKED or self._now >= self._ack_wait_until:
+            self._request(out, waited=True)
 
     def _have_data(self, task: m.Task) -> bool:
         """Whether the task's shard is here; if not, take it from the cache or ask

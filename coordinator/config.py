@@ -468,7 +468,13 @@ def load_job(path: str | Path) -> JobConfig:
     except tomllib.TOMLDecodeError as exc:
         raise JobConfigError(str(p), [("<toml>", str(exc))]) from None
     job = parse_job(data, source=str(p))
+    # Relative paths in the file are relative to the file, not to wherever the
+    # coordinator was started from: [data] path and [distill] teacher alike.
     if job.data.path is not None and not Path(job.data.path).is_absolute():
         data_path = str(p.parent / job.data.path)
         job = job.model_copy(update={"data": job.data.model_copy(update={"path": data_path})})
+    teacher = job.distill.teacher
+    if teacher is not None and not Path(teacher).is_absolute():
+        distill = job.distill.model_copy(update={"teacher": str(p.parent / teacher)})
+        job = job.model_copy(update={"distill": distill})
     return job

@@ -106,6 +106,8 @@ class Conn:
     boundary: bool = False
     #: shards named in a task to this connection so far (the first pays its transfer)
     shards_named: set[str] = field(default_factory=set)
+    #: the peer's address as the driver saw it (None: not given), for RefusalMarks
+    address: str | None = None
 
     def __post_init__(self) -> None:
         self.outbox = PacedOutbox(Pacer(self.limits))

@@ -72,6 +72,7 @@ from coordinator.leases import (
 )
 from coordinator.orphans import Orphans
 from coordinator.reference import reference_norms
+from coordinator.refusals import RefusalMarks
 from coordinator.registry import ClientRecord, Registry
 from coordinator.replication import Replicator
 from coordinator.results import ResultPath
@@ -87,7 +88,7 @@ from coordinator.strategies.layer_split import LayerSplit
 from coordinator.submodel import SubmodelPlanner
 from coordinator.taskwriter import TaskWriter
 from coordinator.upstream import UpstreamState
-from coordinator.validation import UpdateValidator
+from coordinator.validation import Reject, UpdateValidator
 from nn.data import Dataset
 from nn.layersplit import boundary_of
 from nn.params import Params
@@ -261,6 +262,8 @@ class Coordinator:
             grace_s=job.lease.resume_grace_s,
             cap=2 * job.lease.max_resumable,
         )
+        #: closes for refused updates by address and resume id (coordinator/refusals.py)
+        self.refusal_marks = RefusalMarks()
         #: a client's answers to its tasks: results and declines (coordinator/results.py)
         self.results = ResultPath(
             job=job,
@@ -276,6 +279,7 @@ class Coordinator:
             stepped=self._stepped,
             finished=lambda: self.finished is not None,
             block_validators=self.block_validators,
+            marks=self.refusal_marks,
         )
         #: an edge's standing against its root (coordinator/upstream.py), None
         #: unless this coordinator serves as an edge; it is checkpointed
@@ -283,8 +287,11 @@ class Coordinator:
 
     # -- public API ----------------------------------------------------------------
 
-    def connect(self, client_id: str, hello: m.Hello, now: float) -> list[ev.Output]:
-        """A connection opened and sent ``hello``; answer welcome (or refuse)."""
+    def connect(
+        self, client_id: str, hello: m.Hello, now: float, *, address: str | None = None
+    ) -> list[ev.Output]:
+        """A connection opened and sent ``hello``; answer welcome (or refuse).
+        ``address``: the peer's, when the driver knows it (refusals.py)."""
         out: list[ev.Output] = []
         self._advance(now)
         if client_id in self.conns:
@@ -320,6 +327,13 @@ class Coordinator:
             offered,
             seeded_v0=self._v0_crc is not None,
         )
+        conn.address = address
+        # by the token it sent too: a forgotten session's token starts a new record
+        marks = RefusalMarks.keys(address, rec.resume_id) + RefusalMarks.keys(None, hello.resume)
+        if self.refusal_marks.marked(marks, now):
+            # Its address or session was closed for refused updates: on probation.
+            limit = self.job.validation.max_rejections
+            rec.rejections = max(rec.rejections, limit - 1)
         self.connections.add(conn)
         answer = welcome(
             self.job,
@@ -904,6 +918,11 @@ class Coordinator:
         if self.job.checkpoint.every_versions:
             out.append(ev.Checkpoint(version=v))
         for conn in list(self.conns.values()):
+            # Results still uploading are not taken: each is answered (§6), before
+            # the bye, like any result the server does not take.
+            for task_id in conn.uploads.in_flight():
+                ack = m.Ack.trusted(task_id=task_id, accepted=False, reason=Reject.STALE.value)
+                self.connections.queue(conn, ack)
             conn.outbox.flush(now, out)  # type: ignore[arg-type]
             # Every result taken so far is acknowledged before the bye: acks still
             # held by pacing go now (a few dozen bytes each). Tasks, model chunks

@@ -39,6 +39,7 @@ from coordinator.connections import Conn, Connections
 from coordinator.layersplit import BOUNDARY
 from coordinator.leases import Lease, LeaseBook, LeaseState, Task, TaskState
 from coordinator.orphans import Orphans
+from coordinator.refusals import RefusalMarks
 from coordinator.registry import ClientRecord
 from coordinator.replication import Exclusion, Release, Replicator
 from coordinator.strategies import ModelState, Outcome, StepReport, Strategy
@@ -66,6 +67,7 @@ class ResultPath:
         "_finished",
         "_flops_per_sample",
         "_job",
+        "_marks",
         "_model",
         "_orphans",
         "_stepped",
@@ -92,8 +94,11 @@ class ResultPath:
         stepped: SteppedFn,
         finished: Callable[[], bool],
         block_validators: dict[int, UpdateValidator] | None = None,
+        marks: RefusalMarks | None = None,
     ) -> None:
         self._job = job
+        #: closes for refused updates, remembered past the connection (refusals.py)
+        self._marks = marks if marks is not None else RefusalMarks()
         #: a layer-split job's norm check per block (its blocks' updates differ)
         self._validators = block_validators or {}
         self._model = model
@@ -387,4 +392,5 @@ class ResultPath:
             limit = self._job.validation.max_rejections
             if rec.rejections >= limit:
                 msg = f"{rec.rejections} updates rejected (limit {limit})"
+                self._marks.mark(RefusalMarks.keys(conn.address, rec.resume_id), now)
                 self._close(conn, ErrorCode.BAD_FIELD, msg, now, out)

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from client import WEB_ROOT
 from coordinator.dashboard import estimate_left
+from coordinator.service import ServiceStopped
 
 if TYPE_CHECKING:
     from coordinator.server import CrowdServer
@@ -162,6 +163,10 @@ def dashboard_state(crowd: CrowdServer, since_event: int = 0) -> dict[str, Any]:
     )
     state["link"] = job.link.profile
     return state
+
+
+#: The admin API's actions, each ``POST /api/admin/<action>``.
+ADMIN_ACTIONS = frozenset({"checkpoint", "pause", "resume", "stop"})
 
 
 def admin_if_set(crowd: CrowdServer, authorization: str | None) -> None:
@@ -305,11 +310,16 @@ def build_app(crowd: CrowdServer) -> FastAPI:
 
     @app.post("/api/admin/checkpoint")
     async def checkpoint(authorization: str | None = Header(None)) -> dict[str, Any]:
-        """Write a checkpoint now (needs a store)."""
+        """Write a checkpoint now (needs a store); 503 once the coordinator is
+        stopping (its stop writes the final checkpoint)."""
         admin(crowd, authorization)
         crowd.ensure_started()
-        fut = crowd.service.checkpoint_now()
-        version = await asyncio.wrap_future(fut)
+        try:
+            version = await asyncio.wrap_future(crowd.service.checkpoint_now())
+        except ServiceStopped:
+            raise HTTPException(
+                503, "coordinator stopping: its stop writes the final checkpoint"
+            ) from None
         if version is None:
             raise HTTPException(409, "no checkpoint store: start with --store PATH")
         return {"version": version}
@@ -333,6 +343,18 @@ def build_app(crowd: CrowdServer) -> FastAPI:
         admin(crowd, authorization)
         asyncio.get_running_loop().call_soon(crowd.stop_soon)
         return {"stopping": True}
+
+    @app.api_route(
+        "/api/admin/{action}",
+        methods=["GET", "HEAD", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
+    async def admin_other_method(action: str) -> Response:
+        """405 for an admin action asked with another method than POST (the volunteer
+        page's mount below would answer 404, as if it did not exist)."""
+        if action not in ADMIN_ACTIONS:
+            raise HTTPException(404, f"no admin action {action[:80]!r}")
+        raise HTTPException(405, "admin actions take POST", headers={"Allow": "POST"})
 
     # The volunteer page (client/web): index.html at /, its bundles and the
     # WebAssembly kernels beside it. Mounted last, so the routes above win.

@@ -89,6 +89,8 @@ CLOSE_LINGER_S = 2.0
 #: Seconds a peer that does not read gets to answer our close frame before its
 #: connection is reset: its send buffer is full, so a graceful close never ends.
 CLOSE_ABORT_S = 5.0
+#: Seconds HTTP requests still running after the drain get before they are cancelled.
+SHUTDOWN_REQUESTS_S = 3.0
 
 
 class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -560,7 +562,7 @@ class CrowdServer:
         ):
             raise ProtocolError(ErrorCode.AUTH_FAILED, "hello.token: join token refused")
         peer.joined = True
-        self.service.submit_connect(peer.client_id, msg)
+        self.service.submit_connect(peer.client_id, msg, peer.ws.client_ip)
 
     def _send_error(self, peer: _Peer, code: ErrorCode, message: str) -> None:
         err = m.Error(code=int(code), message=message[:1024])
@@ -603,11 +605,23 @@ class CrowdServer:
 
 class _Uvicorn(uvicorn.Server):
     """uvicorn closes websockets with 1012 on shutdown; drain first so clients get 1001
-    and the final checkpoint is written before connections go."""
+    and the final checkpoint is written before connections go.
+
+    ``stopping``, when set, is called as soon as a stop is asked for (a signal
+    caught by uvicorn's handler, or any shutdown: admin stop, job done), so a
+    driver can bound the whole stop (the CLI's ``--stop-grace`` watchdog)."""
 
     crowd: CrowdServer
+    stopping: Callable[[], None] | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        if self.stopping is not None:
+            self.stopping()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.stopping is not None:
+            self.stopping()
         await self.crowd.drain()
         await super().shutdown(sockets)
 
@@ -638,6 +652,10 @@ def make_uvicorn(
         ws_ping_timeout=None,
         ws_per_message_deflate=False,  # frames are msgpack floats: nothing to gain
         lifespan="on",
+        # After the drain (final checkpoint, clients closed with 1001), an HTTP
+        # request still running (a stream, a stuck handler) gets this long, then
+        # is cancelled: without a bound uvicorn waits for it forever.
+        timeout_graceful_shutdown=SHUTDOWN_REQUESTS_S,
         log_level=log_level,
         access_log=False,
         ssl_certfile=ssl_certfile,

@@ -158,6 +158,11 @@ class FreshStartRefused(RuntimeError):
     """The store holds checkpoints and none of them verifies (see ``prepare``)."""
 
 
+class ServiceStopped(RuntimeError):
+    """The core thread is stopping or stopped: a ``call``, ``act`` or
+    ``checkpoint_now`` made then fails with this instead of waiting forever."""
+
+
 class CoreService:
     """One core on its own thread; see the module docstring. Use ``start``/``stop``
     (or ``with``); ``submit_*`` may be called from any thread."""
@@ -224,6 +229,11 @@ class CoreService:
         self._pending_writes: list[Future[Any]] = []
         self.done = threading.Event()
         self.stopped = threading.Event()
+        # Set (under ``_gate``) once the core thread takes no more requests: a
+        # request that carries a future is refused from then on, so none waits
+        # on a thread that will never answer it.
+        self._closing = False
+        self._gate = threading.Lock()
         self.ack_durable = store is not None if ack_durable is None else ack_durable
         self.durable_interval = durable_interval
         # Held acks as (sequence number, Send); a snapshot covers every seq up to
@@ -272,6 +282,8 @@ class CoreService:
         """Finish the current event, checkpoint, stop the thread; idempotent."""
         if self._thread is None:
             return
+        with self._gate:
+            self._closing = True
         self._inbox.put(("stop",))
         self._thread.join(timeout)
         if self._writer is not None:
@@ -295,8 +307,8 @@ class CoreService:
 
     # -- inputs (any thread) -------------------------------------------------------
 
-    def submit_connect(self, client_id: str, hello: m.Hello) -> None:
-        self._inbox.put(("connect", client_id, hello))
+    def submit_connect(self, client_id: str, hello: m.Hello, address: str | None = None) -> None:
+        self._inbox.put(("connect", client_id, hello, address))
 
     def submit_receive(self, client_id: str, message: m.Message, nbytes: int) -> None:
         self._inbox.put(("receive", client_id, message, nbytes))
@@ -306,22 +318,28 @@ class CoreService:
 
     def call(self, fn: Callable[[Coordinator], Any]) -> Future[Any]:
         """Run ``fn(core)`` on the core thread (admin commands, inspection)."""
-        fut: Future[Any] = Future()
-        self._inbox.put(("call", fn, fut))
-        return fut
+        return self._request(("call", fn))
 
     def act(self, fn: Callable[[Coordinator, float], tuple[Any, list[ev.Output]]]) -> Future[Any]:
         """Run ``fn(core, now)`` on the core thread, for actions that move the model
         (an edge's rebase): its outputs go out like a result's (model updated,
         checkpoint, evaluation, tasks); the future gives its first value."""
-        fut: Future[Any] = Future()
-        self._inbox.put(("act", fn, fut))
-        return fut
+        return self._request(("act", fn))
 
     def checkpoint_now(self) -> Future[Any]:
-        """Snapshot on the core thread and write; the future gives the version written."""
+        """Snapshot on the core thread and write; the future gives the version written
+        (``ServiceStopped`` once stopping: the stop writes its own final checkpoint)."""
+        return self._request(("checkpoint",))
+
+    def _request(self, item: tuple[Any, ...]) -> Future[Any]:
+        """Queue ``item`` plus a future for the core thread, or fail the future at once
+        when the thread takes no more requests (stopping, stopped, crashed)."""
         fut: Future[Any] = Future()
-        self._inbox.put(("checkpoint", fut))
+        with self._gate:
+            if not self._closing:
+                self._inbox.put((*item, fut))
+                return fut
+        fut.set_exception(ServiceStopped("the coordinator is stopping"))
         return fut
 
     def set_paused(self, paused: bool) -> None:
@@ -400,11 +418,31 @@ class CoreService:
                     "'crowdgrad checkpoint verify', or pass --allow-fresh-start."
                 ) from None
             if damaged:
+                kept = self._keep_damaged(store)
                 log.warning(
-                    "store %s: no checkpoint verifies; starting from version 0 as allowed",
-                    self._store_path,
-                )
+                    "store %s: no checkpoint verifies; starting from version 0 as allowed; "
+                    "the damaged checkpoints (versions %d..%d) are kept in %s",
+                    self._store_path, damaged[0], damaged[-1], kept,
+                )  # fmt: skip
         self.store = store
+
+    def _keep_damaged(self, store: CheckpointStore) -> Path:
+        """Copy a store none of whose checkpoints verifies beside it, before a fresh
+        start writes over them: the fresh run's checkpoints take their version
+        numbers (a quarantined number is free again), and the operator may still
+        want to inspect or salvage them (``crowdgrad checkpoint verify --store``)."""
+        assert self._store_path is not None
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for n in range(1000):
+            suffix = f".damaged-{stamp}" + (f"-{n}" if n else "")
+            kept = self._store_path.with_name(self._store_path.name + suffix)
+            if not kept.exists():
+                break
+        backup = getattr(store.backend, "backup", None)
+        if backup is None:
+            raise StorageError(f"store {self._store_path}: cannot copy its damaged checkpoints")
+        backup(kept)
+        return kept
 
     @property
     def resume_version(self) -> int | None:
@@ -503,6 +541,8 @@ class CoreService:
         except Exception:  # a bug in the core: log it, stop serving rather than hang
             log.exception("coordinator core crashed; stopping")
         finally:
+            with self._gate:  # no request is queued after this: _final_checkpoint fails
+                self._closing = True  # those already queued
             self._final_checkpoint(core)
             self._flush_out()
             self.stopped.set()
@@ -511,7 +551,7 @@ class CoreService:
         now = time.monotonic()
         match item[0]:
             case "connect":
-                self._emit(core.connect(item[1], item[2], now))
+                self._emit(core.connect(item[1], item[2], now, address=item[3]))
             case "receive":
                 if item[1] in core.conns:  # closed by the core while the frame queued
                     self._emit(core.receive(item[1], item[2], now, nbytes=item[3]))
@@ -681,10 +721,15 @@ class CoreService:
             if tail is None or cover < tail[0]:
                 return
             # The job is over: no next version will come. Results taken since that
-            # copy (a sync buffer never merged) are not durable, so not acknowledged.
+            # copy (a sync buffer never merged) are not durable: not taken after all,
+            # and answered so (§6: every result not taken gets ack accepted=false).
             while self._held and self._held[0][0] <= tail[0]:
-                self._held.popleft()
-                log.warning("job finished: an ack for a result not in any checkpoint dropped")
+                send = self._held.popleft()[1]
+                task_id = send.message.task_id
+                log.info("job finished: result %s is in no checkpoint; acked stale", task_id)
+                refusal = m.Ack(task_id=task_id, accepted=False, reason="stale")
+                released.append(ev.Send(client_id=send.client_id, message=refusal,
+                                        frame=m.encode(refusal)))  # fmt: skip
         else:
             self._committed = tasks
             if self._journal is not None:
@@ -827,3 +872,5 @@ class CoreService:
                 break
             if item[0] == "written":
                 self._written(*item[1:])
+            elif isinstance(item[-1], Future):  # a call, act or checkpoint never run
+                item[-1].set_exception(ServiceStopped("the coordinator stopped"))

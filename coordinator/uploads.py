@@ -188,5 +188,9 @@ class Uploads:
         del self._open[msg.transfer]
         return upload
 
+    def in_flight(self) -> list[str]:
+        """Task ids of the results whose header came and whose chunks are not all in."""
+        return list(self._open)
+
     def __len__(self) -> int:
         return len(self._open)

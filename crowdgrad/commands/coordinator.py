@@ -3,7 +3,8 @@
 The job comes from a TOML file (``--job``, see coordinator/config.py) and/or
 flags that override it. Prints the URL clients join. SIGINT/SIGTERM stop
 accepting, finish the tick, write a checkpoint (with ``--store``) and close
-every client with 1001 going away; a restart with the same ``--store`` carries
+every client with 1001 going away, within ``--stop-grace`` (a signal before it
+serves ends it at once); a restart with the same ``--store`` carries
 on from the newest valid checkpoint.
 """
 
@@ -107,6 +108,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get("CROWDGRAD_ADMIN_TOKEN"),
         help="bearer token for /api/admin/* (env CROWDGRAD_ADMIN_TOKEN); disabled if unset",
     )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="after SIGTERM/SIGINT or an admin stop the process ends within S seconds, "
+        "its final checkpoint written by then or abandoned (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick-hz", type=float, default=20.0, help="core tick rate (default 20)")
     p.add_argument(
@@ -190,6 +199,26 @@ def port_number(text: str) -> int:
             f"must be a whole number from 0 to 65535 (0: any free one), got {text!r}"
         )
     return port
+
+
+def check_tokens(args: argparse.Namespace) -> None:
+    """Refuse a token that is surely a mistake: blank (an empty one means none), or
+    an admin token with whitespace around it (no bearer header can carry it)."""
+    for flag, env, token in (
+        ("--admin-token", "CROWDGRAD_ADMIN_TOKEN", args.admin_token),
+        ("--join-token", "CROWDGRAD_JOIN_TOKEN", args.join_token),
+    ):
+        if not token:
+            continue
+        if not token.strip():
+            raise UsageError(
+                f"{flag} (or {env}) is blank: give a token, or leave it unset (or empty) for none"
+            )
+        if flag == "--admin-token" and token != token.strip():
+            raise UsageError(
+                f"{flag} (or {env}): the token begins or ends with whitespace, which "
+                "the Authorization header cannot carry"
+            )
 
 
 def check_store_path(store: str) -> None:
@@ -298,8 +327,84 @@ class ConsolePrinter:
             time.sleep(0.01)
 
 
-def _ignore(signum: int, frame: object) -> None:
-    return None
+#: Exit status when a stop did not finish within ``--stop-grace``.
+EXIT_STOP_TIMEOUT = 1
+
+
+class StopGuard:
+    """SIGINT and SIGTERM from the command's start to its end: the first asks for a
+    graceful stop and arms a watchdog that ends the process ``grace_s`` later,
+    whatever the stop is waiting on.
+
+    Why: uvicorn installs its handlers only once it serves; a no-op handler in
+    front of it swallowed a signal that came in between, and the coordinator
+    served on (issue 34). Here a signal before serving skips serving, one
+    while the server starts tells the server (``attach``) and one while it
+    serves reaches it through uvicorn's handler (``stopping`` arms the watchdog
+    there too). The watchdog is the last resort: a final checkpoint cut short
+    is a crash to the store (the previous checkpoint stays, and no result was
+    acknowledged that only the cut one held).
+    """
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        #: the first signal caught, None while none came
+        self.requested: int | None = None
+        self._server: Any = None
+        self._timer: threading.Timer | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous.setdefault(sig, signal.signal(sig, self._caught))
+
+    def restore(self) -> None:
+        """Put the handlers found back; an armed watchdog stays armed (it is a
+        daemon thread, so it never holds up an exit that comes in time)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def attach(self, server: Any) -> None:
+        """From now on a signal tells ``server`` to exit (and one before did already)."""
+        self._server = server
+        server.stopping = self.arm
+        if self.requested is not None:
+            server.should_exit = True
+
+    def _caught(self, signum: int, frame: object) -> None:
+        if self.requested is None:
+            self.requested = signum
+        if self._server is not None:
+            self._server.should_exit = True
+        self.arm()
+
+    def arm(self) -> None:
+        """Start the watchdog (once): the process ends ``grace_s`` from now at the latest."""
+        if self._timer is None and self.grace_s > 0:
+            self._timer = threading.Timer(self.grace_s, self._expired)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expired(self) -> None:
+        logging.getLogger("crowdgrad.coordinator").error(
+            "stop did not finish within --stop-grace %g s; exiting now (the store keeps "
+            "its last committed checkpoint)",
+            self.grace_s,
+        )
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(EXIT_STOP_TIMEOUT)
+
+
+def stop_guard(args: argparse.Namespace) -> StopGuard:
+    """The command's guard, installed on first use (``listen_early``, else ``run``)."""
+    guard: StopGuard | None = getattr(args, "stop_guard", None)
+    if guard is None:
+        guard = args.stop_guard = StopGuard(args.stop_grace)
+        guard.install()
+    return guard
 
 
 async def serve_with_uplink(
@@ -346,10 +451,19 @@ def listen(host: str, port: int) -> socket.socket:
 
 def listen_early(args: argparse.Namespace) -> None:
     """The CLI's ``early`` hook: bind before anything heavy is imported (``run``),
-    then import what serving needs (the CLI's start-up, with the collector paused)."""
-    args.listening = listen(args.host, args.port)
-    for name in _SERVING:
-        importlib.import_module(name)
+    then import what serving needs (the CLI's start-up, with the collector paused).
+    Signals are caught from here on (``StopGuard``)."""
+    if not args.stop_grace > 0:
+        raise UsageError(f"--stop-grace must be > 0, got {args.stop_grace}")
+    check_tokens(args)
+    guard = stop_guard(args)
+    try:
+        args.listening = listen(args.host, args.port)
+        for name in _SERVING:
+            importlib.import_module(name)
+    except BaseException:  # ``run`` will not come to restore them
+        guard.restore()
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -361,12 +475,17 @@ def run(args: argparse.Namespace) -> int:
     a client that connects meanwhile waits in the listen backlog, answered as soon
     as the server runs, instead of being refused and sleeping its backoff out.
     """
-    sock = getattr(args, "listening", None) or listen(args.host, args.port)
-    with sock:  # closed on every error below (and again, harmlessly, after serving)
-        return _serve(args, job_from_args(args), sock)
+    check_tokens(args)
+    guard = stop_guard(args)
+    try:
+        sock = getattr(args, "listening", None) or listen(args.host, args.port)
+        with sock:  # closed on every error below (and again, harmlessly, after serving)
+            return _serve(args, job_from_args(args), sock, guard)
+    finally:
+        guard.restore()
 
 
-def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket) -> int:
+def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard: StopGuard) -> int:
     from rich.console import Console
 
     from coordinator.console import ConsoleLog
@@ -477,13 +596,12 @@ def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket) -> int
 
         threading.Thread(target=exit_when_done, daemon=True).start()
     # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the signal to the
-    # handler it found; a no-op one here makes a graceful stop exit 0.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        asyncio.run(serve_with_uplink(server, crowd, sock, uplink))
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    # handler it found: the guard's, which only notes it, so a graceful stop exits 0.
+    guard.attach(server)
+    if guard.requested is not None:  # before serving: the store is as it was
+        console.print(f"stopped before serving ({signal.Signals(guard.requested).name})")
+        return 0
+    asyncio.run(serve_with_uplink(server, crowd, sock, uplink))
     console_log.flush()
     say.flush()
     fin = service.stats.finished

@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from client.session import Capabilities, ClientSession, ComputeRequest, Finished, Phase, Send
+from client.session import (
+    MAX_UNACKED,
+    Capabilities,
+    ClientSession,
+    ComputeRequest,
+    Finished,
+    Phase,
+    Send,
+)
 from nn.params import Params
 from nn.spec import INIT_SCHEME, ModelSpec
 from protocol import messages as m
@@ -476,3 +484,63 @@ def test_a_diverged_update_is_declined_not_uploaded() -> None:
     out = s.compute_done(req.request_id, bad, 2.0)
     assert sends(out) == [m.Decline(task_id="3", reason="compute: the update is not finite")]
     assert s.pending is None
+
+
+def _compute_unacked(s: ClientSession, n: int, now: float) -> float:
+    """Model v0 downloaded (its task acked), then ``n`` tasks on it, each computed
+    and uploaded, none acked."""
+    upd = np.zeros(SPEC.num_params, np.float32)
+    req = feed(s, task_with_model("first", 0, SPEC.init_params(0)), now)[-1]
+    s.compute_done(req.request_id, upd, now)
+    s.receive(m.Ack(task_id="first", accepted=True), now)
+    for i in range(n):
+        t = m.Task(task_id=f"t{i}", model_version=0, spec=SPEC, dataset="d", base_version=0)
+        (req,) = [a for a in s.receive(t, now) if isinstance(a, ComputeRequest)]
+        s.compute_done(req.request_id, upd, now + 0.01)
+        now += 0.02
+    return now
+
+
+def test_with_max_unacked_results_the_next_task_waits_for_an_ack_instead_of_dropping(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 34: a server holding acks for its checkpoint made a fast client pass
+    MAX_UNACKED and log a dropped result per task. Back-pressure instead: the
+    next task computes once an ack frees a place, and no result is dropped."""
+    s = ready_session()
+    now = _compute_unacked(s, MAX_UNACKED, 1.0)
+    assert len(s.unacked) == MAX_UNACKED
+    waiting = m.Task(task_id="next", model_version=0, spec=SPEC, dataset="d", base_version=0)
+    out = s.receive(waiting, now)
+    assert not [a for a in out if isinstance(a, ComputeRequest)] and s.computing is None
+    assert s.ack_waits == 1 and s.next_wakeup() <= now + waiting.deadline / 2
+    assert not [a for a in s.tick(now + 1.0) if isinstance(a, ComputeRequest)]
+    out = s.receive(m.Ack(task_id="t0", accepted=True), now + 2.0)
+    (req,) = [a for a in out if isinstance(a, ComputeRequest)]
+    assert req.task is waiting and s.computing == req.request_id
+    s.compute_done(req.request_id, np.zeros(SPEC.num_params, np.float32), now + 3.0)
+    assert len(s.unacked) == MAX_UNACKED and "next" in s.unacked
+    assert s.results_dropped == 0 and "not kept" not in caplog.text
+
+
+def test_a_task_waits_for_acks_at_most_half_its_lease_then_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server may hold acks until more results come (a buffer bigger than what
+    one client keeps): the wait ends at half the lease, and dropping is said once."""
+    s = ready_session()
+    now = _compute_unacked(s, MAX_UNACKED, 1.0)
+    upd = np.zeros(SPEC.num_params, np.float32)
+    for i in range(3):
+        t = m.Task(task_id=f"late{i}", model_version=0, spec=SPEC, dataset="d", base_version=0)
+        assert not [a for a in s.receive(t, now) if isinstance(a, ComputeRequest)]
+        reqs: list[ComputeRequest] = []
+        while not reqs:  # heartbeats, then the end of the wait
+            wake = s.next_wakeup()
+            assert wake is not None and wake <= now + t.deadline / 2 + 1e-9
+            reqs = [a for a in s.tick(wake) if isinstance(a, ComputeRequest)]
+        assert wake == pytest.approx(now + t.deadline / 2)
+        s.compute_done(reqs[0].request_id, upd, wake + 0.01)
+        now = wake + 0.02
+    assert len(s.unacked) == MAX_UNACKED and s.results_dropped == 3
+    assert caplog.text.count("not kept") == 1

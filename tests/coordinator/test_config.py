@@ -145,3 +145,18 @@ def test_a_schedule_names_its_bad_phase() -> None:
     job = parse_job({"strategy": {"schedule": {**ramp, "versions": 80}}})
     assert job.strategy.schedule.peak == 2.0
     assert parse_job({}).strategy.schedule.kind == "constant"
+
+
+def test_relative_paths_in_a_job_file_are_relative_to_the_file(tmp_path: Path) -> None:
+    """Issue 34: [data] path was taken from the file's folder, [distill] teacher
+    from the working directory."""
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    p = folder / "job.toml"
+    p.write_text('[data]\npath = "rows.npz"\n\n[distill]\nteacher = "models/teacher.npz"\n')
+    job = load_job(p)
+    assert job.data.path == str(folder / "rows.npz")
+    assert job.distill.teacher == str(folder / "models" / "teacher.npz")
+    absolute = tmp_path / "elsewhere.npz"
+    p.write_text(f'[distill]\nteacher = "{absolute}"\n')
+    assert load_job(p).distill.teacher == str(absolute)

@@ -185,6 +185,22 @@ def test_every_accepted_result_is_acked_before_the_bye_even_behind_pacing() -> N
     )
 
 
+def test_a_result_still_uploading_when_the_job_ends_is_acked_stale_before_the_bye() -> None:
+    """Issue 34: docs/protocol.md §6 answers every result not taken; one whose
+    chunks were still coming when another client's result ended the job got none."""
+    core = make_core(stop={"max_versions": 1})
+    t_a = task_of(core.connect("a", hello("a"), 0.0), "a")
+    t_b = task_of(core.connect("b", hello("b"), 0.0), "b")
+    header, *chunks = result_messages(t_b, spans=False)
+    assert chunks  # b's header is in, its chunks are not
+    core.receive("b", header, 0.1)
+    out = deliver(core, "a", result_messages(t_a), 0.2)
+    assert only(out, ev.JobFinished)
+    assert acks(out, "b") == [(t_b.task_id, False, "stale")]
+    frames = [type(x) for x in sent(out, "b") if isinstance(x, m.Ack | m.Bye)]
+    assert frames == [m.Ack, m.Bye]
+
+
 def test_the_bye_goes_to_every_client_and_queued_tasks_are_not_sent() -> None:
     slow = LinkLimits(bytes_per_s=1e6, messages_per_s=1.0, max_message_bytes=1 << 20)
     core = make_core(stop={"max_versions": 1})

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.service import CoreService, FreshStartRefused
+from storage.errors import NoCheckpoint
+from storage.store import CheckpointStore
 from tests.coordinator.coord_helpers import digits, make_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +43,28 @@ def test_all_checkpoints_damaged_refuses_to_start(tmp_path: Path) -> None:
     service.start()
     assert service.core is not None and service.core.version == 0
     service.stop()
+
+
+def test_a_fresh_start_keeps_the_damaged_checkpoints(tmp_path: Path) -> None:
+    """Issue 34: the fresh run's first save replaced every quarantined version (their
+    numbers are free again); they are kept, in a copy beside the store."""
+    store = tmp_path / "run.db"
+    _store_with_checkpoints(store)
+    _damage_every_chunk(store)
+    with CheckpointStore.open(store, readonly=True) as s:
+        damaged = [(r.version, r.manifest_sha256) for r in s.backend.records()]
+    assert damaged
+    service = CoreService(make_job(), store=store, dataset=digits(), allow_fresh_start=True)
+    service.start()
+    assert service.checkpoint_now().result(30) == 0
+    service.stop()
+    (kept,) = tmp_path.glob("run.db.damaged-*")
+    with CheckpointStore.open(kept, readonly=True) as s:
+        assert [(r.version, r.manifest_sha256) for r in s.backend.records()] == damaged
+        with pytest.raises(NoCheckpoint):
+            s.load_latest(quarantine=False)  # still the damaged ones, as they were
+    with CheckpointStore.open(store) as s:
+        assert s.load_latest().version == 0
 
 
 def test_an_empty_store_starts_fresh_without_asking(tmp_path: Path) -> None:

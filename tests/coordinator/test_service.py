@@ -102,3 +102,24 @@ def _sent(sink: Sink, kind: type) -> list:
         for o in call
         if isinstance(o, ev.Send) and isinstance(o.message, kind)
     ]
+
+
+def test_acks_of_results_no_checkpoint_holds_at_the_end_become_stale_refusals(tmp_path) -> None:
+    """Issue 34 / §6: at the end of a job, results a sync buffer took but never
+    merged are in no checkpoint; their held acks were dropped silently. Each is
+    now answered ``accepted=false`` (``stale``), before the bye."""
+    service = CoreService(parse_job(JOB), store=tmp_path / "s.db")
+    sent: list[ev.Output] = []
+    service.add_sink(sent.extend)
+    ack = m.Ack(task_id="7", accepted=True)
+    service._held.append((1, ev.Send(client_id="c1", message=ack, frame=m.encode(ack))))
+    service._seq = 1
+    bye = m.Bye(reason="finished")
+    service._tail = (1, [ev.Send(client_id="c1", message=bye, frame=m.encode(bye))])
+    service._inflight = 1
+    service._written(1, 3, "exists", frozenset())  # that version's copy was older
+    assert [(type(o.message), o.message) for o in sent if isinstance(o, ev.Send)] == [
+        (m.Ack, m.Ack(task_id="7", accepted=False, reason="stale")),
+        (m.Bye, bye),
+    ]
+    assert service.done.is_set()

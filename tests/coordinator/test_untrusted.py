@@ -101,3 +101,55 @@ def test_refusals_fade_with_accepted_results() -> None:
             task = tasks[-1]
         assert "a" in core.conns
     assert rec.rejections <= 1  # 4 refusals in all, limit 5: the count faded
+
+
+def _closed_for_refusals(core, cid: str, address: str | None, now: float) -> str:
+    """Connect ``cid`` and send refused updates until it is closed; its resume token."""
+    out = core.connect(cid, hello(cid), now, address=address)
+    token = only(out, ev.Send)[0].message.resume_token
+    limit = core.job.validation.max_rejections
+    for _ in range(limit):
+        task = task_of(out, cid)
+        out = deliver(core, cid, result_messages(task, np.full(task.spec.num_params, 1e3)), now)
+        now += 1.0
+    assert cid not in core.conns and only(out, ev.Close)
+    return token
+
+
+def test_a_poisoner_reconnecting_fresh_from_its_address_is_on_probation() -> None:
+    """Issue 34: a fresh session (no resume token) came back with a clean count.
+    One refused update now closes it again; another address starts clean."""
+    core = make_core()
+    _closed_for_refusals(core, "p1", "203.0.113.7", 1.0)
+    out = core.connect("p2", hello("p2"), 20.0, address="203.0.113.7")
+    task = task_of(out, "p2")
+    out = deliver(core, "p2", result_messages(task, np.full(task.spec.num_params, 1e3)), 21.0)
+    assert [r.reason for r in only(out, ev.ResultRejected)] == ["norm"]
+    assert only(out, ev.Close) and "p2" not in core.conns
+    out = core.connect("h", hello("h"), 22.0, address="198.51.100.1")
+    task = task_of(out, "h")
+    out = deliver(core, "h", result_messages(task, np.full(task.spec.num_params, 1e3)), 23.0)
+    assert acks(out, "h")[-1][2] == "norm" and "h" in core.conns  # one of five
+
+
+def test_probation_fades_with_accepted_results_and_follows_the_resume_id() -> None:
+    core = make_core()
+    token = _closed_for_refusals(core, "p1", None, 1.0)  # no address: the id alone
+    assert core.registry.forget(before=19.0) == 1  # its record is gone: the mark is not
+    out = core.connect("p2", m.Hello(client="p2", resume=token), 20.0)
+    rec = core.registry.get("p2")
+    assert rec is not None and rec.rejections == core.job.validation.max_rejections - 1
+    task = task_of(out, "p2")
+    deliver(core, "p2", result_messages(task), 21.0)  # an honest result
+    assert rec.rejections == core.job.validation.max_rejections - 2
+
+
+def test_refusal_marks_are_bounded_and_expire() -> None:
+    from coordinator.refusals import RefusalMarks
+
+    marks = RefusalMarks(max_keys=3, ttl_s=10.0)
+    for i in range(5):
+        marks.mark(RefusalMarks.keys(f"10.0.0.{i}", None), float(i))
+    assert len(marks) == 3
+    assert not marks.marked(["addr:10.0.0.0"], 5.0) and marks.marked(["addr:10.0.0.4"], 5.0)
+    assert not marks.marked(["addr:10.0.0.4"], 14.5) and len(marks) == 2

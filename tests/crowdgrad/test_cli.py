@@ -150,13 +150,16 @@ def test_a_bad_port_is_a_usage_error(port, capsys):
 
 
 def test_a_port_in_use_says_what_to_do(capsys):
+    import signal
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        before = signal.getsignal(signal.SIGTERM)
         assert main(["coordinator", "--port", str(port)]) == 2
+        assert signal.getsignal(signal.SIGTERM) is before  # its stop handlers restored
     err = capsys.readouterr().err
     assert f"cannot bind 127.0.0.1:{port}" in err and "choose another --port" in err
 
@@ -202,3 +205,22 @@ def test_an_edge_with_a_bad_sync_period_is_refused_before_the_banner(capsys, fla
     out = capsys.readouterr()
     assert "join with" not in out.out
     assert needle in out.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--admin-token", " "], "--admin-token (or CROWDGRAD_ADMIN_TOKEN) is blank"),
+        (["--admin-token", " t"], "begins or ends with whitespace"),
+        (["--join-token", "\t"], "--join-token (or CROWDGRAD_JOIN_TOKEN) is blank"),
+    ],
+)
+def test_a_token_no_one_could_send_is_a_usage_error(argv, needle, capsys):
+    """Issue 34: a blank --admin-token enabled an API no token could open."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["coordinator", "--port", "0", *argv]) == 2
+    out = capsys.readouterr()
+    assert needle in out.err and "join with" not in out.out
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handlers are gone

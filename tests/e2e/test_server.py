@@ -45,6 +45,14 @@ def test_status_health_docs_and_admin_token() -> None:
         # no store: checkpointing is refused with a reason
         r = http.post("/api/admin/checkpoint", headers=ok)
         assert r.status_code == 409 and "--store" in r.text
+        # another method: 405 naming POST (issue 34: 404 from the volunteer page's
+        # mount), an action that does not exist: 404
+        for action in ("stop", "checkpoint", "pause", "resume"):
+            r = http.get(f"/api/admin/{action}", headers=ok)
+            assert r.status_code == 405 and r.headers["allow"] == "POST", action
+        assert http.delete("/api/admin/stop").status_code == 405
+        assert http.get("/api/admin/nope").status_code == 404
+        assert http.get("/healthz").json()["ok"] is True  # nothing was stopped
 
 
 def test_an_empty_admin_token_leaves_the_admin_api_off() -> None:
