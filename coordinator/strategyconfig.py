@@ -27,11 +27,14 @@ class _Section(BaseModel):
 class StalenessSection(_Section):
     """Step scale by staleness s: constant 1, polynomial (1+s)^-a, hinge 1/(a(s-b)+1) past b.
 
-    Hinge by default: with N players a result is ~N versions stale and ~N arrive
-    per task time, so the model moves ~N·f(N) per task time. The polynomial's
-    N^(1-a) grows with the crowd (700 players on digits collapsed to one class),
-    the hinge's ~1/a does not, and up to b versions it takes the whole step
-    (docs/simulations.md, "Beyond the seed").
+    Hinge by default, at a = 1 and b = 0, which is 1/(1+s): with N players a
+    result is ~N versions stale and ~N arrive per task time, so the model moves
+    ~N·f(N) per task time. The polynomial's N^(1-a) grows with the crowd (700
+    players on digits collapsed to one class), the hinge's ~1/a does not. With
+    a = 1 and b = 0 the tasks in flight together move the model by about their
+    mean whatever their number (a one-client crowd with a prefetched task has
+    two): a long task's delta is far from linear, and a sum of a few of them
+    overshoots (docs/performance.md, "The crowd against the machine").
 
     ``count``: what s counts. ``versions`` (the default): every version since the
     task was created. ``overlap`` (decentral-async): the versions that touched
@@ -41,8 +44,8 @@ class StalenessSection(_Section):
     agree."""
 
     kind: Literal["constant", "polynomial", "hinge"] = "hinge"
-    a: float = Field(default=0.5, ge=0)
-    b: int = Field(default=4, ge=0)
+    a: float = Field(default=1.0, ge=0)
+    b: int = Field(default=0, ge=0)
     count: Literal["versions", "overlap"] = "versions"
 
 
@@ -119,7 +122,7 @@ class StrategySection(_Section):
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     # decentral-async merge
     aggregation: Literal["fedasync", "fedbuff", "diloco"] = "fedasync"
-    alpha: float = Field(default=0.6, gt=0, le=1, description="FedAsync mixing weight")
+    alpha: float = Field(default=1.0, gt=0, le=1, description="FedAsync mixing weight")
     buffer_k: int = Field(default=4, ge=1, description="FedBuff deltas per outer step")
     # FedAsync: each arrival steps by the robust combination of the newest deltas
     # (robust.SlidingWindow); "auto" is 16 while the window fits in

@@ -55,9 +55,10 @@ def test_each_strategy_reaches_its_target(strategy, digits):
 
 def test_same_seed_gives_byte_identical_results_json(tmp_path, digits):
     churny = {"churn": {"drop_per_minute": 0.9, "rejoin": {"kind": "exponential", "mean": 2}}}
-    a = Simulation(small(seed=5, **churny), dataset=digits).run()
-    b = Simulation(small(seed=5, **churny), dataset=digits).run()
-    c = Simulation(small(seed=6, **churny), dataset=digits).run()
+    # to 0.9: long enough for the seeded churn to drop a player
+    a = Simulation(small(seed=5, target=0.9, **churny), dataset=digits).run()
+    b = Simulation(small(seed=5, target=0.9, **churny), dataset=digits).run()
+    c = Simulation(small(seed=6, target=0.9, **churny), dataset=digits).run()
     write_report([a], tmp_path / "a", plots=False)
     write_report([b], tmp_path / "b", plots=False)
     write_report([c], tmp_path / "c", plots=False)
@@ -282,7 +283,9 @@ def test_a_model_larger_than_the_heartbeat_window_crosses_a_roblox_link():
     assert s["reason"] == "max_steps" and s["results_accepted"] >= 2
 
 
-def _crowd(count: int, staleness: dict, *, prefetch: bool = True) -> dict:
+def _crowd(
+    count: int, staleness: dict, *, prefetch: bool = True, alpha: float | None = None
+) -> dict:
     """The shipped digits scenario, players holding the data shards already (as
     returning players do): these tests are about model traffic and staleness; what
     shard transfers cost is test_players_pay_for_shards_... below."""
@@ -294,6 +297,8 @@ def _crowd(count: int, staleness: dict, *, prefetch: bool = True) -> dict:
     data["clients"]["prefetch"] = prefetch
     data["clients"]["warm_data"] = True
     data["job"]["strategy"]["staleness"] = staleness
+    if alpha is not None:
+        data["job"]["strategy"]["alpha"] = alpha
     data["job"]["stop"]["max_time_s"] = 30
     return data
 
@@ -304,13 +309,15 @@ def test_prefetching_the_next_task_hides_the_download(digits):
     target is reached sooner, though each task starts from a model without the
     player's own last result (docs/simulations.md). Without it no task is queued.
     Time to target moves by several evaluations from seed to seed (one seed of
-    these three is slower with prefetch), so the check is on the sum."""
+    these three is slower with prefetch), so the check is on the sum. The merge
+    weights are the ones this was measured with (alpha 0.6 and the hinge at
+    a = 0.5, b = 4, the defaults before issue 33), for 10-step tasks."""
     hinge = {"kind": "hinge", "a": 0.5, "b": 4}
     times = {True: 0.0, False: 0.0}
     for seed in (1, 2, 3):
         runs = {}
         for prefetch in (True, False):
-            data = _crowd(8, hinge, prefetch=prefetch)
+            data = _crowd(8, hinge, prefetch=prefetch, alpha=0.6)
             data["seed"] = seed
             runs[prefetch] = s = Simulation(parse_scenario(data), dataset=digits).run().summary
             assert s["reason"] == "target_accuracy"
@@ -327,11 +334,11 @@ def test_prefetching_the_next_task_hides_the_download(digits):
 def test_a_crowd_of_700_players_gets_there_faster_than_8(digits):
     """The default staleness scale keeps the model's movement per task time
     independent of the crowd: 700 players on roblox links reach 0.90 on digits
-    sooner than 8 do (docs/simulations.md, "Beyond the seed"). Under the old
+    sooner than 8 do (docs/simulations.md, "Beyond the seed"; with 1/(1+s),
+    the default since issue 33, 15.8 s against 24.2 s). Under the old
     polynomial scale the 700-player run collapsed to one class."""
-    hinge = {"kind": "hinge", "a": 0.5, "b": 4}
-    crowd = Simulation(parse_scenario(_crowd(700, hinge)), dataset=digits).run().summary
-    few = Simulation(parse_scenario(_crowd(8, hinge)), dataset=digits).run().summary
+    crowd = Simulation(parse_scenario(_crowd(700, {})), dataset=digits).run().summary
+    few = Simulation(parse_scenario(_crowd(8, {})), dataset=digits).run().summary
     assert crowd["reason"] == few["reason"] == "target_accuracy"
     assert crowd["time_to_target"] < 0.75 * few["time_to_target"]
     assert parse_scenario(_crowd(8, {})).job.strategy.staleness.kind == "hinge"  # the default
