@@ -1,0 +1,357 @@
+"""The crowd against the machine: real processes, time to accuracy.
+
+For each workload a job file is written; the anchor is ``crowdgrad train --job``
+on it (the one machine at its best: the fastest thread count and, with
+``--grid``, the best optimizer and lr of a short trial each); each crowd is a
+``crowdgrad coordinator --job`` process and N ``crowdgrad client`` processes on
+loopback. Both are measured the same way: held-out accuracy over wall-clock
+seconds, the anchor from its first training step, the crowd from the launch of
+its clients (their start-up, joins and shard downloads count against it).
+
+Reported per row: seconds to 0.85 and to the anchor's accuracy at the budget
+(``--seconds``, 60 by default; the mean of its last tenth), the ratio anchor
+time / crowd time for that accuracy (above 1: the crowd is faster), best and
+final accuracy, results/s, bytes per task and per volunteer-hour (both
+directions). Rows run with the
+job's defaults unless marked tuned.
+
+    .venv/bin/python benchmarks/crowd.py [--workload generated] [--clients 1,2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import numpy as np  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CROWDGRAD = [sys.executable, "-m", "crowdgrad"]
+
+#: the workloads: the job file's tables, as TOML text (data written beside it)
+WORKLOADS: dict[str, str] = {
+    "digits": """
+[model]
+widths = [64, 128, 10]
+[data]
+dataset = "digits"
+""",
+    "generated": """
+[model]
+widths = [64, 256, 256, 10]
+[data]
+dataset = "classify:200000"
+[eval]
+every_versions = 4
+max_samples = 5000
+""",
+    "csv": """
+[model]
+widths = [64, 128, 10]
+[data]
+path = "rows.csv"
+label = "label"
+[eval]
+every_versions = 4
+max_samples = 5000
+""",
+}
+
+#: tuned rows: the job's tables overridden (the best setting measured so far)
+TUNED: dict[str, str] = {
+    "generated": "[strategy]\nlr = 0.1\n",
+}
+
+
+def write_csv(path: Path, rows: int = 40_000) -> None:
+    """A CSV workload: the generated problem's first rows, a ``label`` column."""
+    from nn.data import classification_task
+
+    ds = classification_task(rows - 5000, test_rows=5000, seed=0)
+    X = np.concatenate([ds.X_train, ds.X_test])
+    y = np.concatenate([ds.y_train, ds.y_test])
+    header = ",".join([f"x{i}" for i in range(X.shape[1])] + ["label"])
+    body = np.column_stack([X, y]).astype(np.float32)
+    fmt = ["%.5g"] * X.shape[1] + ["%d"]
+    np.savetxt(path, body, delimiter=",", header=header, comments="", fmt=fmt)
+
+
+def job_file(folder: Path, workload: str, tuned: bool) -> Path:
+    text = WORKLOADS[workload]
+    if tuned:
+        text += TUNED.get(workload, "")
+    if workload == "csv" and not (folder / "rows.csv").exists():
+        write_csv(folder / "rows.csv")
+    path = folder / f"{workload}{'-tuned' if tuned else ''}.toml"
+    path.write_text(text)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def anchor(job: Path, seconds: float, grid: bool, out: Path) -> dict:
+    cmd = [*CROWDGRAD, "train", "--job", str(job), "--seconds", str(seconds), "--json", str(out)]
+    if grid:
+        cmd += ["--grid", "--grid-seconds", str(max(2.0, seconds / 6))]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    best = json.loads(out.read_text())["best"]
+    curve = [(p["t"], p["accuracy"]) for p in best["history"]]
+    return {"curve": curve, "optimizer": best["optimizer"], "threads": best["threads"]}
+
+
+def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
+    port = free_port()
+    env = {**os.environ, "CROWDGRAD_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    log = (folder / f"coordinator-{clients}.log").open("w")
+    coord = subprocess.Popen(
+        [*CROWDGRAD, "coordinator", "--job", str(job), "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    procs: list[subprocess.Popen] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(OSError):
+                get_json(f"{base}/api/status")
+                break
+            if coord.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"coordinator did not start: see {log.name}")
+            time.sleep(0.2)
+        t0 = time.time()
+        for i in range(clients):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *CROWDGRAD,
+                        "client",
+                        f"ws://127.0.0.1:{port}/ws",
+                        "-q",
+                        "--name",
+                        f"c{i}",
+                        "--cache-dir",
+                        str(folder / f"cache-{i}"),
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        time.sleep(max(0.0, t0 + seconds - time.time()))
+        hist = get_json(f"{base}/api/history")
+        status = get_json(f"{base}/api/status")
+    finally:
+        for p in procs:
+            stop(p)
+        stop(coord)
+        log.close()
+    curve = [(e[0] - t0, e[2]) for e in _rows(hist, "evaluations") if e[2] is not None]
+    # throughput rows: t, version, accepted, rejected, clients, results/s, bytes in, out
+    tp = [r for r in _rows(hist, "throughput") if r[0] > t0]
+    if not tp:
+        raise RuntimeError(f"no throughput sample in {seconds:g} s: status {status}")
+    last = tp[-1]
+    elapsed = last[0] - t0
+    accepted = last[2]
+    nbytes = last[6] + last[7]
+    return {
+        "curve": [(round(t, 3), a) for t, a in curve if t <= seconds + 1],
+        "results_per_s": accepted / elapsed if elapsed else None,
+        "bytes_per_task": nbytes / accepted if accepted else None,
+        "bytes_per_volunteer_hour": nbytes / clients / (elapsed / 3600.0),
+        "accepted": accepted,
+    }
+
+
+def _rows(hist: dict, key: str) -> list[list]:
+    """A history series' rows, each in the series' field order (coordinator/history.py)."""
+    return [list(r) for r in hist[key]["rows"]]
+
+
+def time_to(curve: list[tuple[float, float]], acc: float) -> float | None:
+    for t, a in curve:
+        if a is not None and a >= acc:
+            return t
+    return None
+
+
+def accuracy_at(curve: list[tuple[float, float]], t_end: float) -> float | None:
+    acc = None
+    for t, a in curve:
+        if t > t_end:
+            break
+        acc = a
+    return acc
+
+
+def settled(curve: list[tuple[float, float]], t_end: float) -> float:
+    """The anchor's accuracy at the end of its budget: the mean of its last tenth
+    (one evaluation is noisy by a point or more)."""
+    tail = [a for t, a in curve if t >= 0.9 * t_end and a is not None]
+    if not tail:
+        return accuracy_at(curve, t_end) or 0.0
+    return round(sum(tail) / len(tail), 4)
+
+
+def row(name: str, curve: list, target: float, anchor_t: float | None, extra: dict) -> dict:
+    t_85 = time_to(curve, 0.85)
+    t_target = time_to(curve, target)
+    accs = [a for _, a in curve]
+    return {
+        "run": name,
+        "to_0.85_s": t_85,
+        "to_anchor_acc_s": t_target,
+        "speedup": (anchor_t / t_target) if (anchor_t and t_target) else None,
+        "best": max(accs) if accs else None,
+        "final": accs[-1] if accs else None,
+        **extra,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="generated", help="digits, generated, csv or all")
+    ap.add_argument("--clients", help="crowd sizes, e.g. 1,2 (default 1, 2 and cores-2 if more)")
+    ap.add_argument("--seconds", type=float, default=60.0, help="budget of every run")
+    ap.add_argument("--grid", action="store_true", help="the anchor's optimizer grid")
+    ap.add_argument("--tuned", action="store_true", help="also the tuned rows")
+    ap.add_argument("--no-defaults", action="store_true", help="only the tuned rows")
+    ap.add_argument(
+        "--tuned-toml", help="tables appended to the job for the tuned rows (default: TUNED)"
+    )
+    ap.add_argument("--json", action="store_true", help="print results as JSON")
+    args = ap.parse_args()
+    if args.tuned_toml is not None:
+        args.tuned = True
+        for w in WORKLOADS:
+            TUNED[w] = args.tuned_toml.replace("\\n", "\n") + "\n"
+    workloads = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
+    for w in workloads:
+        if w not in WORKLOADS:
+            ap.error(f"--workload: unknown {w!r}; expected one of {[*WORKLOADS, 'all']}")
+    cores = os.cpu_count() or 1
+    sizes = [1, 2] + ([cores - 2] if cores - 2 > 2 else [])
+    if args.clients:
+        sizes = [int(x) for x in args.clients.split(",")]
+    console = Console(stderr=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="crowd-bench-") as tmp:
+        folder = Path(tmp)
+        for w in workloads:
+            job = job_file(folder, w, tuned=False)
+            console.print(f"[bold]{w}[/bold]: anchor ({args.seconds:g} s)")
+            a = anchor(job, args.seconds, args.grid, folder / f"anchor-{w}.json")
+            target = settled(a["curve"], args.seconds)
+            anchor_t = time_to(a["curve"], target)
+            opt = a["optimizer"]
+            results.append(
+                {
+                    "workload": w,
+                    "target": target,
+                    **row(
+                        f"one machine ({opt['kind']} lr {opt['lr']:g}, {a['threads']} thread(s))",
+                        a["curve"],
+                        target,
+                        anchor_t,
+                        {},
+                    ),
+                }
+            )
+            kinds = [] if args.no_defaults else [False]
+            kinds += [True] if args.tuned and w in TUNED else []
+            for tuned in kinds:
+                jf = job_file(folder, w, tuned)
+                for n in sizes:
+                    console.print(f"  {n} client(s){' tuned' if tuned else ''}")
+                    c = crowd(jf, n, args.seconds, folder)
+                    name = f"{n} client(s), {'tuned' if tuned else 'defaults'}"
+                    extra = {
+                        k: c[k]
+                        for k in ("results_per_s", "bytes_per_task", "bytes_per_volunteer_hour")
+                    }
+                    results.append(
+                        {
+                            "workload": w,
+                            "target": target,
+                            **row(name, c["curve"], target, anchor_t, extra),
+                        }
+                    )
+    if args.json:
+        print(json.dumps({"seconds": args.seconds, "cores": cores, "rows": results}, indent=1))
+        return
+    table = Table(title=f"crowd against the machine, {args.seconds:g} s, {cores} cores")
+    for col in (
+        "workload",
+        "run",
+        "target",
+        "to 0.85 s",
+        "to target s",
+        "speedup",
+        "best",
+        "final",
+        "results/s",
+        "kB/task",
+        "MB/vol-h",
+    ):
+        table.add_column(col)
+
+    def f(x: float | None, spec: str = ".3g") -> str:
+        return "—" if x is None else format(x, spec)
+
+    for r in results:
+        table.add_row(
+            r["workload"],
+            r["run"],
+            f(r["target"]),
+            f(r.get("to_0.85_s")),
+            f(r.get("to_anchor_acc_s")),
+            f(r.get("speedup"), ".2f"),
+            f(r["best"]),
+            f(r["final"]),
+            f(r.get("results_per_s")),
+            f(r["bytes_per_task"] / 1e3 if r.get("bytes_per_task") else None),
+            f(r["bytes_per_volunteer_hour"] / 1e6 if r.get("bytes_per_volunteer_hour") else None),
+        )
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    main()
