@@ -776,8 +776,11 @@ class Coordinator:
         else:
             v = self.model.version if plan.version is None else plan.version
             rows = self.data.shard(plan.shard).rows  # a mean's weight (FedAvg)
-            if plan.kind == "local" and plan.block is None and self.job.strategy.tau == "auto":
+            fresh = plan.kind == "local" and plan.block is None and plan.version is None
+            if fresh and self.job.strategy.tau == "auto":  # (a twin keeps its primary's)
                 plan = self._sized(plan, conn, rec, rows)
+            if fresh and plan.lr_scale == 1.0:
+                plan = dataclasses.replace(plan, lr_scale=self.strategy.lr_scale())
             task = self.book.new_task(plan, version=v, now=now, rows=rows)
             if self.submodels is not None:
                 task.subnet = self.submodels.choose(

@@ -119,6 +119,8 @@ class TaskPlan:
     version: int | None = None
     #: a layer-split job's block (0 lower, 1 upper; coordinator/layersplit.py)
     block: int | None = None
+    #: the task's lr is the job's times this (strategy.lr_scaling)
+    lr_scale: float = 1.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -152,6 +154,8 @@ class Task:
     #: (checked, counted once merged), until merged
     boundary: np.ndarray | None = None
     boundary_norm: float = 0.0
+    #: its lr is the job's times this (strategy.lr_scaling; a twin takes its primary's)
+    lr_scale: float = 1.0
 
     def move(self, to: TaskState) -> None:
         self.state = checked_move(
@@ -281,6 +285,7 @@ class LeaseBook:
             created_at=now,
             rows=rows,
             block=plan.block,
+            lr_scale=plan.lr_scale,
         )
         self._next_task += 1
         self.tasks[task.task_id] = task

@@ -245,7 +245,7 @@ class Replicator:
                 p = unit.primary
                 plan = TaskPlan(
                     kind=p.kind, shard=p.shard, seed=p.seed, steps=p.steps, batch=p.batch,
-                    version=p.version,
+                    version=p.version, lr_scale=p.lr_scale,
                 )  # fmt: skip
                 self._offered = (plan, unit)
                 return plan

@@ -101,6 +101,12 @@ class StrategySection(_Section):
     # and max_epochs passes over its shard
     task_seconds: float = Field(default=1.0, gt=0, le=600, allow_inf_nan=False)
     transfer_ratio: float = Field(default=5.0, ge=0, le=1000, allow_inf_nan=False)
+    # decentral-async: each task's lr = lr x min(lr_scale_max, K) ("linear") or
+    # sqrt(K), K the crowd's concurrency (the running mean of staleness + 1): K
+    # deltas merged at 1/(1+s) average away their noise, as a K-times batch
+    # would, which a larger step can spend (the linear scaling rule)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "linear"
+    lr_scale_max: float = Field(default=4.0, ge=1, le=100, allow_inf_nan=False)
     tau_min: int = Field(default=10, ge=1)
     tau_max: int = Field(default=5000, ge=1)
     max_epochs: float = Field(default=1.0, gt=0, allow_inf_nan=False)

@@ -100,7 +100,7 @@ class TaskWriter:
             indices=self.indices(task, shards=shards),
             steps=task.steps,
             batch=task.batch,
-            optimizer=self.optimizer,
+            optimizer=self.optimizer_of(task),
             seed=task.seed,
             deadline=deadline,
             base_version=dl.version if dl.kind == "none" else None,
@@ -118,6 +118,12 @@ class TaskWriter:
             **self.distill_fields(task),
         )
 
+    def optimizer_of(self, task: Task) -> dict[str, Any]:
+        """The job's client optimizer, at the task's own lr (strategy.lr_scaling)."""
+        if task.lr_scale == 1.0:
+            return self.optimizer
+        return {**self.optimizer, "lr": self.optimizer["lr"] * task.lr_scale}
+
     def describe(self, task: Task) -> m.Task:
         """The task as a client without shards gets it, minus the model: what the
         coordinator runs itself to settle a replication dispute (replication.py)."""
@@ -131,7 +137,7 @@ class TaskWriter:
             indices=self._shard_idx[task.shard],
             steps=task.steps,
             batch=task.batch,
-            optimizer=self.optimizer,
+            optimizer=self.optimizer_of(task),
             seed=task.seed,
             base_version=task.version,
             **self.distill_fields(task),

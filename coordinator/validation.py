@@ -59,7 +59,7 @@ class UpdateValidator:
         # statistics.median: a quarter of np.median's cost at these sizes
         return float(statistics.median([*self.reference, *self.norms]))
 
-    def clip_scale(self, norm: float, *, steps: int = 1) -> float:
+    def clip_scale(self, norm: float, *, steps: float = 1) -> float:
         """The factor (<= 1) that brings an accepted update to ``clip_multiple`` ×
         the median (per step); 1 when it is within that or clipping is off."""
         c = self.config.clip_multiple
@@ -70,7 +70,7 @@ class UpdateValidator:
         return c * med / per_step
 
     def check(
-        self, update: np.ndarray, *, size: int | None = None, steps: int = 1
+        self, update: np.ndarray, *, size: int | None = None, steps: float = 1
     ) -> tuple[Reject | None, float]:
         """``(reason or None, norm)``; call ``accept(norm, steps=...)`` once the result
         is taken. ``size``: the values expected when not the whole model's (a
@@ -98,7 +98,7 @@ class UpdateValidator:
         self.norms.clear()
         self.reference = list(reference)
 
-    def accept(self, norm: float, *, steps: int = 1) -> None:
+    def accept(self, norm: float, *, steps: float = 1) -> None:
         """Count an accepted update's norm; a zero one is not counted. It says
         nothing about how long honest updates are (nothing was trained: an edge
         whose crowd had not returned a result yet, or a free rider), and enough

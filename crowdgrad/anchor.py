@@ -142,6 +142,7 @@ def train_for(
         params.copy(), OptState.init(optimizer, spec), ds.X_train, ds.y_train, 1, batch, rng
     )
     run = AnchorRun(optimizer=optimizer.to_dict(), threads=threads, batch=batch)
+    start = evaluate(params, X_test, y_test).loss  # a loss 10x above it: diverged
     spent, steps, chunk = 0.0, 0, 8
     next_eval = eval_every_s
     while spent < seconds:
@@ -160,8 +161,8 @@ def train_for(
             if on_point is not None:
                 on_point(point)
             next_eval = spent + eval_every_s
-            if not np.isfinite(ev.loss):
-                break  # diverged: nothing more to learn from this setting
+            if not ev.loss < 10 * start:  # (NaN too) diverged: nothing more to learn here
+                break
     return run
 
 

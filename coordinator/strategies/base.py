@@ -21,6 +21,7 @@ events, count contributions and drop tasks whose round has closed.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
@@ -37,6 +38,9 @@ from coordinator.strategies.robust import aggregate
 from nn.changes import ChangedRows
 from nn.params import Params
 from nn.subnet import Subnet, covered_mean
+
+#: how fast ``Strategy.concurrency`` follows each result's staleness + 1
+CONCURRENCY_GAIN = 0.2
 
 
 @dataclass(slots=True)
@@ -150,6 +154,8 @@ class Strategy(ABC):
         self.data = data
         self.rng = rng
         self.cursor = ShardCursor(data.shards, rng)
+        #: the running mean of results' staleness + 1: the tasks in flight together
+        self.concurrency = 1.0
 
     # -- verbs ------------------------------------------------------------------
 
@@ -232,6 +238,22 @@ class Strategy(ABC):
     def scale(self, staleness: int) -> float:
         st = self.config.staleness
         return staleness_scale(staleness, kind=st.kind, a=st.a, b=st.b)
+
+    def observe_concurrency(self, staleness: int) -> float:
+        """Fold a result's ``staleness + 1`` (the tasks in flight beside it) into the
+        running concurrency K and return K (at least 1)."""
+        self.concurrency += CONCURRENCY_GAIN * (staleness + 1 - self.concurrency)
+        return max(1.0, self.concurrency)
+
+    def lr_scale(self) -> float:
+        """The next local task's lr multiplier (``lr_scaling``): K or sqrt(K), up
+        to ``lr_scale_max``, for decentral-async, where K deltas are merged at
+        about 1/K each and their noise averages out; 1 for everything else."""
+        c = self.config
+        if self.name != "decentral-async" or c.lr_scaling == "none":
+            return 1.0
+        k = max(1.0, self.concurrency)
+        return min(c.lr_scale_max, k if c.lr_scaling == "linear" else math.sqrt(k))
 
     def step_scale(self) -> float:
         """The schedule's multiplier on the step taken now (at the model's version)."""

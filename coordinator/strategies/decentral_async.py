@@ -39,9 +39,6 @@ from nn.subnet import Subnet
 
 log = logging.getLogger(__name__)
 
-#: diloco: how fast the measured concurrency follows each result's staleness + 1
-CONCURRENCY_GAIN = 0.05
-
 
 class DecentralAsync(Strategy):
     name = "decentral-async"
@@ -61,8 +58,6 @@ class DecentralAsync(Strategy):
         self.buffer_subnets: list[Subnet | None] = []
         #: clients connected at the last lease ("auto" windows scale with it)
         self.crowd = 0
-        #: diloco: the running mean of staleness + 1 (tasks in flight together)
-        self.concurrency = 1.0
         #: staleness.count = "overlap": the steps that touched each hidden neuron
         self.overlap = (
             OverlapClock(self.model.params.spec) if c.staleness.count == "overlap" else None
@@ -107,6 +102,7 @@ class DecentralAsync(Strategy):
         if self.too_stale(s):
             return Outcome(accepted=False, staleness=s, reason="stale")
         w = self.scale(s)
+        k = self.observe_concurrency(s)
         if self.config.aggregation == "fedasync":
             if task.subnet is not None and self.recent is None:  # in place: the slice only
                 scale = self.config.alpha * w * self.step_scale()
@@ -122,8 +118,6 @@ class DecentralAsync(Strategy):
                 clock.step([task.subnet if self.recent is None else None])
             return Outcome(accepted=True, staleness=s, step=self.step_version(1))
         if self.config.aggregation == "diloco":
-            self.concurrency += CONCURRENCY_GAIN * (s + 1 - self.concurrency)
-            k = max(1.0, self.concurrency)
             # as old as the crowd makes every result: full weight; far older, less
             step = self._merged(min(1.0, 2.0 * k / (s + 1)), self.dense(task, update))
             self.outer.step(

@@ -196,3 +196,37 @@ def test_the_schedule_scales_every_server_step(name: str, cfg: dict) -> None:
         np.testing.assert_allclose(moved[1], factor * moved[0], rtol=1e-5, atol=1e-7)
         assert np.abs(moved[0]).max() > 0
         smodel.params.data[:] = pmodel.params.data  # the next step from the same point
+
+
+def test_diloco_steps_each_arrival_at_its_share_of_a_round() -> None:
+    """Two tasks in flight from version 0: with outer SGD at lr 1 the first moves
+    the model by 1/K of its delta; the concurrency K follows staleness + 1 and
+    round-trips through a checkpoint."""
+    s, model = build("decentral-async", aggregation="diloco", window=1)
+    book = LeaseBook()
+    t0 = book.new_task(s.task_for(view(), 0), version=0, now=0)
+    t1 = book.new_task(s.task_for(view("b", 2), 0), version=0, now=0)
+    d = np.ones(SPEC.num_params, np.float32)
+    before = model.params.data.copy()
+    assert s.on_result(t0, d, 1).accepted
+    k = s.concurrency
+    assert k == 1.0  # staleness 0: one in flight as far as it can tell
+    np.testing.assert_allclose(model.params.data, before + d, rtol=1e-6)
+    s.on_result(t1, d, 2)  # one version stale: two were in flight
+    assert 1.0 < s.concurrency < 2.0
+    np.testing.assert_allclose(model.params.data, before + d + d / s.concurrency, rtol=1e-5)
+    state = s.state_dict()
+    again, _ = build("decentral-async", aggregation="diloco", window=1)
+    again.load_state_dict(state)
+    assert again.concurrency == s.concurrency
+
+
+def test_the_default_merge_weighs_a_result_by_one_over_one_plus_staleness() -> None:
+    s, model = build("decentral-async", window=1)
+    book = LeaseBook()
+    tasks = [book.new_task(s.task_for(view(c, 3), 0), version=0, now=0) for c in "abc"]
+    d = np.ones(SPEC.num_params, np.float32)
+    before = model.params.data.copy()
+    for i, t in enumerate(tasks):
+        assert s.on_result(t, d, i + 1).staleness == i
+    np.testing.assert_allclose(model.params.data, before + d * (1 + 1 / 2 + 1 / 3), rtol=1e-6)

@@ -58,6 +58,23 @@ def test_load_dataset_names() -> None:
         load_dataset("mnist")
     with pytest.raises(ValueError, match="'bogus'"):
         load_dataset("teacher:bogus")
+    with pytest.raises(ValueError, match="classify:<rows>"):
+        load_dataset("classify:many")
+
+
+def test_the_generated_classification_is_fixed_by_its_seed_and_learnable() -> None:
+    a, b = load_dataset("classify:2000"), load_dataset("classify:2000")
+    assert a.name == "classify:2000" and a.num_classes == 10
+    assert a.X_train.shape == (2000, 64) and a.X_test.shape == (10_000, 64)
+    assert a.X_train.dtype == np.float32 and set(np.unique(a.y_train)) == set(range(10))
+    np.testing.assert_array_equal(a.X_train, b.X_train)
+    assert not np.array_equal(a.X_train, load_dataset("classify:2000", seed=1).X_train)
+    spec = ModelSpec(widths=(64, 32, 10))
+    params = spec.init_params(0)
+    opt = Optimizer(kind="sgd", lr=0.1)
+    train_steps(params, OptState.init(opt, spec), a.X_train, a.y_train, 1500, 16,
+                np.random.default_rng(0))  # fmt: skip
+    assert evaluate(params, a.X_test, a.y_test).accuracy > 0.2  # chance is 0.1
 
 
 @settings(max_examples=50, deadline=None)

@@ -1,0 +1,122 @@
+"""tau = "auto": each client's task sized by its speed and link (leases.task_steps),
+its lr scaled by the crowd's concurrency (strategy.lr_scaling), and the norm check
+per unit of effort (results.py), so tasks of different sizes are judged alike."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.config import JobConfigError, parse_job
+from coordinator.leases import task_steps
+from protocol import messages as m
+from tests.coordinator.coord_helpers import (
+    acks,
+    deliver,
+    hello,
+    make_core,
+    result_messages,
+    task_of,
+)
+
+SIZING = {
+    "flops_per_step": 1e6,
+    "transfer_bytes": 1e6,
+    "bytes_per_s": 1e9,
+    "rows": 1_000_000,
+    "batch": 16,
+    "task_seconds": 1.0,
+    "transfer_ratio": 5.0,
+    "max_epochs": 1.0,
+    "tau_min": 10,
+    "tau_max": 5000,
+}
+
+
+def test_a_task_computes_for_its_seconds_at_the_clients_rate():
+    assert task_steps(flops_per_s=1e9, **SIZING) == 1000  # 1 s at 1 GFLOP/s, 1 MFLOP/step
+    assert task_steps(flops_per_s=2e9, **SIZING) == 2000
+
+
+def test_a_slow_link_makes_the_task_longer():
+    slow = {**SIZING, "bytes_per_s": 1e6}  # 1 s to move the model and the update
+    assert task_steps(flops_per_s=1e9, **slow) == 5000  # 5 x the transfer
+
+
+def test_one_pass_over_the_shard_at_most_and_the_bounds_hold():
+    small = {**SIZING, "rows": 1600}  # 100 batches
+    assert task_steps(flops_per_s=1e9, **small) == 100
+    assert task_steps(flops_per_s=1e3, **SIZING) == 10  # tau_min
+    assert task_steps(flops_per_s=1e15, **SIZING) == 5000  # tau_max
+
+
+@given(
+    flops=st.floats(1e3, 1e13),
+    faster=st.floats(1.0, 100.0),
+    bps=st.floats(1e3, 1e10),
+    rows=st.integers(1, 10**7),
+)
+def test_steps_stay_in_bounds_and_never_fall_with_speed(flops, faster, bps, rows):
+    kw = {**SIZING, "bytes_per_s": bps, "rows": rows}
+    a = task_steps(flops_per_s=flops, **kw)
+    b = task_steps(flops_per_s=flops * faster, **kw)
+    assert 10 <= a <= b <= 5000
+
+
+def test_a_faster_client_gets_a_longer_task_and_a_fixed_tau_is_kept():
+    job = {"data": {"shards": 1, "batch": 8}, "strategy": {"tau": "auto"}}
+    core = make_core(**job)
+    slow = task_of(core.connect("a", m.Hello(client="a", flops=1e6), 0.0), "a")
+    fast = task_of(core.connect("b", m.Hello(client="b", flops=1e7), 0.0), "b")
+    assert 10 <= slow.steps < fast.steps
+    fixed = make_core(**{**job, "strategy": {"tau": 7}})
+    assert task_of(fixed.connect("a", m.Hello(client="a", flops=1e6), 0.0), "a").steps == 7
+
+
+def test_tau_errors_name_the_field():
+    with pytest.raises(JobConfigError, match=r"strategy\.tau"):
+        parse_job({"strategy": {"tau": 0}})
+    with pytest.raises(JobConfigError, match=r"tau_max \(5\) must be >= tau_min \(10\)"):
+        parse_job({"strategy": {"tau_max": 5}})
+    assert parse_job({}).strategy.tau == "auto"
+    assert parse_job({"strategy": {"tau": 12}}).strategy.nominal_tau == 12
+    assert parse_job({}).strategy.nominal_tau == round(math.sqrt(10 * 5000))
+
+
+def test_the_lr_grows_with_the_crowds_concurrency_up_to_its_bound():
+    core = make_core(strategy={"lr_scale_max": 3.0})
+    strategy = core.strategy
+    assert strategy.lr_scale() == 1.0
+    for _ in range(50):
+        strategy.observe_concurrency(9)  # ten tasks in flight together
+    assert strategy.lr_scale() == 3.0
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    assert task.optimizer["lr"] == pytest.approx(3.0 * core.job.strategy.lr)
+    none = make_core(strategy={"lr_scaling": "none"})
+    none.strategy.observe_concurrency(9)
+    assert none.strategy.lr_scale() == 1.0
+    sqrt = make_core(strategy={"lr_scaling": "sqrt"})
+    for _ in range(50):
+        sqrt.strategy.observe_concurrency(3)
+    assert sqrt.strategy.lr_scale() == pytest.approx(2.0, rel=1e-3)
+
+
+def test_norms_are_judged_per_step_at_the_tasks_lr():
+    """A task with twice the steps at twice the lr may move four times as far as
+    the median task: judged per unit of effort, it is an ordinary update."""
+    core = make_core()
+    per_step = core.validator.median()
+    assert per_step is not None
+    for _ in range(50):
+        core.strategy.observe_concurrency(1)  # lr x 2 for the next task
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    effort = task.steps * task.optimizer["lr"] / core.job.strategy.lr
+    assert effort == pytest.approx(2 * task.steps, rel=1e-3)
+    n = task.spec.num_params
+    long = np.full(n, 5 * per_step * effort / np.sqrt(n), np.float32)  # 5x: under 10x
+    out = deliver(core, "a", result_messages(task, long), 1.0)
+    assert acks(out, "a") == [(task.task_id, True, "")]
