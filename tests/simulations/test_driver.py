@@ -297,8 +297,9 @@ def _crowd(
     data["clients"]["prefetch"] = prefetch
     data["clients"]["warm_data"] = True
     data["job"]["strategy"]["staleness"] = staleness
-    if alpha is not None:
+    if alpha is not None:  # the merge weights of an older default, its lr as given
         data["job"]["strategy"]["alpha"] = alpha
+        data["job"]["strategy"]["lr_scaling"] = "none"
     data["job"]["stop"]["max_time_s"] = 30
     return data
 
