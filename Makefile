@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean web web-check web-test
+.PHONY: demo test lint format bench clean web web-check web-test system
 WEB := client/web
 WEB_DEPS := $(WEB)/node_modules/.package-lock.json
 
@@ -19,7 +19,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/crowdgrad demo
 
-test: $(STAMP) web-check web-test
+# System packages the tests need (chromium, clang, lld, node, npm), installed
+# with apt-get when missing, or a message saying which are missing.
+system:
+	sh .ci/system-packages.sh
+
+test: system $(STAMP) web-check web-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -27,15 +32,15 @@ test: $(STAMP) web-check web-test
 # The browser client (client/web): npm packages from package-lock.json, its
 # bundle and kernels.wasm built into client/web/static (committed: a pip
 # install needs no node). web-check rebuilds both and fails on a difference.
-$(WEB_DEPS): $(WEB)/package.json $(WEB)/package-lock.json
+$(WEB_DEPS): $(WEB)/package.json $(WEB)/package-lock.json | system
 	cd $(WEB) && npm ci --no-audit --no-fund --loglevel=error
 	touch $(WEB_DEPS)
 
-web: $(WEB_DEPS)
+web: system $(WEB_DEPS)
 	sh $(WEB)/wasm/build.sh
 	cd $(WEB) && node build.mjs
 
-web-check: $(WEB_DEPS)
+web-check: system $(WEB_DEPS)
 	sh $(WEB)/wasm/build.sh --check
 	cd $(WEB) && node build.mjs --check
 
