@@ -217,6 +217,15 @@ class ReplicationSection(_Section):
     slack: float = Field(
         default=2.0, ge=1, description="two conforming results may differ by twice the tolerance"
     )
+    distance: float = Field(
+        default=1e-3,
+        ge=0,
+        description="results this close in relative L2 distance agree too (a ReLU that "
+        "flips on a rounding difference moves a few values far, not the update)",
+    )
+    strikes: int = Field(
+        default=3, ge=1, description="proven disagreements before a client is excluded"
+    )
     exclude: bool = Field(default=True, description="close and refuse a client caught lying")
     snapshot_mib: float = Field(
         default=256.0, gt=0, description="memory for model versions kept for twins"

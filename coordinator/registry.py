@@ -52,6 +52,8 @@ class ClientRecord:
     #: went in unchecked, and caught disagreeing
     trust: int = 0
     unverified: int = 0
+    #: disagreements with the coordinator's own run of a task (replication.py)
+    strikes: int = 0
     excluded: bool = False
 
     def rate(self) -> float:

@@ -29,7 +29,9 @@ a task time), the result goes in at once, unchecked.
 
 **Agreement.** ``|a − b| ≤ slack · (atol + rtol · max(|a|, |b|))`` for every value:
 two conforming clients are each within the tolerance of the exact result, so
-within twice it (``slack`` = 2) of each other. *Trust* is BOINC's count of
+within twice it (``slack`` = 2) of each other; or, failing that, ``‖a − b‖ ≤
+distance · max(‖a‖, ‖b‖)`` (1e-3): a ReLU that flips on a rounding difference
+sends a few values far but leaves the update where it was. *Trust* is BOINC's count of
 consecutive valid results: an agreement adds one to the primary holder's, and so,
 once it is trusted, does each of its results that goes in unchallenged. Only
 primaries earn trust: a twin is recognisable (its version is older than the
@@ -39,9 +41,11 @@ cannot tell whether a primary is checked.
 **Disagreement** alone cannot tell who lied. The coordinator computes the task
 itself (``client.compute.run_task``, the function every client runs, from the
 snapshot): a copy that does not agree with it loses; the copy that does is
-applied (the coordinator's own result, if neither does). A loser's trust goes to
-0; with ``exclude`` it is closed (``error`` BAD_FIELD, close 4003), its resume
-token is refused from then on, its results held in other units are discarded,
+applied (the coordinator's own result, if neither does). A loser's result is
+not used, its trust goes to 0 and it takes a strike; at ``strikes`` (3) proven
+disagreements (an honest client can land outside the tolerance once: one in
+~4,300 paired tasks did, issue 34), with ``exclude`` it is closed (``error``
+BAD_FIELD, close 4003), its resume token is refused from then on, its results held in other units are discarded,
 and its updates are *accounted for*: those that went in unchecked are counted
 (``ClientExcluded.unverified``), and those still in the revert journal (FedAsync
 or central-async, where one result is one additive step; the last ``revert_mib``
@@ -107,11 +111,19 @@ UNIT_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
 }
 
 
-def agree(a: np.ndarray, b: np.ndarray, *, rtol: float, atol: float) -> bool:
-    """Every value within ``atol + rtol · max(|a|, |b|)`` (float64, no overflow)."""
+def agree(a: np.ndarray, b: np.ndarray, *, rtol: float, atol: float, distance: float = 0.0) -> bool:
+    """Every value within ``atol + rtol · max(|a|, |b|)`` (float64, no overflow), or
+    the whole within ``distance`` of the longer in relative L2: an activation that
+    flips on a rounding difference sends a few values far and leaves the update
+    where it was, where a lie (a sign flip, a scale, noise, zeros) moves all of it."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    tol = atol + rtol * np.maximum(np.abs(a64), np.abs(b64))
-    return bool(np.all(np.abs(a64 - b64) <= tol))
+    diff = np.abs(a64 - b64)
+    if bool(np.all(diff <= atol + rtol * np.maximum(np.abs(a64), np.abs(b64)))):
+        return True
+    if distance <= 0:
+        return False
+    longer = max(float(np.sqrt(a64 @ a64)), float(np.sqrt(b64 @ b64)))
+    return float(np.sqrt(diff @ diff)) <= distance * longer
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -174,6 +186,8 @@ class ReplicationStats:
     unchecked: int = 0  # a unit's result went in without a comparison
     cancelled: int = 0
     excluded: int = 0
+    #: disagreements counted against a client short of its exclusion
+    struck: int = 0
     reverted: int = 0  # unchecked updates subtracted from the model
     recomputes: int = 0  # tasks the coordinator computed to settle a disagreement
     steps: int = 0  # optimizer steps of every result taken, twins included
@@ -455,7 +469,7 @@ class Replicator:
         assert first is not None
         a, b = (first, second) if first.task_id == unit.primary.task_id else (second, first)
         p = unit.primary
-        tol = {"rtol": self._rtol, "atol": self._atol}
+        tol = {"rtol": self._rtol, "atol": self._atol, "distance": self.config.distance}
         if agree(a.update, b.update, **tol):
             unit.move(UnitState.AGREED)
             self.stats.agreed += 1
@@ -478,7 +492,7 @@ class Replicator:
         if a_ok:
             self._trusted(a.holder)
         for loser in losers:
-            self._exclude(loser, now)
+            self._struck(loser, now)
         if a_ok or b_ok:
             w = a if a_ok else b
             rel = Release(task=p, update=w.update, norm=w.norm, holder=w.holder, checked=True)
@@ -503,6 +517,19 @@ class Replicator:
         rec = self.registry.lookup(holder)
         if rec is not None:
             rec.trust += 1
+
+    def _struck(self, loser: Copy, now: float) -> None:
+        """A copy the coordinator's own run disproved: its result is not used and
+        its holder's trust is 0; ``strikes`` of them exclude it. One is not proof
+        of a lie: an honest client can land outside the tolerance by rounding."""
+        rec = self.registry.lookup(loser.holder)
+        if rec is not None:
+            rec.strikes += 1
+            rec.trust = 0
+            if rec.strikes < self.config.strikes:
+                self.stats.struck += 1
+                return
+        self._exclude(loser, now)
 
     def _exclude(self, loser: Copy, now: float) -> None:
         rec = self.registry.lookup(loser.holder)

@@ -90,7 +90,7 @@ def test_an_honest_pair_agrees_once_and_the_holder_earns_trust() -> None:
 
 
 def test_a_liar_is_caught_excluded_refused_and_its_unchecked_update_reverted() -> None:
-    core, v0, t_a, t_b, token = a_pair()
+    core, v0, t_a, t_b, token = a_pair(strikes=1)  # excluded at the first proof
     alpha = np.float32(core.job.strategy.alpha)
     # a lies: the sign-flipped update has the honest norm, so validation passes it
     out = deliver(core, "a", result_messages(t_a, -honest(core, t_a, v0)), 1.0)
@@ -120,7 +120,7 @@ def test_a_liar_is_caught_excluded_refused_and_its_unchecked_update_reverted() -
 
 
 def test_when_both_copies_disagree_with_the_coordinator_its_own_result_goes_in() -> None:
-    core, v0, t_a, t_b, _ = a_pair()
+    core, v0, t_a, t_b, _ = a_pair(strikes=1)
     twin = task_of(deliver(core, "a", result_messages(t_a, honest(core, t_a, v0)), 1.0), "a")
     u = honest(core, t_b, v0)
     deliver(core, "b", result_messages(t_b, np.float32(1.01) * u), 2.0)
@@ -130,6 +130,40 @@ def test_when_both_copies_disagree_with_the_coordinator_its_own_result_goes_in()
     assert excluded == {"a": 1, "b": 0}  # a's first (unchecked) update goes out with it
     alpha = np.float32(core.job.strategy.alpha)
     np.testing.assert_allclose(core.params.data, v0 + alpha * u, atol=1e-6)
+
+
+def test_one_disagreement_does_not_exclude_an_honest_client() -> None:
+    """A copy the coordinator's own run disproves is not used and costs its holder
+    its trust and a strike; only ``strikes`` (3) of them exclude: an honest client
+    can land outside the tolerance once by rounding (issue 34)."""
+    core, v0, t_a, t_b, _ = a_pair()
+    ua = honest(core, t_a, v0)  # a's own task, not replicated: in at once
+    twin = task_of(deliver(core, "a", result_messages(t_a, ua), 1.0), "a")
+    u = honest(core, t_b, v0)
+    deliver(core, "b", result_messages(t_b, u), 2.0)
+    out = deliver(core, "a", result_messages(twin, np.float32(0.9) * u), 3.0)
+    assert only(out, ev.ResultVerified)[0].losers == ("a",)
+    assert not only(out, ev.ClientExcluded) and not only(out, ev.Close) and "a" in core.conns
+    rec = {r.client_id: r for r in core.clients()}["a"]
+    assert (rec.strikes, rec.trust, rec.excluded) == (1, 0, False)
+    s = core.verifier.summary()
+    assert (s["disagreed"], s["struck"], s["excluded"]) == (1, 1, 0)
+    alpha = np.float32(core.job.strategy.alpha)
+    # a's own update stays in (not reverted), b's goes in for the unit, not a's copy
+    np.testing.assert_allclose(core.params.data, v0 + alpha * (ua + u), atol=1e-6)
+
+
+def test_a_few_far_values_agree_by_distance_and_a_lie_never_does() -> None:
+    """A ReLU that flips on a rounding difference moves a few values far; the update
+    as a whole stays within ``distance``. Lies move all of it."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(10_000).astype(np.float32)
+    b = a.copy()
+    b[:3] += np.float32(0.05)  # three values far outside rtol/atol, 0.09 % of the norm
+    tol = {"rtol": 2e-4, "atol": 2e-5}
+    assert not agree(a, b, **tol) and agree(a, b, **tol, distance=1e-3)
+    for lie in (-a, 2 * a, np.zeros_like(a), a + rng.standard_normal(a.size).astype(np.float32)):
+        assert not agree(a, lie, **tol, distance=1e-3)
 
 
 def test_a_lost_twin_lets_the_held_result_in_unchecked() -> None:
