@@ -45,8 +45,8 @@ applied (the coordinator's own result, if neither does). A loser's result is
 not used, its trust goes to 0 and it takes a strike; at ``strikes`` (3) proven
 disagreements (an honest client can land outside the tolerance once: one in
 ~4,300 paired tasks did, issue 34), with ``exclude`` it is closed (``error``
-BAD_FIELD, close 4003), its resume token is refused from then on, its results held in other units are discarded,
-and its updates are *accounted for*: those that went in unchecked are counted
+BAD_FIELD, close 4003), its resume token is refused from then on, its results
+held in other units are discarded, and its updates are *accounted for*: those that went in unchecked are counted
 (``ClientExcluded.unverified``), and those still in the revert journal (FedAsync
 or central-async, where one result is one additive step; the last ``revert_mib``
 of them) are subtracted from the model, which takes a new version. The
