@@ -42,17 +42,18 @@ cannot tell whether a primary is checked.
 itself (``client.compute.run_task``, the function every client runs, from the
 snapshot): a copy that does not agree with it loses; the copy that does is
 applied (the coordinator's own result, if neither does). A loser's result is
-not used, its trust goes to 0 and it takes a strike; at ``strikes`` (3) proven
+not used, its trust goes to 0 and it takes a strike. At ``strikes`` (3) proven
 disagreements (an honest client can land outside the tolerance once: one in
-~4,300 paired tasks did, issue 34), with ``exclude`` it is closed (``error``
-BAD_FIELD, close 4003), its resume token is refused from then on, its results
-held in other units are discarded, and its updates are *accounted for*: those that went in unchecked are counted
-(``ClientExcluded.unverified``), and those still in the revert journal (FedAsync
-or central-async, where one result is one additive step; the last ``revert_mib``
-of them) are subtracted from the model, which takes a new version. The
-subtraction removes the lie itself, not what other clients trained from the
-model while it was in. Updates sitting in a FedBuff buffer or merged by its
-outer step cannot be told apart: they are counted only.
+~4,300 paired tasks did, issue 34) it is excluded: with ``exclude`` it is
+closed (``error`` BAD_FIELD, close 4003), its resume token is refused from then
+on, its results held in other units are discarded, and its updates are
+*accounted for*: those that went in unchecked are counted
+(``ClientExcluded.unverified``), and those still in the revert journal
+(FedAsync or central-async, where one result is one additive step; the last
+``revert_mib`` of them) are subtracted from the model, which takes a new
+version. The subtraction removes the lie itself, not what other clients
+trained from the model while it was in. Updates sitting in a FedBuff buffer or
+merged by its outer step cannot be told apart: they are counted only.
 
 **Rates.** A client with ``trust < trust_after`` is replicated with ``base_rate``;
 after that with ``max(min_rate, 1 / trust)``: at the default floor of 0.05 a
