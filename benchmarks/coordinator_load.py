@@ -163,10 +163,28 @@ class _LoadClient(asyncio.Protocol):
             self.send(frame)
 
 
+#: clients per source address by default: players come from many addresses, and
+#: the coordinator admits at most 1,024 open connections and bursts of 500 new
+#: sessions per address (coordinator/admission.py), limits the load keeps on
+PER_ADDRESS = 250
+
+
+def source_address(i: int, per_address: int) -> str:
+    """Client ``i``'s loopback source address: ``per_address`` clients each on
+    127.0.x.y (Linux routes all of 127.0.0.0/8 to lo); 0: all on 127.0.0.1."""
+    if per_address <= 0:
+        return "127.0.0.1"
+    j = i // per_address
+    return f"127.{1 + j // 62_500}.{j // 250 % 250}.{j % 250 + 2}"
+
+
 class _Worker:
     """A load process's clients and counters."""
 
-    def __init__(self, url: str, first: int, n: int, hb: float, spans: bool = True) -> None:
+    def __init__(
+        self, url: str, first: int, n: int, hb: float, spans: bool = True,
+        per_address: int = PER_ADDRESS,
+    ) -> None:  # fmt: skip
         from websockets.uri import parse_uri
 
         from nn.params import Params
@@ -175,6 +193,7 @@ class _Worker:
 
         self.uri = parse_uri(url)
         self.first, self.n, self.hb, self.spans = first, n, hb, spans
+        self.per_address = per_address
         spec = ModelSpec(widths=tuple(TINY))
         zero = Params.from_flat(spec, np.zeros(spec.num_params, np.float32))
         chunks = chunk_params(zero, max_message_bytes=1 << 16, transfer="t", spans=spans)
@@ -236,7 +255,10 @@ class _Worker:
             async with sem:
                 c = _LoadClient(self, i)
                 try:
-                    await loop.create_connection(lambda: c, self.uri.host, self.uri.port)
+                    local = (source_address(i, self.per_address), 0)
+                    await loop.create_connection(
+                        lambda: c, self.uri.host, self.uri.port, local_addr=local
+                    )
                     await asyncio.wait_for(c.fut, 120)
                 except (OSError, TimeoutError):  # ConnectionError is an OSError
                     self.failed += 1
@@ -270,10 +292,11 @@ async def _worker_main(
     q: Any,
     go: Any,
     spans: bool = True,
+    per_address: int = PER_ADDRESS,
 ) -> None:
     """Connect n clients; once every worker has (``go``), a heartbeat-only window,
     then a tasks window; put the report on ``q``."""
-    w = _Worker(url, first, n, hb, spans)
+    w = _Worker(url, first, n, hb, spans, per_address)
     marks: dict[str, tuple[float, float]] = {}
 
     def mark(name: str) -> None:
@@ -385,7 +408,14 @@ class _CpuSampler:
 
 
 def run_load(
-    n: int, *, workers: int, hb: float, warm: float, secs: float, spans: bool = True
+    n: int,
+    *,
+    workers: int,
+    hb: float,
+    warm: float,
+    secs: float,
+    spans: bool = True,
+    per_address: int = PER_ADDRESS,
 ) -> dict[str, Any]:
     from coordinator.config import parse_job
     from coordinator.server import BackgroundServer, CrowdServer
@@ -410,7 +440,9 @@ def run_load(
         per = [n // workers + (1 if i < n % workers else 0) for i in range(workers)]
         starts = [sum(per[:i]) for i in range(workers)]
         procs = [
-            ctx.Process(target=_worker, args=(bg.url, s, k, hb, warm, secs, q, go, spans))
+            ctx.Process(
+                target=_worker, args=(bg.url, s, k, hb, warm, secs, q, go, spans, per_address)
+            )
             for s, k in zip(starts, per, strict=True)
             if k
         ]
@@ -511,6 +543,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--digits", action="store_true", help="also time digits to 0.95")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--per-address",
+        type=int,
+        default=PER_ADDRESS,
+        help=f"clients per loopback source address (default {PER_ADDRESS}; 0: all from "
+        "127.0.0.1, which the per-address admission limits refuse past 1,024)",
+    )
+    ap.add_argument(
         "--no-spans",
         dest="spans",
         action="store_false",
@@ -539,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                 warm=args.warmup,
                 secs=args.seconds,
                 spans=args.spans,
+                per_address=args.per_address,
             )
         )
         if not args.json:

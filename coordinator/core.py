@@ -899,6 +899,7 @@ class Coordinator:
         if self.evaluator.due(v):
             e = self.evaluator.run(self.model.params, v, now)
             out.append(e)
+            self.strategy.on_evaluation(e.loss)
             if stop.target_accuracy is not None and e.accuracy >= stop.target_accuracy:
                 self._finish("target_accuracy", now, out)
                 return

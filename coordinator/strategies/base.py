@@ -156,6 +156,10 @@ class Strategy(ABC):
         self.cursor = ShardCursor(data.shards, rng)
         #: the running mean of results' staleness + 1: the tasks in flight together
         self.concurrency = 1.0
+        #: the tasks' lr multiplier from held-out plateaus (``on_evaluation``)
+        self.lr_decay = 1.0
+        self._best_loss = float("inf")
+        self._since_best = 0
 
     # -- verbs ------------------------------------------------------------------
 
@@ -245,15 +249,33 @@ class Strategy(ABC):
         self.concurrency += CONCURRENCY_GAIN * (staleness + 1 - self.concurrency)
         return max(1.0, self.concurrency)
 
+    def on_evaluation(self, loss: float) -> None:
+        """The coordinator's held-out loss: without a new best for
+        ``plateau_patience`` evaluations the tasks' lr is cut by ``plateau_factor``
+        (not below ``plateau_min``): the reduce-on-plateau of one-machine training,
+        on the one signal no client can fake."""
+        c = self.config
+        if c.plateau_patience == 0 or math.isnan(loss):
+            return
+        if loss < self._best_loss:
+            self._best_loss, self._since_best = loss, 0
+            return
+        self._since_best += 1
+        if self._since_best >= c.plateau_patience:
+            self.lr_decay = max(c.plateau_min, self.lr_decay * c.plateau_factor)
+            self._since_best = 0
+
     def lr_scale(self) -> float:
         """The next local task's lr multiplier (``lr_scaling``): K or sqrt(K), up
         to ``lr_scale_max``, for decentral-async, where K deltas are merged at
         about 1/K each and their noise averages out; 1 for everything else."""
         c = self.config
-        if self.name != "decentral-async" or c.lr_scaling == "none":
+        if self.name != "decentral-async":
             return 1.0
+        if c.lr_scaling == "none":
+            return self.lr_decay
         k = max(1.0, self.concurrency)
-        return min(c.lr_scale_max, k if c.lr_scaling == "linear" else math.sqrt(k))
+        return self.lr_decay * min(c.lr_scale_max, k if c.lr_scaling == "linear" else math.sqrt(k))
 
     def step_scale(self) -> float:
         """The schedule's multiplier on the step taken now (at the model's version)."""
@@ -281,11 +303,22 @@ class Strategy(ABC):
     # -- checkpoints ------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        best = self._best_loss
         return {
             "rng": self.rng.bit_generator.state,
             "cursor": self.cursor.state_dict(),
+            "concurrency": self.concurrency,
+            "lr_decay": self.lr_decay,
+            "best_loss": None if best == float("inf") else best,
+            "since_best": self._since_best,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.cursor.load_state_dict(state["cursor"])
+        # (checkpoints before these were kept: a fresh start for each)
+        self.concurrency = float(state.get("concurrency", 1.0))
+        self.lr_decay = float(state.get("lr_decay", 1.0))
+        best = state.get("best_loss")
+        self._best_loss = float("inf") if best is None else float(best)
+        self._since_best = int(state.get("since_best", 0))

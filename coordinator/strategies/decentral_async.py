@@ -169,7 +169,6 @@ class DecentralAsync(Strategy):
             "buffer_weights": list(self.buffer_weights),
             "buffer_subnets": [None if s is None else s.to_state() for s in self.buffer_subnets],
             "recent": None if self.recent is None else self.recent.state_dict(),
-            "concurrency": self.concurrency,
             **({} if self.overlap is None else self.overlap.state_dict()),
         }
 
@@ -182,7 +181,6 @@ class DecentralAsync(Strategy):
         spec = self.model.params.spec
         subnets = state.get("buffer_subnets", [None] * len(self.buffer))
         self.buffer_subnets = [None if s is None else Subnet.from_state(spec, s) for s in subnets]
-        self.concurrency = float(state.get("concurrency", 1.0))
         if self.recent is not None and state.get("recent") is not None:
             self.recent.load_state_dict(state["recent"])
         if self.overlap is not None:
