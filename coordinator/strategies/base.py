@@ -160,6 +160,7 @@ class Strategy(ABC):
         self.lr_decay = 1.0
         self._best_loss = float("inf")
         self._since_best = 0
+        self._best_version = 0
 
     # -- verbs ------------------------------------------------------------------
 
@@ -251,19 +252,23 @@ class Strategy(ABC):
 
     def on_evaluation(self, loss: float) -> None:
         """The coordinator's held-out loss: without a new best for
-        ``plateau_patience`` evaluations the tasks' lr is cut by ``plateau_factor``
-        (not below ``plateau_min``): the reduce-on-plateau of one-machine training,
-        on the one signal no client can fake."""
+        ``plateau_patience`` evaluations, and for as many rounds (K versions each,
+        K the concurrency: a big crowd makes versions fast and evaluations
+        close), the tasks' lr is cut by ``plateau_factor`` (not below
+        ``plateau_min``): the reduce-on-plateau of one-machine training, on the
+        one signal no client can fake."""
         c = self.config
         if c.plateau_patience == 0 or math.isnan(loss):
             return
+        v = self.model.version
         if loss < self._best_loss:
-            self._best_loss, self._since_best = loss, 0
+            self._best_loss, self._since_best, self._best_version = loss, 0, v
             return
         self._since_best += 1
-        if self._since_best >= c.plateau_patience:
+        rounds = (v - self._best_version) / max(1.0, self.concurrency)
+        if self._since_best >= c.plateau_patience and rounds >= c.plateau_patience:
             self.lr_decay = max(c.plateau_min, self.lr_decay * c.plateau_factor)
-            self._since_best = 0
+            self._since_best, self._best_version = 0, v
 
     def lr_scale(self) -> float:
         """The next local task's lr multiplier (``lr_scaling``): K or sqrt(K), up
@@ -311,6 +316,7 @@ class Strategy(ABC):
             "lr_decay": self.lr_decay,
             "best_loss": None if best == float("inf") else best,
             "since_best": self._since_best,
+            "best_version": self._best_version,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -322,3 +328,4 @@ class Strategy(ABC):
         best = state.get("best_loss")
         self._best_loss = float("inf") if best is None else float(best)
         self._since_best = int(state.get("since_best", 0))
+        self._best_version = int(state.get("best_version", 0))

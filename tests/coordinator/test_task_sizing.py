@@ -125,21 +125,34 @@ def test_norms_are_judged_per_step_at_the_tasks_lr():
 def test_the_lr_halves_on_a_held_out_plateau_and_survives_a_checkpoint():
     core = make_core(strategy={"plateau_patience": 3, "lr_scaling": "none"})
     s = core.strategy
-    for loss in (2.0, 1.5, 1.0):  # improving: no cut
+
+    def evaluated(loss: float, versions: int = 1) -> None:
+        s.model.version += versions
         s.on_evaluation(loss)
+
+    for loss in (2.0, 1.5, 1.0):  # improving: no cut
+        evaluated(loss)
     assert s.lr_scale() == 1.0
     for loss in (1.1, 1.2, float("nan"), 1.05):  # three without a new best (NaN ignored)
-        s.on_evaluation(loss)
+        evaluated(loss)
     assert s.lr_scale() == 0.5
+    for _ in range(50):  # a crowd of ten in flight: three evaluations are not 3 rounds
+        s.observe_concurrency(9)
+    for loss in (1.1, 1.1, 1.1):
+        evaluated(loss)
+    assert s.lr_scale() == 0.5
+    evaluated(1.1, versions=30)
+    assert s.lr_scale() == 0.25
     task = task_of(core.connect("a", hello("a"), 0.0), "a")
-    assert task.optimizer["lr"] == pytest.approx(0.5 * core.job.strategy.lr)
+    assert task.optimizer["lr"] == pytest.approx(0.25 * core.job.strategy.lr)
     for _ in range(30):  # a long plateau: down to plateau_min, no further
-        s.on_evaluation(5.0)
+        evaluated(5.0, versions=10)
     assert s.lr_scale() == 0.125
     again = make_core(strategy={"plateau_patience": 3, "lr_scaling": "none"})
     again.strategy.load_state_dict(s.state_dict())
     assert again.strategy.lr_scale() == 0.125
     off = make_core(strategy={"plateau_patience": 0, "lr_scaling": "none"})
     for _ in range(30):
+        off.strategy.model.version += 10
         off.strategy.on_evaluation(5.0)
     assert off.strategy.lr_scale() == 1.0
