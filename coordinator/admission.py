@@ -2,16 +2,21 @@
 
 A volunteer platform is open to anyone, so the cheapest attack is to open
 connections and send nothing: each holds a file descriptor for as long as the
-server lets it. Three rules, checked before a connection costs the core anything:
+server lets it. These rules, checked before a connection costs the core anything:
 
 - **Handshake deadline.** A TCP connection must complete an HTTP request (for
   ``/ws``, the websocket upgrade) within ``handshake_timeout_s`` of being accepted,
   or it is closed. uvicorn's HTTP protocol starts its keep-alive timer only after
   a first response, so a connection that never sends a byte (or sends half a
   request line) was held forever.
-- **Open connections per address** (``max_connections_per_ip``): an address over
-  the bound is closed at accept. The default, 1,024, lets a school or a LAN party
-  behind one NAT join whole.
+- **Open websocket connections per address** (``max_connections_per_ip``): an
+  upgrade from an address that holds that many is answered 429. The default,
+  1,024, lets a school or a LAN party behind one NAT join whole.
+- **Open TCP connections per address**: ``max_connections_per_ip +
+  http_spare_per_ip``, closed at accept beyond that (file descriptors stay
+  bounded). The spare ones serve plain HTTP only: the operator's own ``GET
+  /api/status`` from an address at its websocket bound is still answered, where
+  a bound applied at accept alone reset it with everything else.
 - **Websocket sessions opened per address per second** (``hellos_per_ip_per_s``,
   a token bucket with ``hello_burst``): a client that reconnects in a tight loop
   is closed with ``RATE_LIMITED`` (1008) before its hello reaches the core. The
@@ -37,7 +42,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdmissionLimits:
     handshake_timeout_s: float = 10.0
+    #: websocket connections one address may hold
     max_connections_per_ip: int = 1024
+    #: TCP connections an address may open beyond that, for plain HTTP only
+    http_spare_per_ip: int = 8
     hellos_per_ip_per_s: float = 50.0
     hello_burst: float = 500.0
 
@@ -48,6 +56,8 @@ class AdmissionLimits:
             raise ValueError(
                 f"max_connections_per_ip: must be >= 1, got {self.max_connections_per_ip}"
             )
+        if self.http_spare_per_ip < 0:
+            raise ValueError(f"http_spare_per_ip: must be >= 0, got {self.http_spare_per_ip}")
         if not self.hellos_per_ip_per_s > 0 or self.hello_burst < 1:
             raise ValueError(
                 "hellos_per_ip_per_s must be > 0 and hello_burst >= 1, got "
@@ -60,9 +70,13 @@ class Admission:
 
     def __init__(self, limits: AdmissionLimits | None = None) -> None:
         self.limits = limits or AdmissionLimits()
+        #: open TCP connections per address (websockets included)
         self.open: dict[str, int] = {}
+        #: open websocket connections per address
+        self.sockets: dict[str, int] = {}
         self._hellos: dict[str, TokenBucket] = {}
-        #: connections refused: over the per-address bound, handshake too slow, too fast
+        #: connections refused: over a per-address bound (at accept, or the websocket
+        #: upgrade), handshake too slow, sessions too fast
         self.refused_open = 0
         self.timed_out = 0
         self.refused_rate = 0
@@ -70,18 +84,26 @@ class Admission:
     def connection_opened(self, ip: str) -> bool:
         """Count a new TCP connection; False: the address is over its bound (close it)."""
         n = self.open.get(ip, 0)
-        if n >= self.limits.max_connections_per_ip:
+        if n >= self.limits.max_connections_per_ip + self.limits.http_spare_per_ip:
             self.refused_open += 1
             return False
         self.open[ip] = n + 1
         return True
 
     def connection_closed(self, ip: str) -> None:
-        n = self.open.get(ip, 0) - 1
-        if n > 0:
-            self.open[ip] = n
-        else:
-            self.open.pop(ip, None)
+        _down(self.open, ip)
+
+    def websocket_opened(self, ip: str) -> bool:
+        """Count an upgrade to a websocket; False: the address holds its bound (refuse)."""
+        n = self.sockets.get(ip, 0)
+        if n >= self.limits.max_connections_per_ip:
+            self.refused_open += 1
+            return False
+        self.sockets[ip] = n + 1
+        return True
+
+    def websocket_closed(self, ip: str) -> None:
+        _down(self.sockets, ip)
 
     def session_allowed(self, ip: str, now: float | None = None) -> bool:
         """Take one websocket session from the address's bucket; False: too fast."""
@@ -106,10 +128,19 @@ class Admission:
                 del self._hellos[ip]
 
 
+def _down(counts: dict[str, int], ip: str) -> None:
+    n = counts.get(ip, 0) - 1
+    if n > 0:
+        counts[ip] = n
+    else:
+        counts.pop(ip, None)
+
+
 def http_protocol(admission: Admission) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with the handshake deadline and per-address bound."""
+    """uvicorn's h11 protocol with the handshake deadline and per-address bounds."""
     # Imported here: the CLI reads AdmissionLimits' defaults for its --help before it
     # binds, and uvicorn is part of what it imports after.
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class AdmittingH11Protocol(H11Protocol):
@@ -138,23 +169,55 @@ def http_protocol(admission: Admission) -> type[H11Protocol]:
                 self.transport.abort()
 
         def handle_websocket_upgrade(self, event: Any) -> None:
+            ip = self._ip
+            if ip is not None and not admission.websocket_opened(ip):
+                self._refuse_upgrade(ip)
+                return
             super().handle_websocket_upgrade(event)
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
-            # The websocket protocol owns the transport now: it gives the address's
-            # count back when that connection ends (this protocol hears no more).
-            ip, self._ip = self._ip, None
-            ws = self.transport.get_protocol()
-            if ip is None or ws is self:
+            if ip is None:
                 return
+            ws = self.transport.get_protocol()
+            if ws is self:  # not upgraded after all: this protocol gives the TCP count back
+                admission.websocket_closed(ip)
+                return
+            # The websocket protocol owns the transport now: it gives the address's
+            # counts back when that connection ends (this protocol hears no more).
+            self._ip = None
             lost = ws.connection_lost
 
             def connection_lost(exc: Exception | None) -> None:
+                admission.websocket_closed(ip)
                 admission.connection_closed(ip)
                 lost(exc)
 
             ws.connection_lost = connection_lost
+
+        def _refuse_upgrade(self, ip: str) -> None:
+            """429 and close: the address holds its websockets. The connection was one
+            of its spare ones, which carry plain HTTP only."""
+            body = (
+                f"too many websocket connections from {ip}: "
+                f"{admission.limits.max_connections_per_ip} allowed\n"
+            ).encode()
+            headers = [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            try:
+                for ev in (
+                    h11.Response(status_code=429, headers=headers, reason=b"Too Many Requests"),
+                    h11.Data(data=body),
+                    h11.EndOfMessage(),
+                ):
+                    self.transport.write(self.conn.send(ev) or b"")
+            except h11.LocalProtocolError:  # no response possible in this state: just close
+                self.transport.abort()
+                return
+            self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._release()

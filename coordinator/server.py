@@ -91,6 +91,15 @@ CLOSE_LINGER_S = 2.0
 CLOSE_ABORT_S = 5.0
 #: Seconds HTTP requests still running after the drain get before they are cancelled.
 SHUTDOWN_REQUESTS_S = 3.0
+#: Largest websocket message a connection may send before its hello is taken
+#: (docs/protocol.md §2, §8): a hello is a few hundred bytes, and without this an
+#: unauthenticated peer had the link's whole maximum (64 MiB) buffered per frame.
+#: Larger is refused by the websocket parser from the frame header, close 1009.
+PRE_HELLO_MAX_BYTES = 64 * 1024
+#: ASGI scope extension of :class:`ReadAheadWebSocketProtocol`: the app may send a
+#: message of type :data:`LIFT_FRAME_CAP` to raise the cap to ``ws_max_size``.
+FRAME_CAP_EXTENSION = "crowdgrad.frame_cap"
+LIFT_FRAME_CAP = "crowdgrad.frame_cap.lift"
 
 
 class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -110,7 +119,34 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
     hands over had it on, so a task written right after a small ``ack`` waited
     for the client's delayed ACK of that ack, up to 40 ms (benchmarks/flower.py's
     rounds: 47 ms each with it, 10 ms without).
+
+    And it caps messages at :data:`PRE_HELLO_MAX_BYTES` until the app lifts the cap
+    (``{"type": LIFT_FRAME_CAP}``, sent once the hello is taken): before that a
+    peer is a stranger, and eight 64 MiB frames took the process from 334 to
+    861 MB. The parser checks the limit against each frame's header, so a larger
+    frame is refused (1009) before its payload is buffered. It reads the limit
+    when the first bytes of a frame arrive: a client that waits for ``welcome``
+    (§6) sends its next frame under the lifted limit, and a frame begun before
+    the lift keeps the cap (as docs/protocol.md §2 warns).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        link_max = self.config.ws_max_size
+        self._capped = link_max is None or link_max > PRE_HELLO_MAX_BYTES
+        if self._capped:
+            _set_max_message_size(self.conn, PRE_HELLO_MAX_BYTES)
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        if self._capped and self.response.status_code == 101:
+            self.scope["extensions"][FRAME_CAP_EXTENSION] = {}  # type: ignore[index]
+
+    def lift_frame_cap(self) -> None:
+        """Frames up to ``ws_max_size`` from the next one on (the hello was taken)."""
+        if self._capped:
+            self._capped = False
+            _set_max_message_size(self.conn, self.config.ws_max_size)
 
     def connection_made(self, transport: Any) -> None:
         sock = transport.get_extra_info("socket")
@@ -162,7 +198,12 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
         never will. The close frame is queued behind the buffer and the connection
         is reset if the close handshake has not finished within ``CLOSE_ABORT_S``.
         Upstream waits in ``writable.wait()`` and the peer stays connected, its
-        heartbeats still read, until it reads again."""
+        heartbeats still read, until it reads again.
+
+        Also takes :data:`LIFT_FRAME_CAP`, at once (it never waits)."""
+        if message["type"] == LIFT_FRAME_CAP:
+            self.lift_frame_cap()
+            return
         if (
             message["type"] == "websocket.close"
             and not self.writable.is_set()
@@ -182,6 +223,15 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
             self.close_timer = self.loop.call_later(CLOSE_ABORT_S, self.transport.abort)
             return
         await super().send(message)
+
+
+def _set_max_message_size(conn: Any, size: int | None) -> None:
+    """websockets >= 15 names the limit ``max_message_size``; 13 and 14 ``max_size``.
+    The parser reads it when a frame's first bytes arrive."""
+    if hasattr(conn, "max_message_size"):
+        conn.max_message_size = size
+    else:
+        conn.max_size = size
 
 
 def heartbeat_echo(seq: int, now: float, echo: float) -> bytes:
@@ -204,13 +254,22 @@ class RawWebSocket:
     collector walks. ``CrowdApp`` hands ``/ws`` here instead.
     """
 
-    __slots__ = ("_receive", "_send", "client_ip")
+    __slots__ = ("_receive", "_send", "client_ip", "frame_cap")
 
-    def __init__(self, receive: Receive, send: Send, client_ip: str | None = None) -> None:
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        client_ip: str | None = None,
+        *,
+        frame_cap: bool = False,
+    ) -> None:
         self._receive = receive
         self._send = send
         #: the peer's address as the server saw it (scope["client"]), for admission
         self.client_ip = client_ip
+        #: the websocket layer caps frames until told (FRAME_CAP_EXTENSION)
+        self.frame_cap = frame_cap
 
     async def accept(self) -> None:
         first = await self._receive()
@@ -227,6 +286,12 @@ class RawWebSocket:
     async def close(self, code: int = 1000, reason: str = "") -> None:
         await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
+    async def lift_frame_cap(self) -> None:
+        """Let the peer send frames up to the link's maximum (its hello was taken)."""
+        if self.frame_cap:
+            self.frame_cap = False
+            await self._send({"type": LIFT_FRAME_CAP})  # type: ignore[typeddict-item]
+
 
 class CrowdApp:
     """What uvicorn (or a host app's ``mount``) serves: websocket ``/ws`` goes to the
@@ -240,7 +305,10 @@ class CrowdApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and _route_path(scope) == "/ws":
             client = scope.get("client")
-            await self._ws(RawWebSocket(receive, send, client[0] if client else None))
+            cap = FRAME_CAP_EXTENSION in (scope.get("extensions") or {})
+            await self._ws(
+                RawWebSocket(receive, send, client[0] if client else None, frame_cap=cap)
+            )
         else:
             await self.api(scope, receive, send)
 
@@ -327,7 +395,8 @@ class CrowdServer:
 
     @property
     def ws_max_size(self) -> int:
-        """What uvicorn's ``ws_max_size`` must be: larger frames are refused with 1009."""
+        """What uvicorn's ``ws_max_size`` must be: larger frames are refused with 1009
+        (before the hello is taken, those over :data:`PRE_HELLO_MAX_BYTES`)."""
         return self.max_message_bytes + ENVELOPE_MARGIN
 
     @property
@@ -537,6 +606,8 @@ class CrowdServer:
                 self.metrics.frame_in(msg.TYPE, len(data))
                 if not peer.joined:
                     self._hello(peer, msg)
+                    # Before welcome is written: its frames are the link's from here.
+                    await ws.lift_frame_cap()
                     continue
                 if isinstance(msg, m.Heartbeat):
                     # Echoed here, not by the core: liveness must not wait behind a

@@ -135,8 +135,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=_ADMISSION.max_connections_per_ip,
         metavar="N",
-        help="open connections one address may hold (default %(default)s: a school or LAN "
-        "party behind one NAT fits)",
+        help="websocket connections one address may hold (default %(default)s: a school or "
+        f"LAN party behind one NAT fits); {_ADMISSION.http_spare_per_ip} more may carry "
+        "plain HTTP, so /api/status still answers from an address at its bound",
     )
     p.add_argument(
         "--sessions-per-ip",

@@ -100,6 +100,86 @@ def test_read_ahead_pauses_only_when_the_app_falls_behind() -> None:
     asyncio.run(go())
 
 
+async def _open_pair(
+    loop: asyncio.AbstractEventLoop, ws_max_size: int
+) -> tuple[ReadAheadWebSocketProtocol, ClientProtocol, socket.socket]:
+    """The protocol on one end of a socketpair, a sans-IO client past the handshake on
+    the other, the app parked."""
+    config = Config(
+        app=_parked_app, ws=ReadAheadWebSocketProtocol, lifespan="off", ws_max_size=ws_max_size
+    )
+    config.load()
+    proto = ReadAheadWebSocketProtocol(config, ServerState(), {}, _loop=loop)
+    ours, theirs = socket.socketpair()
+    await loop.connect_accepted_socket(lambda: proto, ours)
+    theirs.setblocking(False)
+    peer = ClientProtocol(parse_uri("ws://x/ws"))
+    peer.send_request(peer.connect())
+    await loop.sock_sendall(theirs, b"".join(peer.data_to_send()))
+    while peer.state is not State.OPEN:  # the 101 response
+        peer.receive_data(await loop.sock_recv(theirs, 65536))
+    return proto, peer, theirs
+
+
+async def _until(pred: Any) -> bool:
+    for _ in range(1000):  # a hang guard (10 s), not the claim
+        if pred():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+def _close_pair(proto: ReadAheadWebSocketProtocol, theirs: socket.socket) -> None:
+    proto.transport.close()
+    theirs.close()
+    for task in list(proto.tasks):
+        task.cancel()
+
+
+def test_the_pre_hello_cap_lifts_for_the_next_frame_unless_it_has_begun() -> None:
+    """The parser reads the size limit when a frame's first bytes arrive. Nothing of
+    the frame after the hello came before the lift (a client waiting for welcome):
+    a large one is taken. A byte of it came with the hello: it keeps the cap, 1009
+    (docs/protocol.md §2)."""
+    big = b"x" * (4 * srv.PRE_HELLO_MAX_BYTES)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        proto, peer, theirs = await _open_pair(loop, 1 << 20)
+        assert srv.FRAME_CAP_EXTENSION in proto.scope["extensions"]
+        peer.send_binary(b"hello")
+        await loop.sock_sendall(theirs, b"".join(peer.data_to_send()))
+        assert await _until(lambda: proto.queue.qsize() == 1)
+        await proto.send({"type": srv.LIFT_FRAME_CAP})
+        peer.send_binary(big)
+        await loop.sock_sendall(theirs, b"".join(peer.data_to_send()))
+        assert await _until(lambda: proto.queue.qsize() == 2 or proto.close_sent)
+        assert proto.conn.close_sent is None
+        assert (await proto.receive())["bytes"] == b"hello"
+        assert (await proto.receive())["bytes"] == big
+        _close_pair(proto, theirs)
+
+        proto, peer, theirs = await _open_pair(loop, 1 << 20)
+        peer.send_binary(b"hello")
+        hello = b"".join(peer.data_to_send())
+        peer.send_binary(big)
+        rest = b"".join(peer.data_to_send())
+        await loop.sock_sendall(theirs, hello + rest[:1])
+        assert await _until(lambda: proto.queue.qsize() == 1)
+        proto.lift_frame_cap()
+        await loop.sock_sendall(theirs, rest[1:])
+        assert await _until(lambda: proto.close_sent)
+        assert proto.conn.close_sent is not None and proto.conn.close_sent.code == 1009
+        _close_pair(proto, theirs)
+
+        # A link no larger than the cap is not capped at all.
+        proto, peer, theirs = await _open_pair(loop, srv.PRE_HELLO_MAX_BYTES)
+        assert srv.FRAME_CAP_EXTENSION not in proto.scope["extensions"]
+        _close_pair(proto, theirs)
+
+    asyncio.run(go())
+
+
 def test_websocket_connections_send_without_nagle() -> None:
     """A listening socket made with proto 0 (as make_uvicorn's is) accepts sockets
     asyncio does not set TCP_NODELAY on; with Nagle on, a task written right after
