@@ -14,6 +14,9 @@ Call-order contract (all calls from one thread, ``now`` never decreasing):
   client left; return True to have the task leased again (sync rounds need
   their slot), False to leave it to the resume grace (async).
 - ``on_tick(now)`` on every tick, for deadlines; may step the model.
+- ``on_evaluation(loss)`` after each of the coordinator's held-out
+  evaluations; ``lr_scale()`` when a new local task is leased (its lr is the
+  job's times that).
 
 Every step the strategy takes is reported (``StepReport``) so the core can emit
 events, count contributions and drop tasks whose round has closed.

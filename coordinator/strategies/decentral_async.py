@@ -11,10 +11,12 @@ outer step on their mean (FedBuff). ``diloco`` takes an outer step (Nesterov:
 DiLoCo's) on every arrival at ``outer_lr / K``, with momentum ``outer_momentum
 ** (1 / K)``, where K is the crowd's concurrency measured as the running mean
 of ``staleness + 1``: K tasks in flight from about the same model move it by
-their mean, as one synchronous DiLoCo round would, whatever the crowd's size. A delta older than
-``max_staleness`` versions is refused as stale. With ``staleness.count =
-"overlap"`` a result's staleness counts only the versions that touched its
-subnet's neurons (overlap.OverlapClock), for the weight and ``max_staleness``.
+their mean, as one synchronous DiLoCo round would, whatever the crowd's size.
+A delta older than ``max_staleness`` versions is refused as stale. With
+``staleness.count = "overlap"`` a result's staleness counts only the versions
+that touched its subnet's neurons (overlap.OverlapClock), for the weight and
+``max_staleness``. Each local task's lr is the job's times ``Strategy.lr_scale``
+(the concurrency, and the held-out plateaus: strategies/base.py).
 """
 
 from __future__ import annotations
