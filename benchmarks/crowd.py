@@ -40,6 +40,8 @@ import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from crowdgrad.anchor import accuracy_at, time_to  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CROWDGRAD = [sys.executable, "-m", "crowdgrad"]
 
@@ -204,22 +206,6 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
 def _rows(hist: dict, key: str) -> list[list]:
     """A history series' rows, each in the series' field order (coordinator/history.py)."""
     return [list(r) for r in hist[key]["rows"]]
-
-
-def time_to(curve: list[tuple[float, float]], acc: float) -> float | None:
-    for t, a in curve:
-        if a is not None and a >= acc:
-            return t
-    return None
-
-
-def accuracy_at(curve: list[tuple[float, float]], t_end: float) -> float | None:
-    acc = None
-    for t, a in curve:
-        if t > t_end:
-            break
-        acc = a
-    return acc
 
 
 def settled(curve: list[tuple[float, float]], t_end: float) -> float:

@@ -540,8 +540,12 @@ class Coordinator:
         return n
 
     def _sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
-        """The plan with this client's own number of local steps (``tau = "auto"``)."""
+        """A new local task's plan with this client's own number of local steps
+        (``tau = "auto"``) and the lr multiplier the strategy sets now."""
         st = self.job.strategy
+        lr_scale = self.strategy.lr_scale()
+        if st.tau != "auto":
+            return plan if lr_scale == 1.0 else dataclasses.replace(plan, lr_scale=lr_scale)
         steps = task_steps(
             flops_per_step=self._flops_per_sample * plan.batch,
             flops_per_s=rec.rate(),
@@ -555,7 +559,7 @@ class Coordinator:
             tau_min=st.tau_min,
             tau_max=st.tau_max,
         )
-        return dataclasses.replace(plan, steps=steps)
+        return dataclasses.replace(plan, steps=steps, lr_scale=lr_scale)
 
     def _reference_norms(self) -> list[float]:
         """The norms of a few updates the coordinator computes itself on the model as
@@ -776,11 +780,8 @@ class Coordinator:
         else:
             v = self.model.version if plan.version is None else plan.version
             rows = self.data.shard(plan.shard).rows  # a mean's weight (FedAvg)
-            fresh = plan.kind == "local" and plan.block is None and plan.version is None
-            if fresh and self.job.strategy.tau == "auto":  # (a twin keeps its primary's)
-                plan = self._sized(plan, conn, rec, rows)
-            if fresh and plan.lr_scale == 1.0:
-                plan = dataclasses.replace(plan, lr_scale=self.strategy.lr_scale())
+            if plan.kind == "local" and plan.block is None and plan.version is None:
+                plan = self._sized(plan, conn, rec, rows)  # (a twin keeps its primary's)
             task = self.book.new_task(plan, version=v, now=now, rows=rows)
             if self.submodels is not None:
                 task.subnet = self.submodels.choose(

@@ -162,7 +162,7 @@ class ResultPath:
         sub = task.subnet
         validator = self._validator_of(task)
         reject, norm = validator.check(
-            update, size=None if sub is None else sub.sub.num_params, steps=_effort(task)
+            update, size=None if sub is None else sub.sub.num_params, effort=_effort(task)
         )
         if reject is None and task.block is not None:
             reject = self._take_boundary(task, upload, self._validators[BOUNDARY])
@@ -174,7 +174,7 @@ class ResultPath:
         unit = verifier.unit_of(task.task_id)
         clip = 1.0
         if unit is None:
-            clip = validator.clip_scale(norm, steps=_effort(task))
+            clip = validator.clip_scale(norm, effort=_effort(task))
             outcome = self.apply(task, update, norm, rec.resume_id, now, checked=False, clip=clip)
             if not outcome.accepted:
                 self._orphans.discard(task.task_id)
@@ -290,7 +290,7 @@ class ResultPath:
         (``clip``: that factor, when the caller took it already).
         ``checked``: replication compared it; an unchecked one is journaled."""
         validator = self._validator_of(task)
-        scale = validator.clip_scale(norm, steps=_effort(task)) if clip is None else clip
+        scale = validator.clip_scale(norm, effort=_effort(task)) if clip is None else clip
         if scale < 1.0:
             update = update * np.float32(scale)
         journal = not checked and self._verifier.journals
@@ -299,7 +299,7 @@ class ResultPath:
         outcome = self._strategy.on_result(task, update, now)
         task.boundary = None
         if outcome.accepted:
-            validator.accept(norm * scale, steps=_effort(task))
+            validator.accept(norm * scale, effort=_effort(task))
             if had_boundary:
                 self._validators[BOUNDARY].accept(task.boundary_norm)
             self.accepted += 1

@@ -59,24 +59,25 @@ class UpdateValidator:
         # statistics.median: a quarter of np.median's cost at these sizes
         return float(statistics.median([*self.reference, *self.norms]))
 
-    def clip_scale(self, norm: float, *, steps: float = 1) -> float:
+    def clip_scale(self, norm: float, *, effort: float = 1) -> float:
         """The factor (<= 1) that brings an accepted update to ``clip_multiple`` ×
         the median (per step); 1 when it is within that or clipping is off."""
         c = self.config.clip_multiple
         med = self.median()
-        per_step = norm / steps
+        per_step = norm / effort
         if c is None or med is None or not per_step > c * med:
             return 1.0
         return c * med / per_step
 
     def check(
-        self, update: np.ndarray, *, size: int | None = None, steps: float = 1
+        self, update: np.ndarray, *, size: int | None = None, effort: float = 1
     ) -> tuple[Reject | None, float]:
-        """``(reason or None, norm)``; call ``accept(norm, steps=...)`` once the result
+        """``(reason or None, norm)``; call ``accept(norm, effort=...)`` once the result
         is taken. ``size``: the values expected when not the whole model's (a
-        subnet's). ``steps``: the task's local steps; norms are compared per step,
-        since clients under ``tau = "auto"`` take different numbers of them (a
-        long task's delta grows at most linearly with its steps)."""
+        subnet's). ``effort``: the task's local steps times its lr multiplier;
+        norms are compared per unit of it, since tasks under ``tau = "auto"``
+        and ``lr_scaling`` differ in both (a delta grows at most linearly with
+        each)."""
         if update.ndim != 1 or update.size != (self.size if size is None else size):
             return Reject.SHAPE, float("nan")
         if update.dtype != np.float32:
@@ -87,7 +88,7 @@ class UpdateValidator:
         if not math.isfinite(norm):
             return Reject.NONFINITE, float("nan")
         med = self.median()
-        if med is not None and norm / steps > self.config.norm_multiple * max(med, 1e-12):
+        if med is not None and norm / effort > self.config.norm_multiple * max(med, 1e-12):
             return Reject.NORM, norm
         return None, norm
 
@@ -98,7 +99,7 @@ class UpdateValidator:
         self.norms.clear()
         self.reference = list(reference)
 
-    def accept(self, norm: float, *, steps: float = 1) -> None:
+    def accept(self, norm: float, *, effort: float = 1) -> None:
         """Count an accepted update's norm; a zero one is not counted. It says
         nothing about how long honest updates are (nothing was trained: an edge
         whose crowd had not returned a result yet, or a free rider), and enough
@@ -106,7 +107,7 @@ class UpdateValidator:
         (simulations/federation.py found it: a root refused every sync after
         its edges' first, empty, ones)."""
         if norm > 0:
-            self.norms.append(norm / steps)
+            self.norms.append(norm / effort)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})

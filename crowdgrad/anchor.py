@@ -42,6 +42,24 @@ class Point:
     loss: float
 
 
+def time_to(curve: Sequence[tuple[float, float | None]], accuracy: float) -> float | None:
+    """Seconds until a ``(seconds, accuracy)`` curve first reached ``accuracy``."""
+    for t, a in curve:
+        if a is not None and a >= accuracy:
+            return t
+    return None
+
+
+def accuracy_at(curve: Sequence[tuple[float, float | None]], seconds: float) -> float | None:
+    """The last accuracy of a ``(seconds, accuracy)`` curve at or before ``seconds``."""
+    acc = None
+    for t, a in curve:
+        if t > seconds:
+            break
+        acc = a
+    return acc
+
+
 @dataclass(slots=True)
 class AnchorRun:
     """One optimizer setting trained for a budget; ``history`` in time order."""
@@ -64,21 +82,17 @@ class AnchorRun:
     def best_loss(self) -> float:
         return min((p.loss for p in self.history), default=float("inf"))
 
+    @property
+    def curve(self) -> list[tuple[float, float | None]]:
+        return [(p.t, p.accuracy) for p in self.history]
+
     def time_to(self, accuracy: float) -> float | None:
         """Training seconds until the held-out accuracy first reached ``accuracy``."""
-        for p in self.history:
-            if p.accuracy is not None and p.accuracy >= accuracy:
-                return p.t
-        return None
+        return time_to(self.curve, accuracy)
 
     def accuracy_at(self, seconds: float) -> float | None:
         """The last accuracy measured at or before ``seconds``."""
-        acc = None
-        for p in self.history:
-            if p.t > seconds:
-                break
-            acc = p.accuracy
-        return acc
+        return accuracy_at(self.curve, seconds)
 
     def to_json(self) -> dict:
         return {
