@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     raw = load_raw(resolve("attacks-digits-64"))
     raw["clients"]["count"] = args.players
-    # unset options keep the job's defaults (coordinator/config.py)
+    # unset options keep the job's defaults (coordinator/core/config.py)
     for key in ("aggregation", "aggregator", "window"):
         if getattr(args, key) is not None:
             raw["job"]["strategy"][key] = getattr(args, key)

@@ -48,17 +48,18 @@ from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
-from coordinator import events as ev  # noqa: E402
-from coordinator.config import parse_job  # noqa: E402
-from coordinator.core import Coordinator  # noqa: E402
-from coordinator.loopback import Loopback  # noqa: E402
-from coordinator.submodel import encoded_bytes  # noqa: E402
+from coordinator.core import events as ev  # noqa: E402
+from coordinator.core.config import parse_job  # noqa: E402
+from coordinator.core.machine import Coordinator  # noqa: E402
+from coordinator.core.submodel import encoded_bytes  # noqa: E402
 from nn.data import load_dataset  # noqa: E402
 from nn.subnet import sub_spec  # noqa: E402
 from nn.threads import set_threads  # noqa: E402
 from simulations.driver import Simulation, linear_evaluations  # noqa: E402
 from simulations.scenario import load_raw, parse_scenario, resolve  # noqa: E402
+from testkit.loopback import Loopback  # noqa: E402
 
 #: (label, submodel section or None, model codec, update codec)
 DIGITS_ROWS: list[tuple[str, dict[str, Any] | None, str, str]] = [

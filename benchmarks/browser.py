@@ -181,7 +181,7 @@ def bench_frames(context: Any, seconds: float) -> list[dict]:
 
 
 def bench_crowd(context: Any, tabs: int = 8) -> dict:
-    from coordinator import events as ev
+    from coordinator.core import events as ev
     from tests.e2e.e2e_helpers import digits_job, running
 
     job = digits_job(stop={"max_time_s": 600})

@@ -60,10 +60,10 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from coordinator import events as ev  # noqa: E402
-from coordinator.config import parse_job  # noqa: E402
-from coordinator.server import BackgroundServer, CrowdServer  # noqa: E402
-from coordinator.service import CoreService  # noqa: E402
+from coordinator.core import events as ev  # noqa: E402
+from coordinator.core.config import parse_job  # noqa: E402
+from coordinator.http.server import BackgroundServer, CrowdServer  # noqa: E402
+from coordinator.runtime.service import CoreService  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("interpreter", "imports", "flops", "hello", "task", "computing", "computed", "accepted")

@@ -2,7 +2,7 @@
 final accuracy.
 
 Decentral-async, classic FedAsync (``strategy.window`` 1 unless ``--window``), over
-``coordinator.loopback``: one ``Coordinator``, 8 ``ClientSession``s of mixed speed,
+``testkit.loopback``: one ``Coordinator``, 8 ``ClientSession``s of mixed speed,
 a virtual clock, every frame through the wire encoding and every update through
 ``client.compute``. Each row sets the upload codec (``codecs.update``,
 ``codecs.error_feedback``) and how models go down: full fp32 models, or deltas
@@ -45,15 +45,16 @@ from typing import Any
 # ``compression`` package with this very file.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402  (installed with scikit-learn)
 
-from coordinator import events as ev  # noqa: E402
-from coordinator.config import parse_job  # noqa: E402
-from coordinator.core import Coordinator  # noqa: E402
-from coordinator.loopback import Loopback  # noqa: E402
+from coordinator.core import events as ev  # noqa: E402
+from coordinator.core.config import parse_job  # noqa: E402
+from coordinator.core.machine import Coordinator  # noqa: E402
 from nn.data import load_dataset  # noqa: E402
+from testkit.loopback import Loopback  # noqa: E402
 
 GOAL_X = 16.0
 GOAL_POINTS = 0.5
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         compare(r, base)
     report = {
         "benchmark": "compression",
-        "kind": "real coordinator (coordinator.loopback), decentral-async fedasync",
+        "kind": "real coordinator (testkit.loopback), decentral-async fedasync",
         "dataset": "digits",
         "widths": [int(w) for w in args.widths.split(",")],
         "clients": args.clients,

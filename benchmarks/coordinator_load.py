@@ -165,7 +165,7 @@ class _LoadClient(asyncio.Protocol):
 
 #: clients per source address by default: players come from many addresses, and
 #: the coordinator admits at most 1,024 open connections and bursts of 500 new
-#: sessions per address (coordinator/admission.py), limits the load keeps on
+#: sessions per address (coordinator/http/admission.py), limits the load keeps on
 PER_ADDRESS = 250
 
 
@@ -417,9 +417,9 @@ def run_load(
     spans: bool = True,
     per_address: int = PER_ADDRESS,
 ) -> dict[str, Any]:
-    from coordinator.config import parse_job
-    from coordinator.server import BackgroundServer, CrowdServer
-    from coordinator.service import CoreService
+    from coordinator.core.config import parse_job
+    from coordinator.http.server import BackgroundServer, CrowdServer
+    from coordinator.runtime.service import CoreService
 
     job = parse_job(
         {

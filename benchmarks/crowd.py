@@ -204,7 +204,7 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
 
 
 def _rows(hist: dict, key: str) -> list[list]:
-    """A history series' rows, each in the series' field order (coordinator/history.py)."""
+    """A history series' rows, each in the series' field order (coordinator/runtime/history.py)."""
     return [list(r) for r in hist[key]["rows"]]
 
 

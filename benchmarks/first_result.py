@@ -41,10 +41,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from client.datacache import DiskCache  # noqa: E402
-from coordinator import events as ev  # noqa: E402
-from coordinator.config import parse_job  # noqa: E402
-from coordinator.server import BackgroundServer, CrowdServer  # noqa: E402
-from coordinator.service import CoreService  # noqa: E402
+from coordinator.core import events as ev  # noqa: E402
+from coordinator.core.config import parse_job  # noqa: E402
+from coordinator.http.server import BackgroundServer, CrowdServer  # noqa: E402
+from coordinator.runtime.service import CoreService  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("cold", "warm", "own data")

@@ -58,8 +58,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 import numpy as np  # noqa: E402
 
-from coordinator.config import JobConfig, parse_job  # noqa: E402
-from coordinator.data import load_job_data  # noqa: E402
+from coordinator.core.config import JobConfig, parse_job  # noqa: E402
+from coordinator.core.data import load_job_data  # noqa: E402
 from nn.data import shard  # noqa: E402
 
 ROOT = _HERE.parent

@@ -2,7 +2,7 @@
 honest client training beside them: frames tried, close codes seen, crashes,
 memory before and after, and the honest client's accepted results.
 
-Sans-IO (coordinator/fuzzing.py): each frame is decoded as the websocket server
+Sans-IO (testkit/fuzzing.py): each frame is decoded as the websocket server
 decodes it and handed to the real core; a refused frame closes its connection
 with the error's close code and the next frame opens a new one. The honest client
 is a real ClientSession computing real updates over the loopback driver. What
@@ -22,10 +22,11 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
-from coordinator.config import parse_job  # noqa: E402
-from coordinator.core import Coordinator  # noqa: E402
-from coordinator.fuzzing import fuzz, summary  # noqa: E402
+from coordinator.core.config import parse_job  # noqa: E402
+from coordinator.core.machine import Coordinator  # noqa: E402
+from testkit.fuzzing import fuzz, summary  # noqa: E402
 
 
 def rss_mb() -> float:

@@ -15,8 +15,8 @@ MNIST bound), and the bytes and frames per epoch in each direction with the
 virtual seconds an epoch takes on the link.
 
 The second part (``--coordinator``, on by default) runs the same comparison on
-the real coordinator: ``coordinator.core.Coordinator`` with two in-process client
-sessions (``coordinator.loopback.Loopback``: every frame wire-encoded, every
+the real coordinator: ``coordinator.core.machine.Coordinator`` with two in-process client
+sessions (``testkit.loopback.Loopback``: every frame wire-encoded, every
 task computed by ``client.compute``), a ``[split] cut`` job (lower tasks return
 their rows' boundary, which upper tasks train on as a shard: docs/protocol.md
 §3.3.2) against the same job trained whole. Both are decentral-async FedAsync
@@ -43,10 +43,10 @@ from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
-from coordinator.config import parse_job  # noqa: E402
-from coordinator.core import Coordinator  # noqa: E402
-from coordinator.loopback import Loopback  # noqa: E402
+from coordinator.core.config import parse_job  # noqa: E402
+from coordinator.core.machine import Coordinator  # noqa: E402
 from nn.data import Dataset, load_digits, split_indices  # noqa: E402
 from nn.layersplit import train_whole  # noqa: E402
 from nn.optim import Optimizer  # noqa: E402
@@ -55,6 +55,7 @@ from nn.threads import set_threads  # noqa: E402
 from nn.train import evaluate  # noqa: E402
 from protocol.limits import profile  # noqa: E402
 from simulations.layersplit import DIRECTIONS, SplitConfig, per_epoch, simulate  # noqa: E402
+from testkit.loopback import Loopback  # noqa: E402
 
 #: the seed's MNIST bound (seed 002, section 9.7), in accuracy points
 TARGET_POINTS = 0.5

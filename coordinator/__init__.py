@@ -1,11 +1,15 @@
-"""The coordinator: a sans-IO core (state machine), its job config, strategies and events.
+"""The coordinator, in four rooms by what they may touch.
 
-The names below are imported on first use (PEP 562), not with the package: every
-``coordinator.x`` import runs this file first, and the core with its numba kernels
-is most of a second of CPU that ``crowdgrad coordinator`` wants to spend after it
-listens (a client that starts beside it then waits in the accept queue instead of
-being refused), and that a light module (the admission limits, the job file) never
-needs.
+- ``coordinator.core``: the sans-IO state machine: bytes and ticks in, actions out;
+  no sockets, threads, clock or files beyond the job's own (checked by import-linter).
+- ``coordinator.runtime``: the thread that drives the core, its ack gate, journal
+  and checkpoints (threads and files).
+- ``coordinator.http``: the server face: websockets, routes, admission, dashboard,
+  metrics (asyncio, uvicorn, FastAPI).
+- ``coordinator.federation``: an edge coordinator's link to its upstream.
+
+The names below are imported on first use (PEP 562): a light module (admission
+limits, the job file) must not pay for the core's numba kernels at start-up.
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coordinator.config import JobConfig, JobConfigError, load_job, parse_job
-    from coordinator.core import Coordinator, server_limits
-    from coordinator.events import (
+    from coordinator.core.config import JobConfig, JobConfigError, load_job, parse_job
+    from coordinator.core.events import (
         Action,
         Checkpoint,
         ClientExcluded,
@@ -36,11 +39,12 @@ if TYPE_CHECKING:
         TaskDeclined,
         TaskLeased,
     )
+    from coordinator.core.machine import Coordinator, server_limits
 
 #: each public name and the module it comes from
 _HOME: dict[str, str] = {
-    **dict.fromkeys(("JobConfig", "JobConfigError", "load_job", "parse_job"), "config"),
-    **dict.fromkeys(("Coordinator", "server_limits"), "core"),
+    **dict.fromkeys(("JobConfig", "JobConfigError", "load_job", "parse_job"), "core.config"),
+    **dict.fromkeys(("Coordinator", "server_limits"), "core.machine"),
     **dict.fromkeys(
         (
             "Action",
@@ -62,7 +66,7 @@ _HOME: dict[str, str] = {
             "TaskDeclined",
             "TaskLeased",
         ),
-        "events",
+        "core.events",
     ),
 }
 

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from coordinator.config import JobConfig
-from coordinator.data import load_job_data
+from coordinator.core.config import JobConfig
+from coordinator.core.data import load_job_data
 from nn.data import Dataset
 from nn.optim import Optimizer, OptState
 from nn.spec import ModelSpec

@@ -32,10 +32,10 @@ from typing import Any, Literal
 import numpy as np
 
 from client.desktop import DesktopClient
-from coordinator.config import parse_job
-from coordinator.console import ConsoleLog
-from coordinator.server import BackgroundServer, CrowdServer
-from coordinator.service import CoreService
+from coordinator.core.config import parse_job
+from coordinator.http.console import ConsoleLog
+from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.runtime.service import CoreService
 from nn.data import Dataset, split_indices
 from nn.params import Params
 from nn.spec import ModelSpec

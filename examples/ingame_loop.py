@@ -117,9 +117,9 @@ def game_loop(
 @contextlib.contextmanager
 def demo_coordinator() -> Iterator[str]:
     """A local coordinator (its own threads, not the game's) on a digits job."""
-    from coordinator.config import parse_job
-    from coordinator.server import BackgroundServer, CrowdServer
-    from coordinator.service import CoreService
+    from coordinator.core.config import parse_job
+    from coordinator.http.server import BackgroundServer, CrowdServer
+    from coordinator.runtime.service import CoreService
 
     job = parse_job(
         {

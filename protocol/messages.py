@@ -681,7 +681,7 @@ class Chunk(Message):
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Ack(Message):
     """Server -> client: a result was applied (or why not). ``reason`` is a short
-    machine-readable word, one of coordinator.validation.Reject's (docs/protocol.md
+    machine-readable word, one of coordinator.core.validation.Reject's (docs/protocol.md
     §3.6 lists them)."""
 
     TYPE: ClassVar[str] = "ack"

@@ -66,10 +66,10 @@ from client.session import (
     Phase,
     Send,
 )
-from coordinator import events as ev
-from coordinator.core import Coordinator
-from coordinator.data import load_job_data
-from coordinator.strategies.aggregate import schedule_factor
+from coordinator.core import events as ev
+from coordinator.core.data import load_job_data
+from coordinator.core.machine import Coordinator
+from coordinator.core.strategies.aggregate import schedule_factor
 from nn.data import Dataset
 from nn.mapped import MAP_ABOVE_PARAMS, create_mapped
 from nn.optim import Optimizer, OptState

@@ -2,7 +2,7 @@
 
 What it models (``[federation]`` in a scenario; the real thing is
 ``crowdgrad coordinator --upstream``, docs/operations.md). The scenario's crowd
-is split evenly over ``edges`` real :class:`~coordinator.core.Coordinator` s,
+is split evenly over ``edges`` real :class:`~coordinator.core.machine.Coordinator` s,
 each running ``[job]`` (without its stop: the root decides when the job ends)
 for its share; player ``i`` joins edge ``i mod edges`` and keeps the compute
 rate, link and churn it has in the single-coordinator run of the same scenario.
@@ -13,7 +13,7 @@ stop, evaluated at the root. All of them share one engine, so one virtual clock.
 Each edge's uplink is a client of the root (:class:`Uplink`), driven through
 the real ``ClientSession`` over an edge-root link (``federation.link`` profile,
 ``federation.latency``) like a player over its own. Its "compute" is what
-``coordinator.edge.EdgeUplink._compute`` does: wait for the root's answer to the
+``coordinator.federation.edge.EdgeUplink._compute`` does: wait for the root's answer to the
 last sync, ``upstream.rebase`` the edge onto the task's model, let the edge's
 crowd train until the edge moved ``every_versions`` versions or ``every_s``
 virtual seconds passed, then ``upstream.sync`` and upload the pseudo-gradient
@@ -30,11 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 from client.session import Capabilities, ClientSession, ComputeRequest
-from coordinator import events as ev
-from coordinator.config import StopSection
-from coordinator.core import Coordinator
-from coordinator.data import load_job_data
-from coordinator.upstream import EDGE_PLATFORM, UpstreamState, rebase, sync
+from coordinator.core import events as ev
+from coordinator.core.config import StopSection
+from coordinator.core.data import load_job_data
+from coordinator.core.machine import Coordinator
+from coordinator.core.upstream import EDGE_PLATFORM, UpstreamState, rebase, sync
 from nn.data import Dataset
 from protocol import messages as m
 from simulations.churn import ChurnModel

@@ -26,7 +26,7 @@ same seed (tests/simulations/test_layersplit.py). fp16 halves the bytes and
 rounds what second sees.
 
 The real coordinator trains the same blocks with ordinary tasks instead of a
-relayed pair (coordinator/layersplit.py, docs/protocol.md §3.3.2): a lower
+relayed pair (coordinator/core/layersplit.py, docs/protocol.md §3.3.2): a lower
 task's result carries its rows' boundary, which becomes a shard for an upper
 task; here the frames are ordinary ``chunk`` and ``ack`` messages between two
 fixed clients.

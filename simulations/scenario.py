@@ -6,7 +6,7 @@ file always gives the same results::
     name = "digits-64-roblox"
     seed = 1
 
-    [job]                       # a coordinator job file, verbatim (coordinator.config)
+    [job]                       # a coordinator job file, verbatim (coordinator.core.config)
     model = { widths = [64, 128, 10] }
     strategy = { name = "decentral-async", tau = 10 }
     link = { profile = "roblox" }
@@ -66,7 +66,7 @@ from pydantic import (
     model_validator,
 )
 
-from coordinator.config import JobConfig, JobConfigError, parse_job
+from coordinator.core.config import JobConfig, JobConfigError, parse_job
 from protocol.limits import PROFILES, LinkLimits, profile
 from simulations.attacks import AttackSpec
 from simulations.churn import ChurnModel
@@ -226,7 +226,7 @@ class ClientsSection(_Section):
 class FederationSection(_Section):
     """``[federation]``: the crowd split evenly over ``edges`` coordinators, each
     running ``[job]`` for its share and syncing with a root coordinator like
-    ``crowdgrad coordinator --upstream`` does (coordinator/upstream.py)."""
+    ``crowdgrad coordinator --upstream`` does (coordinator/core/upstream.py)."""
 
     edges: int = Field(ge=1, le=1000)
     every_versions: int = Field(default=50, ge=1, description="edge versions between syncs")

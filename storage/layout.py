@@ -104,7 +104,7 @@ class LiveParams:
     entry records ``as_of``, the model version it was copied at. Such a
     checkpoint is not the model of one version: it is usable with a log of what
     changed after ``Checkpoint.version``, replayed on each group from its own
-    ``as_of`` on (coordinator/journal.py). With ``base``, only ``groups`` are
+    ``as_of`` on (coordinator/runtime/journal.py). With ``base``, only ``groups`` are
     read and the rest is inherited, as for a ``ParamsPatch``. ``guard`` is called
     under the lock before each copy and raises to abandon the save (a write the
     log cannot redo happened meanwhile).

@@ -1,6 +1,6 @@
 """``crowdgrad coordinator``: serve a training job to volunteers over websockets.
 
-The job comes from a TOML file (``--job``, see coordinator/config.py) and/or
+The job comes from a TOML file (``--job``, see coordinator/core/config.py) and/or
 flags that override it. Prints the URL clients join. SIGINT/SIGTERM stop
 accepting, finish the tick, write a checkpoint (with ``--store``) and close
 every client with 1001 going away, within ``--stop-grace`` (a signal before it
@@ -28,11 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coordinator.core.config import STRATEGY_NAMES, JobConfig, load_job
+
 # Light imports only: ``run`` binds the port first and imports the web stack, the
 # core and its numba kernels after (see ``run``).
-from coordinator.admission import AdmissionLimits
-from coordinator.config import STRATEGY_NAMES, JobConfig, load_job
-from coordinator.listen import bind, join_url
+from coordinator.http.admission import AdmissionLimits
+from coordinator.http.listen import bind, join_url
 from crowdgrad.cli import UsageError
 from crowdgrad.stopguard import StopGuard
 from nn.spec import parse_widths
@@ -40,18 +41,18 @@ from nn.spec import parse_widths
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from coordinator.edge import EdgeUplink
-    from coordinator.server import CrowdServer
+    from coordinator.federation.edge import EdgeUplink
+    from coordinator.http.server import CrowdServer
 
 _ADMISSION = AdmissionLimits()  # the defaults, for the flags' help
 
 #: What ``_serve`` imports: after the bind (``run``).
 _SERVING = (
     "rich.console",
-    "coordinator.console",
-    "coordinator.data",
-    "coordinator.server",
-    "coordinator.service",
+    "coordinator.http.console",
+    "coordinator.core.data",
+    "coordinator.http.server",
+    "coordinator.runtime.service",
     "storage.errors",
 )
 
@@ -345,7 +346,7 @@ async def serve_with_uplink(
     if uplink is None:
         await server.serve(sockets=[sock])
         return
-    from coordinator.edge import attach_upstream
+    from coordinator.federation.edge import attach_upstream
 
     async def up() -> None:
         while not server.started:  # the lifespan starts the core thread
@@ -419,10 +420,10 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard: StopGuard) -> int:
     from rich.console import Console
 
-    from coordinator.console import ConsoleLog
-    from coordinator.data import load_job_data
-    from coordinator.server import CrowdServer, make_uvicorn
-    from coordinator.service import CoreService, FreshStartRefused
+    from coordinator.core.data import load_job_data
+    from coordinator.http.console import ConsoleLog
+    from coordinator.http.server import CrowdServer, make_uvicorn
+    from coordinator.runtime.service import CoreService, FreshStartRefused
     from storage.errors import StorageError
 
     console = Console()
@@ -474,7 +475,7 @@ def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard:
     port = sock.getsockname()[1]
     uplink = None
     if args.upstream is not None:
-        from coordinator.edge import EdgeUplink
+        from coordinator.federation.edge import EdgeUplink
 
         try:
             uplink = EdgeUplink(

@@ -26,10 +26,10 @@ from typing import IO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from coordinator.config import STRATEGY_NAMES, parse_job
-from coordinator.console import ConsoleLog
-from coordinator.server import BackgroundServer, CrowdServer
-from coordinator.service import CoreService
+from coordinator.core.config import STRATEGY_NAMES, parse_job
+from coordinator.http.console import ConsoleLog
+from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.runtime.service import CoreService
 from crowdgrad.cli import UsageError
 from crowdgrad.commands.coordinator import ConsolePrinter
 

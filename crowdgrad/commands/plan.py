@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.strategies import serves_prefetch
+from coordinator.core.strategies import serves_prefetch
 from crowdgrad.cli import UsageError
 from nn.spec import ModelSpec, parse_widths
 from protocol.limits import PROFILES, profile

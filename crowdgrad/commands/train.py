@@ -151,7 +151,7 @@ def run_job(args: argparse.Namespace) -> int:
     """The job's one-machine anchor, printed as it trains and kept with ``--json``."""
     import json
 
-    from coordinator.config import JobConfigError, load_job
+    from coordinator.core.config import JobConfigError, load_job
     from crowdgrad.anchor import AnchorRun, Point, anchor_of
 
     if args.preset or args.widths or args.dataset != "digits":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from tests.browser.conftest import artifacts_dir
 from tests.browser.test_volunteer_page import open_tab, page_url, wait_until
 from tests.e2e.e2e_helpers import digits_job, running

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from websockets.sync.client import connect
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from protocol import messages as m
 from tests.browser.conftest import TcpProxy, artifacts_dir
 from tests.e2e.e2e_helpers import clients, digits_job, hello_frame, running

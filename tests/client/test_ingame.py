@@ -16,8 +16,8 @@ import pytest
 
 from client import compute
 from client.ingame import InGameClient, LinkState
-from coordinator import events as ev
-from coordinator.core import Coordinator
+from coordinator.core import events as ev
+from coordinator.core.machine import Coordinator
 from protocol import messages as m
 from protocol.errors import CLOSE_CODES, ErrorCode
 from tests.coordinator.coord_helpers import digits, make_job

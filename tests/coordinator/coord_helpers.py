@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from coordinator import events as ev
-from coordinator.config import JobConfig, parse_job
-from coordinator.core import Coordinator
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig, parse_job
+from coordinator.core.machine import Coordinator
 from nn.data import Dataset, load_dataset
 from nn.params import Params
 from protocol import messages as m

@@ -21,9 +21,9 @@ if __name__ == "__main__":
 
 import numpy as np
 
-from coordinator import events as ev
-from coordinator.config import parse_job
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.core.config import parse_job
+from coordinator.runtime.service import CoreService
 from protocol import messages as m
 from tests.coordinator.coord_helpers import result_messages
 

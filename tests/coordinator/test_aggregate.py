@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.strategies.aggregate import (
+from coordinator.core.strategies.aggregate import (
     OuterOptimizer,
     schedule_factor,
     staleness_scale,

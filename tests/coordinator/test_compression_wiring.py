@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 from compression import get as get_codec
-from coordinator import events as ev
-from coordinator.config import JobConfig, JobConfigError, parse_job
-from coordinator.core import Coordinator
-from coordinator.loopback import Loopback
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig, JobConfigError, parse_job
+from coordinator.core.machine import Coordinator
 from nn.modelfile import save_model
 from nn.optim import Optimizer, OptState
 from nn.params import Params
@@ -20,6 +19,7 @@ from protocol import messages as m
 from protocol.checksum import crc32
 from protocol.chunking import chunk_params
 from protocol.errors import ErrorCode, close_code
+from testkit.loopback import Loopback
 from tests.coordinator.coord_helpers import (
     acks,
     digits,

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.config import JobConfig, JobConfigError, load_job, parse_job
+from coordinator.core.config import JobConfig, JobConfigError, load_job, parse_job
 
 GOOD = """
 name = "digits-dasync"
@@ -124,7 +124,7 @@ def test_the_extreme_example_job_is_valid_and_merges_in_place() -> None:
     """examples/extreme/job.toml: what `crowdgrad coordinator` maps and journals."""
     from pathlib import Path
 
-    from coordinator.config import load_job
+    from coordinator.core.config import load_job
     from nn.mapped import MAP_ABOVE_PARAMS
 
     job = load_job(Path(__file__).parents[2] / "examples" / "extreme" / "job.toml")

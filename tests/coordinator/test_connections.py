@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.connections import (
+from coordinator.core.connections import (
     CONN_TRANSITIONS,
     DECLINE_BACKOFF_S,
     Conn,
@@ -12,8 +12,8 @@ from coordinator.connections import (
     ConnError,
     ConnState,
 )
-from coordinator.leases import LeaseBook, TaskPlan
-from coordinator.uploads import Uploads
+from coordinator.core.leases import LeaseBook, TaskPlan
+from coordinator.core.uploads import Uploads
 from nn.spec import ModelSpec
 from protocol import messages as m
 from protocol.limits import profile

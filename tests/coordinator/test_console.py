@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator import events as ev
-from coordinator.console import ConsoleLog
+from coordinator.core import events as ev
+from coordinator.http.console import ConsoleLog
 
 
 class Clock:

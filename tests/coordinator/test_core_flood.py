@@ -8,10 +8,10 @@ and the retention (600 s), so only the count bounds what is kept.
 
 from __future__ import annotations
 
-from coordinator import events as ev
-from coordinator.core import Coordinator
-from coordinator.fuzzing import fuzz
+from coordinator.core import events as ev
+from coordinator.core.machine import Coordinator
 from protocol import messages as m
+from testkit.fuzzing import fuzz
 from tests.coordinator.coord_helpers import (
     acks,
     deliver,

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from coordinator import events as ev
-from coordinator.connections import ConnState
-from coordinator.core import Coordinator
-from coordinator.leases import LeaseState, TaskState
+from coordinator.core import events as ev
+from coordinator.core.connections import ConnState
+from coordinator.core.leases import LeaseState, TaskState
+from coordinator.core.machine import Coordinator
 from protocol import messages as m
 from protocol.chunking import Block, chunk_params, iter_chunks, params_arrays, params_layout
 from tests.coordinator.coord_helpers import digits, make_job
@@ -254,7 +254,7 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def connection_phases_agree_with_the_lease_book(self) -> None:
         """READY holds no lease; WORKING and PREFETCH hold a live one, PREFETCH
-        with nothing queued behind it (coordinator/connections.py)."""
+        with nothing queued behind it (coordinator/core/connections.py)."""
         if self.core is None:
             return
         book = self.core.book

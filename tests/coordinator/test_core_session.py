@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import events as ev
-from coordinator.config import JobConfigError
-from coordinator.connections import DECLINE_BACKOFF_MAX_S, DECLINE_BACKOFF_S
-from coordinator.leases import LeaseState
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfigError
+from coordinator.core.connections import DECLINE_BACKOFF_MAX_S, DECLINE_BACKOFF_S
+from coordinator.core.leases import LeaseState
 from protocol import messages as m
 from protocol.errors import CLOSE_NORMAL, ErrorCode, close_code
 from protocol.limits import LinkLimits

@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from tests.coordinator.coord_helpers import hello, make_core, only, sent

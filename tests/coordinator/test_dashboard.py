@@ -1,9 +1,9 @@
-"""coordinator.dashboard: client rows from events, bounded events, time-left guesses."""
+"""coordinator.http.dashboard: client rows from events, bounded events, time-left guesses."""
 
 from __future__ import annotations
 
-from coordinator import events as ev
-from coordinator.dashboard import MAX_GONE, Dashboard, estimate_left
+from coordinator.core import events as ev
+from coordinator.http.dashboard import MAX_GONE, Dashboard, estimate_left
 
 
 def test_rows_follow_the_events() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator import events as ev
-from coordinator.config import parse_job
-from coordinator.core import Coordinator
-from coordinator.data import DataCatalog, load_job_data
+from coordinator.core import events as ev
+from coordinator.core.config import parse_job
+from coordinator.core.data import DataCatalog, load_job_data
+from coordinator.core.machine import Coordinator
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from protocol.shardfile import decode_shard, sha256_hex
@@ -129,7 +129,7 @@ def test_a_model_that_does_not_fit_the_data_is_refused_at_load(tmp_path: Path) -
 
 
 def test_job_file_paths_are_relative_to_the_job(tmp_path: Path) -> None:
-    from coordinator.config import JobConfigError, load_job
+    from coordinator.core.config import JobConfigError, load_job
 
     (tmp_path / "sub").mkdir()
     np.savez(tmp_path / "sub" / "d.npz", X=np.ones((4, 2)), y=np.array([0, 1, 0, 1]))

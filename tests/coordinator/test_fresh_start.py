@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.service import CoreService, FreshStartRefused
+from coordinator.runtime.service import CoreService, FreshStartRefused
 from storage.errors import NoCheckpoint
 from storage.store import CheckpointStore
 from tests.coordinator.coord_helpers import digits, make_job

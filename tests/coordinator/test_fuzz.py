@@ -1,4 +1,4 @@
-"""Hostile frames (coordinator/hostile.py) never crash the decoder or the core, close
+"""Hostile frames (testkit/hostile.py) never crash the decoder or the core, close
 only with documented codes, and an honest client keeps training beside them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator import hostile
-from coordinator.fuzzing import DOCUMENTED_CLOSES, fuzz
+from testkit import hostile
+from testkit.fuzzing import DOCUMENTED_CLOSES, fuzz
 from tests.coordinator.coord_helpers import make_core
 
 OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**9}

@@ -1,11 +1,11 @@
-"""coordinator.history: the series, their bound, and their trip through a checkpoint."""
+"""coordinator.runtime.history: the series, their bound, and their trip through a checkpoint."""
 
 from __future__ import annotations
 
 import httpx
 
-from coordinator import events as ev
-from coordinator.history import History
+from coordinator.core import events as ev
+from coordinator.runtime.history import History
 from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, running
 
 

@@ -1,5 +1,5 @@
 """Checkpoints of a model trained by sub-model tasks write only the neuron groups
-that changed (coordinator/snapshots.py), and a restart restores the same model,
+that changed (coordinator/runtime/snapshots.py), and a restart restores the same model,
 also when the model lives in a mapped file."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator import events as ev
-from coordinator import snapshots
-from coordinator.config import parse_job
-from coordinator.service import CoreService
-from coordinator.snapshots import Snapshots
+from coordinator.core import events as ev
+from coordinator.core.config import parse_job
+from coordinator.runtime import snapshots
+from coordinator.runtime.service import CoreService
+from coordinator.runtime.snapshots import Snapshots
 from nn.changes import ChangedRows
 from nn.params import plan_groups
 from nn.spec import ModelSpec

@@ -1,4 +1,4 @@
-"""The journal (coordinator/journal.py): a job whose results are in-place sub-model
+"""The journal (coordinator/runtime/journal.py): a job whose results are in-place sub-model
 merges acknowledges each once its merge is logged, without a checkpoint, and a
 coordinator killed with SIGKILL restarts with every acknowledged result in the
 model, by replaying the log on the last checkpoint (real processes)."""
@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator import events as ev
-from coordinator import snapshots
-from coordinator.config import parse_job
-from coordinator.journal import Journal
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.core.config import parse_job
+from coordinator.runtime import snapshots
+from coordinator.runtime.journal import Journal
+from coordinator.runtime.service import CoreService
 from nn.spec import ModelSpec
 from nn.subnet import Subnet
 from protocol import messages as m

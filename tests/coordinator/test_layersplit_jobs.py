@@ -1,4 +1,4 @@
-"""Layer-split jobs on the real core (coordinator/layersplit.py, docs/protocol.md
+"""Layer-split jobs on the real core (coordinator/core/layersplit.py, docs/protocol.md
 §3.3.2): in-process client sessions over the wire encoding, the real nn core."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import pytest
 
 from client.compute import ComputeOutput
 from client.session import Capabilities
-from coordinator import events as ev
-from coordinator.config import JobConfigError, parse_job
-from coordinator.core import Coordinator
-from coordinator.data import DataCatalog
-from coordinator.layersplit import (
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfigError, parse_job
+from coordinator.core.data import DataCatalog
+from coordinator.core.layersplit import (
     BOUNDARY_BASE,
     LOWER,
     RETIRED_KEPT,
@@ -24,11 +23,12 @@ from coordinator.layersplit import (
     Boundaries,
     SplitBlocks,
 )
-from coordinator.loopback import Loopback
-from coordinator.persist import from_checkpoint, to_checkpoint
+from coordinator.core.machine import Coordinator
+from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from nn.layersplit import boundary_of, join_params, split_spec
 from protocol import messages as m
 from storage.store import CheckpointStore
+from testkit.loopback import Loopback
 from tests.coordinator.coord_helpers import digits
 
 WIDTHS = [64, 64, 32, 10]
@@ -214,7 +214,7 @@ def test_a_split_job_that_cannot_work_is_refused_by_name(over: dict, says: str) 
 def test_the_example_job_is_a_split_job() -> None:
     from pathlib import Path
 
-    from coordinator.config import load_job
+    from coordinator.core.config import load_job
 
     job = load_job(Path(__file__).parents[2] / "examples/layer-split/job.toml")
     assert job.split.cut == 1 and job.spec.widths == (64, 128, 128, 10)

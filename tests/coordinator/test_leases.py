@@ -1,6 +1,6 @@
 import pytest
 
-from coordinator.leases import (
+from coordinator.core.leases import (
     LEASE_TRANSITIONS,
     TASK_TRANSITIONS,
     LeaseBook,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import events as ev
-from coordinator.config import parse_job
-from coordinator.core import Coordinator
-from coordinator.loopback import Loopback
+from coordinator.core import events as ev
+from coordinator.core.config import parse_job
+from coordinator.core.machine import Coordinator
+from testkit.loopback import Loopback
 from tests.coordinator.coord_helpers import digits
 
 #: Per strategy: hyperparameters that reach 0.95 in a few hundred versions at most.
@@ -80,7 +80,7 @@ def test_stopping_at_until_keeps_the_order_of_same_time_events() -> None:
     """An event past ``until`` goes back with its own sequence number: re-queued
     with a new one it ran behind events scheduled later for the same instant (a
     client's result behind its own chunks, closed 4008 in the fuzz benchmark)."""
-    from coordinator.loopback import Loopback
+    from testkit.loopback import Loopback
     from tests.coordinator.coord_helpers import make_core
 
     ran: list[str] = []

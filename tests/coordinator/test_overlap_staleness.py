@@ -1,13 +1,13 @@
 """strategy.staleness.count = "overlap": a sub-model result is as stale as the
-merges that touched its own neurons (coordinator/strategies/overlap.py)."""
+merges that touched its own neurons (coordinator/core/strategies/overlap.py)."""
 
 import numpy as np
 import pytest
 
-from coordinator.config import DataSection, JobConfigError, StrategySection, parse_job
-from coordinator.leases import LeaseBook
-from coordinator.strategies import ClientView, ModelState, make_strategy
-from coordinator.strategies.overlap import OverlapClock
+from coordinator.core.config import DataSection, JobConfigError, StrategySection, parse_job
+from coordinator.core.leases import LeaseBook
+from coordinator.core.strategies import ClientView, ModelState, make_strategy
+from coordinator.core.strategies.overlap import OverlapClock
 from nn.spec import ModelSpec
 from nn.subnet import Subnet
 from storage import Checkpoint

@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.config import parse_job
-from coordinator.core import Coordinator
-from coordinator.loopback import Loopback
-from coordinator.persist import from_checkpoint, to_checkpoint
+from coordinator.core.config import parse_job
+from coordinator.core.machine import Coordinator
+from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from nn.data import load_dataset
 from nn.spec import ModelSpec
 from storage.layout import Checkpoint
 from storage.store import CheckpointStore
+from testkit.loopback import Loopback
 
 
 @pytest.mark.parametrize("strategy", ["decentral-async", "decentral-sync", "central-sync"])

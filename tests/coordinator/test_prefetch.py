@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator import events as ev
-from coordinator.leases import LeaseBook, LeaseError, LeaseState, TaskPlan
+from coordinator.core import events as ev
+from coordinator.core.leases import LeaseBook, LeaseError, LeaseState, TaskPlan
 from protocol import messages as m
 from tests.coordinator.coord_helpers import (
     acks,

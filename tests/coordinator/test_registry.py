@@ -1,6 +1,6 @@
 import pytest
 
-from coordinator.registry import Registry
+from coordinator.core.registry import Registry
 
 
 def test_resume_ids_are_seeded_and_resume_restores_record() -> None:

@@ -1,4 +1,4 @@
-"""Adaptive replication (coordinator/replication.py): twins, comparison, trust,
+"""Adaptive replication (coordinator/core/replication.py): twins, comparison, trust,
 exclusion and what a liar's updates cost, on the real core with scripted and
 loopback clients."""
 
@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
 
 from client.compute import ComputeOutput, run_task
-from coordinator import events as ev
-from coordinator.config import JobConfigError
-from coordinator.core import Coordinator
-from coordinator.loopback import Loopback
-from coordinator.persist import from_checkpoint, to_checkpoint
-from coordinator.replication import agree
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfigError
+from coordinator.core.machine import Coordinator
+from coordinator.core.replication import agree
+from coordinator.runtime.persist import from_checkpoint, to_checkpoint
+from coordinator.runtime.service import CoreService
 from nn.params import Params
 from protocol import messages as m
+from testkit.loopback import Loopback
 from tests.coordinator.coord_helpers import (
     acks,
     deliver,

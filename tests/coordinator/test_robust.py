@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.strategies.aggregate import weighted_mean
-from coordinator.strategies.robust import (
+from coordinator.core.strategies.aggregate import weighted_mean
+from coordinator.core.strategies.robust import (
     AGGREGATORS,
     SlidingWindow,
     aggregate,

@@ -18,9 +18,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from coordinator import server as srv
-from coordinator.config import parse_job
-from coordinator.server import (
+from coordinator.core.config import parse_job
+from coordinator.http import server as srv
+from coordinator.http.server import (
     READ_AHEAD_FRAMES,
     BackgroundServer,
     CrowdServer,
@@ -28,7 +28,7 @@ from coordinator.server import (
     heartbeat_echo,
     make_uvicorn,
 )
-from coordinator.service import CoreService
+from coordinator.runtime.service import CoreService
 from protocol import messages as m
 from protocol.errors import ErrorCode, close_code
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from coordinator import events as ev
-from coordinator.config import parse_job
-from coordinator.service import MAX_BATCH, CoreService
+from coordinator.core import events as ev
+from coordinator.core.config import parse_job
+from coordinator.runtime.service import MAX_BATCH, CoreService
 from protocol import messages as m
 
 JOB = {"model": {"widths": [64, 3, 10]}, "data": {"shards": 2, "batch": 2}}

@@ -3,9 +3,15 @@
 import numpy as np
 import pytest
 
-from coordinator.config import DataSection, StrategySection
-from coordinator.leases import LeaseBook, TaskState
-from coordinator.strategies import STRATEGIES, ClientView, ModelState, ShardCursor, make_strategy
+from coordinator.core.config import DataSection, StrategySection
+from coordinator.core.leases import LeaseBook, TaskState
+from coordinator.core.strategies import (
+    STRATEGIES,
+    ClientView,
+    ModelState,
+    ShardCursor,
+    make_strategy,
+)
 from nn.spec import ModelSpec
 
 SPEC = ModelSpec(widths=(3, 2))

@@ -1,5 +1,5 @@
 """Sub-model tasks end to end in the core: choosing subnets, slices down, slice
-deltas up and merged (coordinator/submodel.py, nn/subnet.py)."""
+deltas up and merged (coordinator/core/submodel.py, nn/subnet.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from coordinator import events as ev
-from coordinator.config import JobConfigError, SubmodelSection
-from coordinator.core import Coordinator
-from coordinator.loopback import Loopback
-from coordinator.submodel import SubmodelPlanner, encoded_bytes
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfigError, SubmodelSection
+from coordinator.core.machine import Coordinator
+from coordinator.core.submodel import SubmodelPlanner, encoded_bytes
 from nn.spec import ModelSpec
 from nn.subnet import Subnet
+from testkit.loopback import Loopback
 from tests.coordinator.coord_helpers import (
     acks,
     deliver,
@@ -207,7 +207,7 @@ def test_a_slice_result_the_sender_does_not_hold_is_answered_not_closed() -> Non
 def test_a_connection_uploads_a_few_results_at_once_not_unboundedly() -> None:
     """Headers whose chunks never come are refused past ``MAX_OPEN``: each open
     upload holds state (a model-sized buffer when its task is the sender's)."""
-    from coordinator.uploads import MAX_OPEN
+    from coordinator.core.uploads import MAX_OPEN
 
     c = core()
     ta = task_of(c.connect("a", hello("a"), 0.0), "a")

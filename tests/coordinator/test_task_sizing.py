@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.config import JobConfigError, parse_job
-from coordinator.leases import task_steps
+from coordinator.core.config import JobConfigError, parse_job
+from coordinator.core.leases import task_steps
 from protocol import messages as m
 from tests.coordinator.coord_helpers import (
     acks,

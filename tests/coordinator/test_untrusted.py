@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from protocol import messages as m
 from tests.coordinator.coord_helpers import (
     acks,
@@ -145,7 +145,7 @@ def test_probation_fades_with_accepted_results_and_follows_the_resume_id() -> No
 
 
 def test_refusal_marks_are_bounded_and_expire() -> None:
-    from coordinator.refusals import RefusalMarks
+    from coordinator.core.refusals import RefusalMarks
 
     marks = RefusalMarks(max_keys=3, ttl_s=10.0)
     for i in range(5):

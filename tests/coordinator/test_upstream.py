@@ -1,4 +1,4 @@
-"""coordinator.upstream: an edge takes each root model as it is and sends every
+"""coordinator.core.upstream: an edge takes each root model as it is and sends every
 unit of its crowd's progress exactly once (again when refused); its standing
 survives a checkpoint, and the core takes a new model as one more version."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator import events as ev
-from coordinator.core import Coordinator
-from coordinator.persist import from_checkpoint, to_checkpoint
-from coordinator.upstream import UpstreamState, rebase, sync
+from coordinator.core import events as ev
+from coordinator.core.machine import Coordinator
+from coordinator.core.upstream import UpstreamState, rebase, sync
+from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from nn.params import Params
 from tests.coordinator.coord_helpers import (
     acks,

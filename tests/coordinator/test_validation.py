@@ -1,7 +1,7 @@
 import numpy as np
 
-from coordinator.config import ValidationSection
-from coordinator.validation import Reject, UpdateValidator
+from coordinator.core.config import ValidationSection
+from coordinator.core.validation import Reject, UpdateValidator
 
 
 def test_checks_in_order() -> None:

@@ -53,7 +53,7 @@ def test_a_client_command_line_loads_no_other_command():
     code = (
         "import sys; from crowdgrad.cli import build_parser, command_of;"
         "build_parser(command_of(['client', 'ws://x/ws'])).parse_args(['client', 'ws://x/ws']);"
-        "print(sorted(m for m in ('fastapi', 'coordinator.server', 'simulations') "
+        "print(sorted(m for m in ('fastapi', 'coordinator.http.server', 'simulations') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -67,11 +67,12 @@ def test_the_coordinator_listens_before_it_imports_its_server():
         "import importlib, socket, sys\n"
         "from crowdgrad.cli import build_parser\n"
         "args = build_parser('coordinator').parse_args(['coordinator', '--port', '0'])\n"
-        "heavy = ('numpy', 'numba', 'fastapi', 'coordinator.core', 'coordinator.server')\n"
+        "heavy = ('numpy', 'numba', 'fastapi',\n"
+        "         'coordinator.core.machine', 'coordinator.http.server')\n"
         "print(sorted(m for m in heavy[1:] if m in sys.modules))\n"
         "real, seen = importlib.import_module, []\n"
         "def spy(name, *rest):\n"
-        "    if name == 'coordinator.server':\n"
+        "    if name == 'coordinator.http.server':\n"
         "        port = args.listening.getsockname()[1]\n"
         "        socket.create_connection(('127.0.0.1', port), timeout=5).close()\n"
         "        seen.append(name)\n"
@@ -82,7 +83,7 @@ def test_the_coordinator_listens_before_it_imports_its_server():
         "args.listening.close()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split("\n")[:2] == ["[]", "['coordinator.server'] True"], out.stdout
+    assert out.stdout.split("\n")[:2] == ["[]", "['coordinator.http.server'] True"], out.stdout
 
 
 def test_importing_the_cli_does_not_import_numpy():

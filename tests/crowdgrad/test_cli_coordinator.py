@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from coordinator.service import CoreService
+from coordinator.runtime.service import CoreService
 from tests.coordinator.coord_helpers import digits, make_job
 
 ROOT = Path(__file__).resolve().parents[2]

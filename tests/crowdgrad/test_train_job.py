@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from coordinator.config import parse_job
+from coordinator.core.config import parse_job
 from crowdgrad.anchor import AnchorRun, Point, grid_of, job_optimizer, train_for
 from crowdgrad.cli import main
 from nn.data import load_dataset

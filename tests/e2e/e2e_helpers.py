@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from coordinator import events as ev
-from coordinator.config import JobConfig, parse_job
-from coordinator.server import BackgroundServer, CrowdServer
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig, parse_job
+from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.runtime.service import CoreService
 from protocol import messages as m
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Connections that cost a file descriptor and nothing else are bounded: a handshake
 deadline, open connections per address, websocket sessions per address per second
-(coordinator/admission.py)."""
+(coordinator/http/admission.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from coordinator.admission import AdmissionLimits
+from coordinator.http.admission import AdmissionLimits
 from protocol import messages as m
 from tests.e2e.e2e_helpers import digits_job, hello_frame, running
 

@@ -19,9 +19,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from coordinator import server as server_mod
-from coordinator.server import BackgroundServer
-from coordinator.service import CoreService
+from coordinator.http import server as server_mod
+from coordinator.http.server import BackgroundServer
+from coordinator.runtime.service import CoreService
 from nn.params import Params
 from nn.spec import ModelSpec
 from protocol import messages as m

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from tests.e2e.e2e_helpers import ROOT, digits_job, free_port, running
 
 OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None}

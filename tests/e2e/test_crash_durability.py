@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import events as ev
-from coordinator.config import JobConfig
-from coordinator.journal import journal_path
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig
+from coordinator.runtime.journal import journal_path
+from coordinator.runtime.service import CoreService
 from protocol import messages as m
 from storage import CheckpointStore, DeltaLog
 from tests.e2e.e2e_helpers import ROOT, clients, digits_job, free_port, running

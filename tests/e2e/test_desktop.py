@@ -6,9 +6,9 @@ from __future__ import annotations
 import signal
 import socket
 
-from coordinator import events as ev
-from coordinator.server import BackgroundServer, CrowdServer
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.runtime.service import CoreService
 from tests.e2e.e2e_helpers import Recorder, clients, digits_job, running
 
 OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None}

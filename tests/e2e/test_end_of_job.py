@@ -13,9 +13,9 @@ from pathlib import Path
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from coordinator import events as ev
-from coordinator.server import BackgroundServer, CrowdServer
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.runtime.service import CoreService
 from protocol import messages as m
 from tests.coordinator.coord_helpers import result_messages
 from tests.e2e.e2e_helpers import ROOT, Recorder, digits_job, hello_frame

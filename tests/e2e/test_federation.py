@@ -2,7 +2,7 @@
 it (the root unreachable: they train alone), two desktop clients on each edge.
 The root's model, which it never trains itself, comes from both edges'
 pseudo-gradients and reaches the accuracy the edges reached; each edge's
-checkpoint holds its standing against the root (coordinator/upstream.py)."""
+checkpoint holds its standing against the root (coordinator/core/upstream.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from coordinator.persist import from_checkpoint
+from coordinator.runtime.persist import from_checkpoint
 from storage.store import CheckpointStore
 from tests.e2e.e2e_helpers import HANG_GUARD_S, ROOT, clients, free_port
 

@@ -4,9 +4,9 @@ coordinator on loopback; it trains until the job ends and leaves cleanly."""
 from __future__ import annotations
 
 from client.ingame import InGameClient
-from coordinator import events as ev
-from coordinator.config import JobConfig
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig
+from coordinator.runtime.service import CoreService
 from tests.e2e.e2e_helpers import Recorder, digits_job, play_frames, running
 
 

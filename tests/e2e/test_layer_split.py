@@ -4,7 +4,7 @@ lower result carrying its boundary up and each upper task fetching it down."""
 
 from __future__ import annotations
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from tests.e2e.e2e_helpers import digits_job, running, train_together
 
 

@@ -9,7 +9,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from protocol import messages as m
 from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, hello_frame, running
 

@@ -18,8 +18,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from coordinator import server as server_mod
-from coordinator.server import PRE_HELLO_MAX_BYTES
+from coordinator.http import server as server_mod
+from coordinator.http.server import PRE_HELLO_MAX_BYTES
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from tests.e2e.e2e_helpers import digits_job, hello_frame, running, train_together

@@ -16,8 +16,8 @@ import uvicorn
 from fastapi import FastAPI
 from websockets.asyncio.client import connect
 
-from coordinator.server import CrowdServer
-from coordinator.service import CoreService
+from coordinator.http.server import CrowdServer
+from coordinator.runtime.service import CoreService
 from protocol import messages as m
 from storage.store import CheckpointStore
 from tests.e2e.e2e_helpers import ROOT, clients, digits_job, free_port, hello_frame, running

@@ -9,7 +9,7 @@ import asyncio
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from coordinator import events as ev
+from coordinator.core import events as ev
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from tests.e2e.e2e_helpers import digits_job, hello_frame, running

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from client.ingame import InGameClient
-from coordinator import events as ev
-from coordinator.server import BackgroundServer, CrowdServer
-from coordinator.service import CoreService
+from coordinator.core import events as ev
+from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.runtime.service import CoreService
 from tests.e2e.e2e_helpers import (
     HANG_GUARD_S,
     ROOT,

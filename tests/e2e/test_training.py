@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import events as ev
-from coordinator.core import Coordinator
+from coordinator.core import events as ev
+from coordinator.core.machine import Coordinator
 from tests.e2e.e2e_helpers import (
     HANG_GUARD_S,
     SETTINGS,

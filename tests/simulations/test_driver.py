@@ -4,8 +4,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from coordinator import events as ev
-from coordinator.leases import TaskState
+from coordinator.core import events as ev
+from coordinator.core.leases import TaskState
 from nn.data import load_dataset
 from simulations.driver import Simulation, linear_evaluations
 from simulations.report import write_report

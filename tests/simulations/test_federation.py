@@ -4,7 +4,7 @@ The small shipped scenario (2 edges x 4 players) runs in about a second: the
 root, which never trains, reaches its target from the edges' syncs alone; the
 run is deterministic; the crowd is the single-coordinator run's crowd; and the
 empty syncs of edges whose crowds have not trained yet no longer make the root
-refuse every later sync (coordinator.validation)."""
+refuse every later sync (coordinator.core.validation)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_empty_syncs_before_the_crowd_trains_do_not_stop_the_root(digits):
     # Players join over 6 s and the edges sync every second: the first syncs are
     # empty. Their zero norms made the root's median zero, and it refused every
     # later sync for its norm (571 refused, the target never met); zero norms no
-    # longer count (coordinator.validation).
+    # longer count (coordinator.core.validation).
     sc = parse_scenario(smoke(clients__join_over_s=6.0, federation__every_s=1.0))
     s = run_federation(sc, dataset=digits).summary
     assert s["syncs_rejected"] == 0

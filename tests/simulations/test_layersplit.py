@@ -210,7 +210,7 @@ def test_config_is_checked(bad: dict) -> None:
 def test_a_split_job_on_the_real_core_reaches_its_target_under_churn() -> None:
     """The ``layer-split-digits`` scenario: 8 roblox players, a fifth leaving a
     minute, train the two blocks through the real core and client sessions
-    (coordinator/layersplit.py); none is closed for anything it did, and a seed
+    (coordinator/core/layersplit.py); none is closed for anything it did, and a seed
     gives the same run."""
     from simulations.driver import Simulation
     from simulations.scenario import load_raw, parse_scenario, resolve

@@ -1,0 +1,996 @@
+"""The coordinator core: a sans-IO state machine driven by connect/receive/disconnect/tick.
+
+Theory of operation. A driver (the websocket server, the simulator, a test)
+owns the sockets and the clock; it feeds the core decoded protocol messages and
+the current time, and carries out the actions the core returns: ``Send`` a
+frame, ``Close`` a connection, write a ``Checkpoint``. Metric events are mixed
+into the same list in the order they happened. The core never reads a clock,
+never does IO and draws randomness only from a generator seeded by ``seed``, so
+the same seed and the same calls give bitwise the same model.
+
+Call-order contract: ``now`` never decreases across calls. ``connect`` once per
+connection, with its already decoded ``hello``; then any number of ``receive``;
+then ``disconnect`` (a no-op for a client the core closed itself). Call
+``tick(now)`` at least at ``next_wakeup()``: it releases paced frames, expires
+leases and heartbeats, and closes sync rounds at their deadline.
+
+The core is the dispatcher; what it dispatches to has a module of its own
+(docs/coordinator.md, "Where each concern lives"): connection phases and
+outboxes (connections.py), the hello (handshake.py), uploads (uploads.py), a
+client's answers to its tasks (results.py), tasks that lost their lease
+(orphans.py), task messages (taskwriter.py) and model downloads (downloads.py).
+
+Rules that protect the model (docs/coordinator.md):
+
+- one live lease per client, plus at most one queued behind it once the client
+  asked to prefetch (decentral-async only); a lease is resolved exactly once
+  (leases.py);
+- the first valid result for an OPEN task is taken; a duplicate, or a late one
+  for a task already taken or dropped, is acknowledged ``accepted=False`` with
+  reason ``duplicate`` / ``stale`` and never applied;
+- a client whose lease expired, or was cancelled because another copy of its
+  task won, is simply given its next task; the client session lets a new task
+  supersede the old one (there is no cancel message);
+- a client that cannot do a task declines it (``decline``, protocol §3.13): the
+  lease ends at once, the strategy reissues or drops the task, and the client
+  gets no task for a back-off that doubles with each decline in a row;
+- every update passes validation (validation.py) before the strategy sees it;
+  a client over ``max_rejections`` refused updates is closed;
+- peer misbehaviour becomes an ``error`` frame plus a Close; only the caller's
+  own misuse (an unknown client id, time going backwards) raises.
+
+Why long: the dispatcher. Each concern has its own module (coordinator.md's
+table); what stays is the routing of every message and timer, and the
+checkpoint round trip, which must see all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig
+from coordinator.core.connections import Conn, Connections, ConnState, finished_bye, refusal
+from coordinator.core.data import DataCatalog, load_job_data
+from coordinator.core.downloads import ModelDistribution
+from coordinator.core.evaluation import Evaluator
+from coordinator.core.handshake import check_hello, open_conn, server_limits, welcome
+from coordinator.core.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBlocks
+from coordinator.core.leases import (
+    LeaseBook,
+    LeaseState,
+    TaskPlan,
+    TaskState,
+    lease_seconds,
+    task_steps,
+)
+from coordinator.core.orphans import Orphans
+from coordinator.core.reference import reference_norms
+from coordinator.core.refusals import RefusalMarks
+from coordinator.core.registry import ClientRecord, Registry
+from coordinator.core.replication import Replicator
+from coordinator.core.results import ResultPath
+from coordinator.core.strategies import (
+    ClientView,
+    ModelState,
+    StepReport,
+    Strategy,
+    make_strategy,
+    serves_prefetch,
+)
+from coordinator.core.strategies.layer_split import LayerSplit
+from coordinator.core.submodel import SubmodelPlanner
+from coordinator.core.taskwriter import TaskWriter
+from coordinator.core.upstream import UpstreamState
+from coordinator.core.validation import Reject, UpdateValidator
+from nn.data import Dataset
+from nn.layersplit import boundary_of
+from nn.params import Params
+from nn.subnet import Subnet
+from protocol import messages as m
+from protocol.checksum import crc32
+from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
+from protocol.limits import negotiate
+from protocol.states import advance_clock
+
+log = logging.getLogger(__name__)
+
+#: models up to this many parameters are checked finite after every version
+FINITE_CHECK_EVERY_VERSION_MAX = 1 << 24
+
+#: Assumed client speed (FLOP/s) before hello or measurement says otherwise.
+DEFAULT_FLOPS = 1e9
+#: Task ids skipped on a restore: more than a coordinator issues between two
+#: checkpoints (docs/coordinator.md, "Tasks and leases").
+RESTORE_TASK_ID_GAP = 1 << 20
+
+
+class Coordinator:
+    """See the module docstring. ``params`` defaults to the spec's seeded init."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        params: Params | None = None,
+        seed: int = 0,
+        *,
+        dataset: Dataset | None = None,
+        teacher: Params | None = None,
+        share_params: bool = False,
+        session_key: bytes | None = None,
+    ) -> None:
+        """``share_params``: train ``params`` itself rather than a copy (a model
+        in a mapped file, nn/mapped.py, too big to hold twice). ``session_key``: a
+        secret that makes resume tokens unguessable (a served coordinator draws
+        one per process, coordinator/core/registry.py); None: seeded, for simulations."""
+        spec = job.spec
+        # Version 0 is the init seed's exactly when no params were given: then a
+        # client that says so in hello builds it itself instead of downloading it.
+        seeded = params is None
+        if params is None:
+            params, share_params = spec.init_params(job.model.init_seed), True
+        if params.spec.widths != spec.widths:
+            raise ValueError(
+                f"params: widths {list(params.spec.widths)} differ from the job's "
+                f"{list(spec.widths)}"
+            )
+        self.job = job
+        #: ``job.spec`` builds a fresh ModelSpec per call; the core asks per task
+        self.spec = spec
+        self._flops_per_sample = spec.flops_per_sample()
+        self.seed = seed
+        self.model = ModelState(params=params if share_params else params.copy())
+        self._v0_crc = crc32(self.model.params.data) if seeded else None
+        root = np.random.SeedSequence(seed)
+        # spawn(n)'s first children are spawn(n-1)'s: the other streams are unchanged
+        strat_seq, codec_seq, replica_seq, submodel_seq = root.spawn(4)
+        self.codec_rng = np.random.default_rng(codec_seq)
+        #: each sub-model task's subnet (coordinator/core/submodel.py); None: whole-model tasks
+        self.submodels = (
+            SubmodelPlanner(
+                job.submodel,
+                spec,
+                model_codec=job.codecs.model,
+                update_codec=job.codecs.update,
+                rng=np.random.default_rng(submodel_seq),
+            )
+            if job.submodel.enabled
+            else None
+        )
+        #: open connections, their phases and outboxes (coordinator/core/connections.py);
+        #: ``conns`` is its dict of them by client id
+        self.connections = Connections()
+        self.conns = self.connections.by_id
+        # Outcomes of resolved tasks are kept long enough to answer a late copy of a
+        # result (a client resending after a reconnect) as duplicate, not stale.
+        self.book = LeaseBook(
+            on_release=self.connections.released,
+            retain_s=max(600.0, 2 * job.lease.resume_grace_s),
+        )
+        self.registry = Registry(seed, max_left=job.lease.max_resumable, key=session_key)
+        self.validator = UpdateValidator(job.validation, size=spec.num_params)
+        self.dataset = dataset or load_job_data(job)
+        self.data = DataCatalog.for_job(job, self.dataset)
+        #: a layer-split job's blocks (coordinator/core/layersplit.py); None: whole-model tasks
+        self.split: SplitBlocks | None = None
+        #: the norm check per block of a layer-split job (their updates differ in size)
+        self.block_validators: dict[int, UpdateValidator] = {}
+        self.strategy: Strategy
+        if not job.split.enabled:
+            self.strategy = make_strategy(
+                model=self.model,
+                config=job.strategy,
+                data=job.data,
+                rng=np.random.default_rng(strat_seq),
+            )
+        else:
+            self.split = SplitBlocks(spec, job.split.cut, init_seed=job.model.init_seed)
+            self.strategy = LayerSplit(
+                blocks=self.split,
+                boundaries=Boundaries(
+                    job.split,
+                    self.data,
+                    self.dataset.y_train,
+                    classes=self.dataset.num_classes or 0,
+                ),
+                model=self.model,
+                config=job.strategy,
+                data=job.data,
+                rng=np.random.default_rng(strat_seq),
+            )
+            self.block_validators = {
+                b: UpdateValidator(job.validation, size=self.split.spec_of(b).num_params)
+                for b in (LOWER, UPPER)
+            }
+            # a lower result's boundary: its size is its shard's rows × the cut's width
+            self.block_validators[BOUNDARY] = UpdateValidator(job.validation, size=0)
+        #: job data from a file: only clients that fetch shards (hello.data) can train
+        self._data_only = job.data.path is not None
+        #: what a task message says (coordinator/core/taskwriter.py)
+        self.tasks = TaskWriter(job, spec, self.dataset, self.data, teacher=teacher)
+        st = job.strategy
+        self.evaluator = Evaluator(self.dataset, job.eval)
+        self._reference_seed, self._reference_seq = seed, submodel_seq
+        if self.split is None:
+            self.validator.reference = self._reference_norms()
+        else:
+            self._split_reference_norms()
+        self.limits = server_limits(job)
+        self.finished: ev.JobFinished | None = None
+        self.started_at: float | None = None
+        self._now = -math.inf
+        #: offer prefetch (welcome.prefetch) and serve it
+        self._prefetch = serves_prefetch(job)
+        #: how the model reaches clients: seeded init, full (cached per version and
+        #: link shape) or a delta (coordinator/core/downloads.py)
+        self.downloads = ModelDistribution(
+            spec=spec,
+            codecs=job.codecs,
+            max_message_bytes=self.limits.max_message_bytes,
+            model=lambda: (self.model.version, self.model.params),
+            snapshot=lambda v: self.verifier.snapshot(v),
+            rng=self.codec_rng,
+            delta_rng=np.random.default_rng(codec_seq.spawn(1)[0]),
+        )
+        #: Answer each heartbeat with an echo. A driver that echoes on its own IO
+        #: thread (the websocket server) turns this off: the core then only notes
+        #: that the client is alive, which is most of what 10,000 clients send.
+        self.echo_heartbeats = True
+        self.verifier = Replicator(
+            job.replication,
+            model=self.model,
+            book=self.book,
+            registry=self.registry,
+            rng=np.random.default_rng(replica_seq),
+            describe=self.tasks.describe,
+            dataset=self.dataset,
+            # one result is one additive step: it can be subtracted again
+            journal=st.name == "central-async" or st.aggregation == "fedasync",
+        )
+        #: tasks that lost their lease: reissued, held for a resuming client, dropped
+        self.orphans = Orphans(
+            self.book,
+            self.registry,
+            self.strategy,
+            self.verifier,
+            grace_s=job.lease.resume_grace_s,
+            cap=2 * job.lease.max_resumable,
+        )
+        #: closes for refused updates by address and resume id (coordinator/core/refusals.py)
+        self.refusal_marks = RefusalMarks()
+        #: a client's answers to its tasks: results and declines (coordinator/core/results.py)
+        self.results = ResultPath(
+            job=job,
+            model=self.model,
+            book=self.book,
+            strategy=self.strategy,
+            validator=self.validator,
+            verifier=self.verifier,
+            conns=self.connections,
+            orphans=self.orphans,
+            flops_per_sample=self._flops_per_sample,
+            close=self._close,
+            stepped=self._stepped,
+            finished=lambda: self.finished is not None,
+            block_validators=self.block_validators,
+            marks=self.refusal_marks,
+        )
+        #: an edge's standing against its root (coordinator/core/upstream.py), None
+        #: unless this coordinator serves as an edge; it is checkpointed
+        self.upstream: UpstreamState | None = None
+
+    # -- public API ----------------------------------------------------------------
+
+    def connect(
+        self, client_id: str, hello: m.Hello, now: float, *, address: str | None = None
+    ) -> list[ev.Output]:
+        """A connection opened and sent ``hello``; answer welcome (or refuse).
+        ``address``: the peer's, when the driver knows it (refusals.py)."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        if client_id in self.conns:
+            raise ValueError(f"connect: client {client_id!r} is already connected")
+        if self.finished is not None:  # a client that missed the bye learns it now
+            return finished_bye(client_id, self.finished.reason)
+        try:
+            version, offered = check_hello(self.job, hello, data_only=self._data_only)
+        except ProtocolError as exc:
+            return refusal(client_id, exc.code, exc.message)
+        if self.verifier.refuses(hello.resume):
+            return refusal(
+                client_id,
+                ErrorCode.BAD_FIELD,
+                "hello.resume: this session was excluded (a result disagreed with the same "
+                "task computed elsewhere)",
+            )
+        limits = negotiate(hello.limits, self.limits)
+        self._take_over(hello.resume, now, out)
+        rec, resumed = self.registry.join(
+            client_id,
+            name=hello.client,
+            flops=hello.flops or DEFAULT_FLOPS,
+            resume_id=hello.resume,
+            now=now,
+        )
+        conn = open_conn(
+            self.job,
+            self.spec,
+            client_id,
+            hello,
+            limits,
+            offered,
+            seeded_v0=self._v0_crc is not None,
+        )
+        conn.address = address
+        # by the token it sent too: a forgotten session's token starts a new record
+        marks = RefusalMarks.keys(address, rec.resume_id) + RefusalMarks.keys(None, hello.resume)
+        if self.refusal_marks.marked(marks, now):
+            # Its address or session was closed for refused updates: on probation.
+            limit = self.job.validation.max_rejections
+            rec.rejections = max(rec.rejections, limit - 1)
+        self.connections.add(conn)
+        answer = welcome(
+            self.job,
+            version=version,
+            session_id=client_id,
+            resume_token=rec.resume_id,
+            limits=limits,
+            prefetch=self._prefetch,
+        )
+        self.connections.queue(conn, answer)
+        out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
+        self._dispatch(now, out)
+        self.connections.flush_all(now, out)
+        return out
+
+    def receive(
+        self, client_id: str, message: m.Message, now: float, *, nbytes: int | None = None
+    ) -> list[ev.Output]:
+        """A decoded message from a connected client; ``nbytes`` (its frame size) is
+        checked against the granted limits when given."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        conn = self.conns.get(client_id)
+        if conn is None:
+            raise ValueError(f"receive: client {client_id!r} is not connected")
+        rec = self.registry.get(client_id)
+        assert rec is not None
+        self.registry.touch(rec, now)
+        try:
+            if nbytes is not None:
+                violation = conn.meter.observe(nbytes, now)
+                if violation is not None:
+                    raise violation
+            self._handle(conn, rec, message, now, out, nbytes=nbytes)
+        except ProtocolError as exc:
+            self._close(conn, exc.code, exc.message, now, out)
+        self._dispatch(now, out)
+        self.connections.flush_all(now, out)
+        return out
+
+    def disconnect(self, client_id: str, now: float, reason: str = "") -> list[ev.Output]:
+        """The connection is gone (no-op if the core already closed it)."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        if client_id in self.conns:
+            self._drop(client_id, reason or "disconnected", now, out)
+            self._dispatch(now, out)
+            self.connections.flush_all(now, out)
+        return out
+
+    def tick(self, now: float) -> list[ev.Output]:
+        """Time passed: heartbeats, lease deadlines, round deadlines, paced frames."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        self.book.forget(now)
+        self.registry.forget(now - self.book.retain_s)
+        if self.finished is None:
+            timeout = self.job.lease.heartbeat_timeout_s
+            late: list[str] = []
+            for rec in self.registry.least_recently_seen():
+                if not now > rec.last_seen + timeout:
+                    break
+                late.append(rec.client_id)
+            for client_id in self.connections.in_join_order(late):
+                conn = self.conns[client_id]
+                self._close(conn, ErrorCode.TIMEOUT, f"no message for {timeout:g} s", now, out)
+            self.orphans.expire_leases(now, out)
+            self.orphans.expire(now)
+            report = self.strategy.on_tick(now)
+            if report is not None:
+                self._stepped(report, now, out)
+            limit = self.job.stop.max_time_s
+            if limit is not None and self.started_at is not None and now >= self.started_at + limit:
+                self._finish("max_time", now, out)
+        self._dispatch(now, out)
+        self.connections.flush_all(now, out)
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time ``tick`` has something to do (None: only on new input)."""
+        times = [self.connections.next_send_time()]
+        if self.finished is None:
+            times.append(self.book.next_deadline())
+            oldest = next(self.registry.least_recently_seen(), None)
+            if oldest is not None:
+                times.append(oldest.last_seen + self.job.lease.heartbeat_timeout_s + 1e-9)
+            times.append(self.strategy.next_deadline())
+            times.append(self.connections.next_cool_end())
+            times.append(self.orphans.next_expiry())
+            if self.job.stop.max_time_s is not None and self.started_at is not None:
+                times.append(self.started_at + self.job.stop.max_time_s)
+        due = [t for t in times if t is not None]
+        return min(due) if due else None
+
+    # -- checkpoints ---------------------------------------------------------------
+
+    def state_dict(self, *, params: bool = True) -> dict[str, Any]:
+        """Everything needed to resume after a crash: acknowledged results survive
+        (those replication holds too). ``params=False`` leaves the model out, for
+        a caller that copies only what changed (an incremental checkpoint)."""
+        state = {
+            "version": self.model.version,
+            "contributions": self.model.contributions,
+            "strategy": self.strategy.state_dict(),
+            "accepted_tasks": sorted(self.book.accepted_ids()),
+            "accepted_results": self.accepted_results,
+            "next_task_id": self.book.next_task_id,
+            "norms": list(self.validator.norms),
+        }
+        if self.verifier.enabled:
+            state["replication"] = self.verifier.state_dict()
+        if self.upstream is not None:
+            state["upstream"] = self.upstream.state_dict()
+        if self.submodels is not None:
+            state["submodel"] = self.submodels.state_dict()
+        if params:
+            state["params"] = self.model.params.data.copy()
+        return state
+
+    @classmethod
+    def restore(
+        cls,
+        job: JobConfig,
+        state: dict[str, Any],
+        seed: int = 0,
+        *,
+        dataset: Dataset | None = None,
+        teacher: Params | None = None,
+        params: Params | None = None,
+        session_key: bytes | None = None,
+    ) -> Coordinator:
+        """A coordinator resumed from ``state_dict()``; clients reconnect with resume ids
+        unknown to it, so they start fresh records, and old task ids are never reused.
+        ``params``: the restored model already in place (a mapped one), trained as it
+        is; ``state["params"]`` is then not read."""
+        shared = params is not None
+        if params is None:
+            params = Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32))
+        core = cls(
+            job,
+            params,
+            seed,
+            dataset=dataset,
+            teacher=teacher,
+            share_params=shared,
+            session_key=session_key,
+        )
+        core.model.version = int(state["version"])
+        core.model.contributions = int(state["contributions"])
+        core.strategy.load_state_dict(state["strategy"])
+        core.book.remember_accepted(int(t) for t in state["accepted_tasks"])
+        core.results.accepted = int(state["accepted_results"])
+        # Ids issued after this checkpoint and before the crash are in clients'
+        # hands; skip them, so a result resent for one of them is answered stale
+        # instead of matching a new task of another version (a counted rejection
+        # that closed honest clients after a few crashes).
+        core.book.next_task_id = int(state["next_task_id"]) + RESTORE_TASK_ID_GAP
+        core.validator.norms.extend(float(x) for x in state["norms"])
+        if "replication" in state:
+            core.verifier.load_state_dict(state["replication"])
+        if "upstream" in state:
+            core.upstream = UpstreamState.from_state(state["upstream"])
+        if core.submodels is not None and "submodel" in state:
+            core.submodels.load_state_dict(state["submodel"])
+        return core
+
+    @property
+    def merges_in_place(self) -> bool:
+        """Every accepted result is one in-place sub-model merge (``MergedInPlace``):
+        a log of them, replayed on a checkpoint, restores the model exactly."""
+        return self.submodels is not None and self.strategy.merges_in_place
+
+    def replay(
+        self,
+        merges: Iterable[tuple[int, int, Subnet, np.ndarray, float]],
+        *,
+        rows_as_of: list[np.ndarray] | None = None,
+    ) -> int:
+        """Apply logged merges ``(task_id, version, subnet, update, scale)`` again,
+        in order, after ``restore``: the same arithmetic, so the same model bit for
+        bit. Stops at the first that does not make the next version (a step the
+        log does not hold came between); returns how many were applied.
+
+        ``rows_as_of``: per layer, the version each row of the restored model is
+        at (a checkpoint taken while the model trained copies each neuron group as
+        of its own version); a merge lands only on rows older than it."""
+        n = 0
+        for task_id, version, subnet, update, scale in merges:
+            if version != self.model.version + 1:
+                break
+            rows = None
+            if rows_as_of is not None:
+                rows = [r < version for r in rows_as_of]
+                if all(m.all() for m in rows):
+                    rows_as_of, rows = None, None  # every row is older from here on
+            subnet.add_to(self.model.params, update, scale, rows=rows)
+            self.model.changed.mark(subnet)
+            self.model.version = version
+            self.model.contributions += 1
+            self.book.remember_accepted([task_id])
+            self.results.accepted += 1
+            self.book.next_task_id = max(self.book.next_task_id, task_id + 1 + RESTORE_TASK_ID_GAP)
+            n += 1
+        return n
+
+    def _sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
+        """A new local task's plan with this client's own number of local steps
+        (``tau = "auto"``) and the lr multiplier the strategy sets now."""
+        st = self.job.strategy
+        lr_scale = self.strategy.lr_scale()
+        if st.tau != "auto":
+            return plan if lr_scale == 1.0 else dataclasses.replace(plan, lr_scale=lr_scale)
+        steps = task_steps(
+            flops_per_step=self._flops_per_sample * plan.batch,
+            flops_per_s=rec.rate(),
+            transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
+            bytes_per_s=conn.limits.bytes_per_s,
+            rows=rows,
+            batch=plan.batch,
+            task_seconds=st.task_seconds,
+            transfer_ratio=st.transfer_ratio,
+            max_epochs=st.max_epochs,
+            tau_min=st.tau_min,
+            tau_max=st.tau_max,
+        )
+        return dataclasses.replace(plan, steps=steps, lr_scale=lr_scale)
+
+    def _reference_norms(self) -> list[float]:
+        """The norms of a few updates the coordinator computes itself on the model as
+        it is (coordinator/core/reference.py): the norm check's yardstick."""
+        job, st = self.job, self.job.strategy
+        if not job.validation.reference_tasks:
+            return []
+        local = self.strategy.task_kind == "local"
+        subnets = None
+        if self.submodels is not None:  # the reference trains slices, as clients do
+            chooser = SubmodelPlanner(  # the first at start, as it always was
+                job.submodel,
+                self.spec,
+                model_codec=job.codecs.model,
+                update_codec=job.codecs.update,
+                rng=np.random.default_rng(self._reference_seq.spawn(1)[0]),
+            )
+            samples = st.nominal_tau * job.data.batch
+            subnets = [
+                chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
+                for _ in range(job.validation.reference_tasks)
+            ]
+        return reference_norms(
+            self.model.params,
+            self.dataset,
+            self.data.indices,
+            kind="train" if local else "gradient",
+            steps=st.nominal_tau if local else 1,
+            batch=job.data.batch,
+            optimizer=self.tasks.optimizer,
+            seed=self._reference_seed,
+            count=job.validation.reference_tasks,
+            subnets=subnets,
+        )
+
+    def _split_reference_norms(self) -> None:
+        """Each block's norm check starts from the coordinator's own updates to that
+        block (lower tasks on the first shards, upper tasks on their boundaries),
+        and the boundary's from the first shards' boundaries under version 0."""
+        job, split = self.job, self.split
+        assert split is not None
+        if not job.validation.reference_tasks:
+            return
+        st = job.strategy
+        lower = split.slice(LOWER, self.model.params)
+        count = job.validation.reference_tasks
+        # the first shards' boundaries: the boundary check's yardstick, and what the
+        # upper block's reference tasks train on
+        hs = [
+            boundary_of(lower, split.cut, self.dataset.X_train[rows])
+            for rows in self.data.indices[:count]
+        ]
+        self.block_validators[BOUNDARY].reference = [float(np.linalg.norm(h)) for h in hs]
+        for block in (LOWER, UPPER):
+            validator = self.block_validators[block]
+            start = lower if block == LOWER else split.slice(UPPER, self.model.params)
+            validator.reference = reference_norms(
+                start,
+                self.dataset,
+                self.data.indices,
+                kind="train",
+                steps=st.nominal_tau,
+                batch=job.data.batch,
+                optimizer=self.tasks.optimizer,
+                seed=self._reference_seed,
+                count=job.validation.reference_tasks,
+                inputs=None if block == LOWER else hs,
+            )
+
+    def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:
+        """The model becomes ``data``, one version on (an edge rebasing onto its
+        root's model: coordinator/core/upstream.py). Clients holding older versions
+        keep working: their deltas are still deltas, their staleness counts this
+        version like any other, and the next download to them is a delta or full
+        model as usual."""
+        out: list[ev.Output] = []
+        self._advance(now)
+        if self.finished is not None:
+            return out
+        flat = np.asarray(data, dtype=np.float32)
+        if flat.shape != self.model.params.data.shape:
+            raise ValueError(
+                f"replace_model: {flat.shape[0] if flat.ndim == 1 else flat.shape} values, "
+                f"the model has {self.spec.num_params}"
+            )
+        if not np.isfinite(flat).all():
+            raise ValueError("replace_model: the new model is not finite")
+        with self.model.lock:
+            self.model.params.data[:] = flat
+            self.model.version += 1
+            self.model.whole_steps += 1
+        # The recent norms were of updates to another model, and a root's step can
+        # move it far: honest updates to the new one then looked abnormal beside
+        # them, and an edge closed its own players for it (tests/e2e/test_federation.py).
+        # The yardstick starts again from the coordinator's own updates to this one.
+        self.validator.restart(self._reference_norms())
+        self._stepped(StepReport(stepped=True, merged=0), now, out)
+        self._dispatch(now, out)
+        self.connections.flush_all(now, out)
+        return out
+
+    # -- message handling ----------------------------------------------------------
+
+    def _handle(
+        self,
+        conn: Conn,
+        rec: ClientRecord,
+        msg: m.Message,
+        now: float,
+        out: list[ev.Output],
+        *,
+        nbytes: int | None = None,
+    ) -> None:
+        match msg:
+            case m.Heartbeat():
+                if self.echo_heartbeats:
+                    self.connections.queue(conn, m.Heartbeat(seq=msg.seq, time=now, echo=msg.time))
+            case m.Result():
+                task = self.book.tasks.get(int(msg.task_id)) if msg.task_id.isdigit() else None
+                subnet = None if task is None else task.subnet
+                spec = None if subnet is None else subnet.sub
+                layout = None
+                if self.split is not None and task is not None and task.block is not None:
+                    spec = self.split.spec_of(task.block)
+                    if task.block == LOWER:  # the update, then its rows' boundary
+                        rows = self.data.shard(task.shard).rows
+                        layout = self.split.result_layout(LOWER, rows)
+                conn.uploads.start(
+                    msg,
+                    nbytes,
+                    spec=spec,
+                    layout=layout,
+                    extra=int(layout is not None),
+                    taken=task is not None and self.results.lease_for(task, rec) is not None,
+                    keep_wire=subnet is not None and self.merges_in_place,
+                )
+            case m.Chunk():
+                upload = conn.uploads.chunk(msg, nbytes)
+                if upload is not None:
+                    self.results.on_result(conn, rec, upload, now, out)
+            case m.Prefetch():
+                self.connections.prefetch(conn, msg, self.book, served=self._prefetch)
+            case m.Fetch():
+                self._on_fetch(conn, msg, now, out)
+            case m.Decline():
+                self.results.on_decline(conn, rec, msg, now, out)
+            case m.Bye():
+                out.append(ev.Close(client_id=conn.client_id, code=CLOSE_NORMAL, reason="bye"))
+                self._drop(conn.client_id, f"bye: {msg.reason}", now, out)
+            case m.Error():
+                log.info("client %s reported error %d: %s", conn.client_id, msg.code, msg.message)
+            case m.Hello() | m.Welcome() | m.Task() | m.Ack():
+                raise ProtocolError(
+                    ErrorCode.UNEXPECTED, f"{msg.TYPE}: not expected from a connected client"
+                )
+            case _:
+                raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"{msg.TYPE}: not handled")
+
+    def _on_fetch(self, conn: Conn, msg: m.Fetch, now: float, out: list[ev.Output]) -> None:
+        """Queue the shard's ``data`` frames behind whatever is queued (§13)."""
+        frames, nbytes = self.data.serve(msg, conn.limits.frame_bytes)
+        self.connections.queue_frames(conn, frames)
+        out.append(
+            ev.DataServed(
+                client_id=conn.client_id,
+                sha256=msg.data,
+                nbytes=nbytes,
+                frame_bytes=sum(len(f) for _, f in frames),
+                now=now,
+            )
+        )
+
+    # -- dispatch ------------------------------------------------------------------
+
+    def _dispatch(self, now: float, out: list[ev.Output]) -> None:
+        """Give every idle client a task until the strategy says wait (a twin to
+        check another client's result first, if one waits: replication.py)."""
+        if self.verifier.ready:
+            self.results.verified(now, out)
+        if self.finished is not None:
+            return
+        if self.started_at is None and self.conns:
+            self.started_at = now
+        if not self.connections.has_waiting():
+            return
+        for conn in self.connections.waiting(now):
+            rec = self.registry.get(conn.client_id)
+            assert rec is not None
+            view = ClientView(
+                client_id=conn.client_id,
+                version_held=rec.version_held,
+                connected=len(self.conns),
+                shards=conn.data,
+                boundary=conn.boundary,
+            )
+            plan = self.verifier.twin_for(rec.resume_id) or self.strategy.task_for(view, now)
+            if plan is None:
+                continue  # this client waits; another may still get work (a reissue)
+            self._lease(conn, rec, plan, now, out, queued=conn.state is ConnState.PREFETCH)
+            self.connections.leased(conn)
+
+    def _lease(
+        self,
+        conn: Conn,
+        rec: ClientRecord,
+        plan: TaskPlan,
+        now: float,
+        out: list[ev.Output],
+        *,
+        queued: bool = False,
+    ) -> None:
+        """Lease a task to the client and queue its frames; ``queued``: behind the
+        task it still computes (a prefetch)."""
+        if plan.reissue is not None:
+            task = self.book.tasks[plan.reissue]
+            if task.version != self.model.version:
+                raise RuntimeError(f"strategy reissued task {task.task_id} of an old version")
+        else:
+            v = self.model.version if plan.version is None else plan.version
+            rows = self.data.shard(plan.shard).rows  # a mean's weight (FedAvg)
+            if plan.kind == "local" and plan.block is None and plan.version is None:
+                plan = self._sized(plan, conn, rec, rows)  # (a twin keeps its primary's)
+            task = self.book.new_task(plan, version=v, now=now, rows=rows)
+            if self.submodels is not None:
+                task.subnet = self.submodels.choose(
+                    bytes_per_s=conn.limits.bytes_per_s,
+                    flops_per_s=rec.rate(),
+                    samples=task.steps * task.batch,
+                    round=task.round,
+                )
+            self.strategy.on_task_created(task)
+        replica = self.verifier.leased(task, plan, rec, len(self.conns))
+        self.orphans.discard(task.task_id)
+        # A client that builds version 0 from the init seed gets no model at all.
+        sub = task.subnet
+        part = None if self.split is None or task.block is None else self.split.spec_of(task.block)
+        seeded = conn.seeded_init and rec.version_held is None and task.version == 0
+        if sub is not None:  # its slice, whatever the client holds
+            seeded = False
+            dl, conn.delta_chain = self.downloads.subnet(task, conn.limits, conn.spans), 0
+        elif part is not None:  # a layer-split block, the same
+            assert self.split is not None and task.block is not None
+            seeded = False
+            block = self.split.slice(task.block, self.model.params)
+            dl, conn.delta_chain = self.downloads.part(task, block, conn.limits, conn.spans), 0
+        else:
+            dl, conn.delta_chain = self.downloads.plan(
+                task_version=task.version,
+                held=rec.version_held,
+                seeded=seeded,
+                wants_deltas=conn.deltas,
+                chain=conn.delta_chain,
+                limits=conn.limits,
+                spans=conn.spans,
+            )
+        model_bytes = dl.nbytes
+        shard = self.data.shard(task.shard)
+        # The first task naming a shard may wait for its transfer (a cold cache).
+        data_bytes = 0
+        if conn.data and shard.sha256 not in conn.shards_named:
+            if task.shard < len(self.data.shards):  # a boundary shard is named once anyway
+                conn.shards_named.add(shard.sha256)
+            data_bytes = len(shard.blob)
+        trained = part or (self.spec if sub is None else sub.sub)
+        per_sample = self._flops_per_sample if trained is self.spec else trained.flops_per_sample()
+        flops = per_sample * task.steps * task.batch
+        # A queued task starts when the one in front is done: about one task later.
+        compute_s = flops / rec.rate() * (2 if queued else 1)
+        lease_s = lease_seconds(
+            compute_s=compute_s,
+            nbytes=model_bytes + data_bytes + trained.nbytes,
+            bytes_per_s=conn.limits.bytes_per_s,
+            min_s=self.job.lease.min_s,
+            slack=self.job.lease.slack,
+        )
+        lease = self.book.lease(
+            task,
+            conn.client_id,
+            now=now,
+            deadline=now + lease_s,
+            queued=queued,
+            holder=rec.resume_id,
+        )
+        msg = self.tasks.message(
+            task,
+            dl,
+            deadline=float(lease_s),
+            shards=conn.data,
+            seeded=seeded,
+            init_crc=self._v0_crc,
+            part=part,
+            boundary=self.split.cut if part is not None and task.block == LOWER else None,
+        )
+        task_bytes = self.connections.queue(conn, msg)
+        self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))
+        rec.version_sent = dl.version
+        rec.version_held = dl.version if trained is self.spec else None  # a slice is none
+        out.append(
+            ev.TaskLeased(
+                client_id=conn.client_id,
+                task_id=task.task_id,
+                lease_id=lease.lease_id,
+                version=dl.version,
+                shard=task.shard,
+                deadline=lease.deadline,
+                now=now,
+                download=dl.kind,
+                download_bytes=model_bytes,
+                task_bytes=task_bytes,
+                queued=queued,
+                replica=replica,
+            )
+        )
+
+    # -- model steps, evaluation, stop ---------------------------------------------
+
+    def _stepped(self, report: StepReport, now: float, out: list[ev.Output]) -> None:
+        for tid in report.dropped:
+            task = self.book.tasks.get(tid)
+            if task is not None and task.state is TaskState.OPEN:
+                self.orphans.discard(tid)
+                self.book.resolve_task(task, TaskState.DROPPED, now)
+        if not report.stepped:
+            return
+        self.model.changed.mark(report.within)
+        v = self.model.version
+        out.append(ev.ModelUpdated(version=v, contributions=self.model.contributions, now=now))
+        # Every update was checked finite; this guards the strategy's arithmetic. A
+        # whole pass over a huge model per version costs more than the merge itself,
+        # so big models are checked when they are evaluated.
+        small = self.spec.num_params <= FINITE_CHECK_EVERY_VERSION_MAX
+        if (small or self.evaluator.due(v)) and not self.model.params.is_finite():
+            raise RuntimeError(f"model became non-finite at version {v}: a strategy bug")
+        every = self.job.checkpoint.every_versions
+        if every and v % every == 0:
+            out.append(ev.Checkpoint(version=v))
+        stop = self.job.stop
+        if self.evaluator.due(v):
+            e = self.evaluator.run(self.model.params, v, now)
+            out.append(e)
+            self.strategy.on_evaluation(e.loss)
+            if stop.target_accuracy is not None and e.accuracy >= stop.target_accuracy:
+                self._finish("target_accuracy", now, out)
+                return
+        if stop.max_versions is not None and v >= stop.max_versions:
+            self._finish("max_versions", now, out)
+
+    def _finish(self, reason: str, now: float, out: list[ev.Output]) -> None:
+        if self.finished is not None:
+            return
+        v = self.model.version
+        last = self.evaluator.last
+        if last is None or last.version != v:
+            last = self.evaluator.run(self.model.params, v, now)
+            out.append(last)
+        for task in self.book.open_tasks():
+            self.book.resolve_task(task, TaskState.DROPPED, now)
+        self.orphans.clear()
+        self.finished = ev.JobFinished(version=v, reason=reason, accuracy=last.accuracy, now=now)
+        out.append(self.finished)
+        if self.job.checkpoint.every_versions:
+            out.append(ev.Checkpoint(version=v))
+        for conn in list(self.conns.values()):
+            # Results still uploading are not taken: each is answered (§6), before
+            # the bye, like any result the server does not take.
+            for task_id in conn.uploads.in_flight():
+                ack = m.Ack.trusted(task_id=task_id, accepted=False, reason=Reject.STALE.value)
+                self.connections.queue(conn, ack)
+            conn.outbox.flush(now, out)  # type: ignore[arg-type]
+            # Every result taken so far is acknowledged before the bye: acks still
+            # held by pacing go now (a few dozen bytes each). Tasks, model chunks
+            # and shard data behind them are for tasks just dropped: never sent.
+            out.extend(s for s in conn.outbox if isinstance(s.message, m.Ack))
+            conn.outbox.clear()
+            out.extend(finished_bye(conn.client_id, reason))
+            self._drop(conn.client_id, reason, now, out)
+
+    # -- connections and pacing ----------------------------------------------------
+
+    def _take_over(self, resume_id: str | None, now: float, out: list[ev.Output]) -> None:
+        """A hello resuming a session whose connection is still open here closes
+        that connection (``REPLACED``), so the resume takes its record and leases.
+        The older one is most likely half-open: the client's network changed and
+        it reconnected before its old connection's end reached us (MQTT gives a
+        client id the same rule). The token is a secret only its client holds."""
+        old = self.registry.lookup(resume_id) if resume_id else None
+        if old is not None and old.connected and old.client_id in self.conns:
+            msg = "a newer connection resumed this session"
+            self._close(self.conns[old.client_id], ErrorCode.REPLACED, msg, now, out)
+
+    def _advance(self, now: float) -> None:
+        self._now = advance_clock("coordinator", self._now, now)
+
+    def _close(
+        self, conn: Conn, code: ErrorCode, message: str, now: float, out: list[ev.Output]
+    ) -> None:
+        """Close a misbehaving or silent peer: error frame now (unpaced), then Close."""
+        if conn.client_id not in self.conns:
+            return
+        out.extend(refusal(conn.client_id, code, message))
+        self._drop(conn.client_id, f"closed: {code.name}", now, out)
+
+    def _drop(self, client_id: str, reason: str, now: float, out: list[ev.Output]) -> None:
+        self.connections.remove(client_id)
+        self.registry.leave(client_id, now)
+        # The queued lease first, so that it is not promoted to current in between.
+        for lease in (self.book.queued_lease_of(client_id), self.book.live_lease_of(client_id)):
+            if lease is not None:
+                self.book.end(lease, LeaseState.LOST, now)
+                task = self.book.tasks[lease.task_id]
+                self.orphans.lost(task, now, finished=self.finished is not None)
+        out.append(ev.ClientLeft(client_id=client_id, reason=reason, now=now))
+
+    # -- introspection (tests, dashboard) ------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self.model.version
+
+    @property
+    def params(self) -> Params:
+        return self.model.params
+
+    @property
+    def model_contributions(self) -> int:
+        """Results merged into the model so far (an edge reports it to its root)."""
+        return self.model.contributions
+
+    @property
+    def accepted_results(self) -> int:
+        return self.results.accepted
+
+    def clients(self) -> list[ClientRecord]:
+        return self.registry.connected()

@@ -1,0 +1,200 @@
+"""Who is connected: capabilities from hello, resume ids, measured speed.
+
+A client is known by the driver's connection id while connected, and by its
+*resume id* across connections: the coordinator hands one out in ``welcome``
+and a client that reconnects with it gets its record (rejection count, speed
+estimate, cached model version, trust, the leases it holds) back. A resume id is
+a bearer capability, so it must not be guessable: with a ``key`` (the server
+draws a fresh secret per process) ids are a keyed hash of a counter, so neither
+a stranger nor a restart can produce one that was handed out; without one
+(the simulator) they come from the job seed, so a seeded run issues the same
+ids. The record of a client that
+left is kept for resuming until ``forget`` drops it (the core keeps it as long
+as the outcomes of its tasks); a resume id forgotten starts a fresh record.
+
+What a flood of short connections may leave behind is bounded by count, not
+only by time: a client never given a task has nothing to resume (no lease, no
+result, no measured speed), so its record goes when it leaves; and at most
+``max_left`` records of clients that left are kept, the one that left first
+going first (a resumed record is connected again and leaves that queue).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, kw_only=True)
+class ClientRecord:
+    client_id: str
+    resume_id: str
+    name: str
+    #: advertised compute rate, FLOP/s (from hello); refined by ``observe_speed``
+    flops: float
+    connected: bool = True
+    joined_at: float = 0.0
+    last_seen: float = 0.0
+    rejections: int = 0
+    accepted: int = 0
+    #: tasks it declined, in all and since its last accepted result
+    declined: int = 0
+    declined_in_row: int = 0
+    #: model version the client holds (it has all chunks of it), if any
+    version_held: int | None = None
+    #: model version of the last task sent to it (a client keeps one model)
+    version_sent: int | None = None
+    #: exponential moving average of measured FLOP/s
+    measured_flops: float | None = None
+    #: replication (coordinator/core/replication.py): valid results in a row, results that
+    #: went in unchecked, and caught disagreeing
+    trust: int = 0
+    unverified: int = 0
+    #: disagreements with the coordinator's own run of a task (replication.py)
+    strikes: int = 0
+    excluded: bool = False
+
+    def rate(self) -> float:
+        return self.measured_flops if self.measured_flops is not None else self.flops
+
+    def observe_speed(self, flops: float, seconds: float) -> None:
+        """Fold one finished task into the speed estimate (EMA, weight 0.3)."""
+        if seconds <= 0 or flops <= 0:
+            return
+        r = flops / seconds
+        m = self.measured_flops
+        self.measured_flops = r if m is None else 0.7 * m + 0.3 * r
+
+
+class Registry:
+    __slots__ = (
+        "_by_conn",
+        "_by_resume",
+        "_counter",
+        "_key",
+        "_left",
+        "_salt",
+        "_seen",
+        "max_left",
+    )
+
+    def __init__(self, seed: int, *, max_left: int | None = None, key: bytes | None = None) -> None:
+        if max_left is not None and max_left < 0:
+            raise ValueError(f"max_left: must be >= 0 or None, got {max_left!r}")
+        #: records of clients that left kept for resuming, at most (None: no cap)
+        self.max_left = max_left
+        self._by_conn: dict[str, ClientRecord] = {}
+        #: connected records, least recently seen first (``touch`` moves to the end)
+        self._seen: dict[str, ClientRecord] = {}
+        self._by_resume: dict[str, ClientRecord] = {}
+        #: resume id -> when its client left, oldest first (resumable, not connected)
+        self._left: OrderedDict[str, float] = OrderedDict()
+        self._counter = 0
+        if key is not None and not 16 <= len(key) <= 64:
+            raise ValueError(f"key: 16 to 64 bytes, got {len(key)}")
+        self._key = key or b""
+        self._salt = b"" if key else f"crowdgrad:{seed}:".encode()
+
+    def _new_resume_id(self) -> str:
+        self._counter += 1
+        msg = self._salt + str(self._counter).encode()
+        return hashlib.blake2b(msg, key=self._key, digest_size=12).hexdigest()
+
+    def join(
+        self, client_id: str, *, name: str, flops: float, resume_id: str | None, now: float
+    ) -> tuple[ClientRecord, bool]:
+        """Register a connection; returns ``(record, resumed)``.
+
+        An unknown or still-connected resume id starts a fresh record: two
+        connections never share one (the core closes the older connection first
+        when a resume should take its session over).
+        """
+        if client_id in self._by_conn:
+            raise ValueError(f"client {client_id!r} is already connected")
+        old = self._by_resume.get(resume_id) if resume_id else None
+        if old is not None and not old.connected:
+            self._left.pop(old.resume_id, None)
+            old.client_id = client_id
+            old.connected = True
+            old.name = name
+            old.flops = flops
+            old.last_seen = now
+            self._by_conn[client_id] = old
+            self._seen[client_id] = old
+            return old, True
+        rec = ClientRecord(
+            client_id=client_id,
+            resume_id=self._new_resume_id(),
+            name=name,
+            flops=flops,
+            joined_at=now,
+            last_seen=now,
+        )
+        self._by_conn[client_id] = rec
+        self._by_resume[rec.resume_id] = rec
+        self._seen[client_id] = rec
+        return rec, False
+
+    def touch(self, rec: ClientRecord, now: float) -> None:
+        """The client was heard from at ``now`` (never earlier than before)."""
+        rec.last_seen = now
+        seen = self._seen
+        if seen.pop(rec.client_id, None) is not None:
+            seen[rec.client_id] = rec
+
+    def least_recently_seen(self) -> Iterator[ClientRecord]:
+        """Connected records by ``last_seen``, oldest first, so a heartbeat check
+        stops at the first client that is not late (collect, then close: the
+        iterator is live)."""
+        return iter(self._seen.values())
+
+    def leave(self, client_id: str, now: float) -> ClientRecord | None:
+        """The connection is gone; its record stays resumable (see the module
+        docstring for which records do, and for how long)."""
+        self._seen.pop(client_id, None)
+        rec = self._by_conn.pop(client_id, None)
+        if rec is None:
+            return None
+        rec.connected = False
+        rec.version_held = None  # its cache is unknown after a reconnect
+        if rec.version_sent is None:  # never given a task: nothing to resume
+            del self._by_resume[rec.resume_id]
+            return rec
+        left = self._left
+        left[rec.resume_id] = now
+        if self.max_left is not None:
+            while len(left) > self.max_left:
+                del self._by_resume[left.popitem(last=False)[0]]
+        return rec
+
+    def forget(self, before: float) -> int:
+        """Drop the records of clients that left before ``before``; returns how many."""
+        left, n = self._left, 0
+        while left:
+            resume_id, at = next(iter(left.items()))
+            if at >= before:
+                break
+            left.popitem(last=False)
+            del self._by_resume[resume_id]
+            n += 1
+        return n
+
+    def lookup(self, resume_id: str) -> ClientRecord | None:
+        """The record a resume id names, connected or not (None: unknown or forgotten)."""
+        return self._by_resume.get(resume_id)
+
+    def known(self) -> int:
+        """Records kept: connected clients and those that may still resume."""
+        return len(self._by_resume)
+
+    def get(self, client_id: str) -> ClientRecord | None:
+        return self._by_conn.get(client_id)
+
+    def connected(self) -> list[ClientRecord]:
+        """Connected clients in join order (dict order), for deterministic dispatch."""
+        return list(self._by_conn.values())
+
+    def __len__(self) -> int:
+        return len(self._by_conn)

@@ -1,0 +1,35 @@
+"""Strategy by name: the one place that knows every scheduling method."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.core.config import DataSection, JobConfig, StrategySection
+from coordinator.core.strategies.base import ModelState, Strategy
+from coordinator.core.strategies.central_async import CentralAsync
+from coordinator.core.strategies.central_sync import CentralSync
+from coordinator.core.strategies.decentral_async import DecentralAsync
+from coordinator.core.strategies.decentral_sync import DecentralSync
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (CentralSync, CentralAsync, DecentralSync, DecentralAsync)
+}
+
+
+def serves_prefetch(job: JobConfig) -> bool:
+    """The job's coordinator answers ``prefetch`` (docs/protocol.md §3.12): the job
+    allows it (``lease.prefetch``) and its strategy has a next task while one
+    computes (``Strategy.pipelined``)."""
+    return job.lease.prefetch and STRATEGIES[job.strategy.name].pipelined
+
+
+def make_strategy(
+    *, model: ModelState, config: StrategySection, data: DataSection, rng: np.random.Generator
+) -> Strategy:
+    try:
+        cls = STRATEGIES[config.name]
+    except KeyError:
+        raise ValueError(
+            f"strategy.name: unknown {config.name!r}; known: {sorted(STRATEGIES)}"
+        ) from None
+    return cls(model=model, config=config, data=data, rng=rng)

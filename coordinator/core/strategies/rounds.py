@@ -1,0 +1,224 @@
+"""Synchronous rounds, shared by central-sync and decentral-sync.
+
+Theory of operation. A round is opened by the first idle client that asks for
+work. It has ``target`` slots (``clients_per_round``, or the number of clients
+connected when it opens, grown by clients that connect while it has no result
+yet); each slot is one task at the round's version. The round closes,
+combining its results into one outer step (a ``mean`` weights each by its
+task's rows: FedAvg), when
+
+- every slot has a result, or
+- the round deadline passes and at least ``ceil(quorum × target)`` slots have
+  results; the round's other tasks are dropped (late results are stale).
+
+If the deadline passes below quorum, the round's unfinished tasks are leased
+again to whoever is idle (replication, BOINC-style: the first result wins) and
+the deadline is extended, so a straggler is never waited on forever. A task
+whose lease is lost is leased again at once.
+
+Phases::
+
+    IDLE --task_for--> COLLECTING --all slots done | deadline with quorum--> IDLE
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from abc import abstractmethod
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from coordinator.core.leases import Task, TaskPlan, TaskState
+from coordinator.core.strategies.aggregate import OuterOptimizer
+from coordinator.core.strategies.base import ClientView, Outcome, StepReport, Strategy
+from nn.subnet import Subnet
+from protocol.states import checked_move
+
+
+class RoundPhase(enum.Enum):
+    IDLE = "idle"
+    COLLECTING = "collecting"
+
+
+ROUND_TRANSITIONS: dict[RoundPhase, frozenset[RoundPhase]] = {
+    RoundPhase.IDLE: frozenset({RoundPhase.COLLECTING}),
+    RoundPhase.COLLECTING: frozenset({RoundPhase.IDLE}),
+}
+
+
+class RoundStrategy(Strategy):
+    """Round bookkeeping; subclasses say how results combine into a direction."""
+
+    def __init__(self, *, outer: OuterOptimizer, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.outer = outer
+        self.phase = RoundPhase.IDLE
+        self.round = 0
+        self.target = 0
+        self.planned = 0
+        self.deadline: float | None = None
+        self.results: dict[int, np.ndarray] = {}
+        #: each result's ``sample_weight``, by task id
+        self.weights: dict[int, float] = {}
+        self.round_tasks: dict[int, Task] = {}
+        self.reissue: deque[Task] = deque()
+        #: sub-model results' subnets, by task id (absent: the whole model)
+        self.subnets: dict[int, Subnet] = {}
+
+    @abstractmethod
+    def direction(
+        self, updates: list[np.ndarray], weights: list[float], subnets: list[Subnet | None]
+    ) -> np.ndarray:
+        """The way to move the params given the round's updates, their sample
+        weights and subnets (in task-id order)."""
+
+    def _move(self, to: RoundPhase) -> None:
+        self.phase = checked_move(
+            f"round {self.round}", ROUND_TRANSITIONS, self.phase, to, RuntimeError
+        )
+
+    def _open(self, client: ClientView, now: float) -> None:
+        self._move(RoundPhase.COLLECTING)
+        self.round += 1
+        self.target = self.config.clients_per_round or max(1, client.connected)
+        self.planned = 0
+        self.deadline = now + self.config.round_deadline_s
+        self.results = {}
+        self.weights = {}
+        self.subnets = {}
+        self.round_tasks = {}
+        self.reissue.clear()
+
+    def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
+        if self.phase is RoundPhase.IDLE:
+            self._open(client, now)
+        if self.deadline is None:  # restored from a checkpoint mid-round
+            self.deadline = now + self.config.round_deadline_s
+        for t in [t for t in self.reissue if t.state is not TaskState.OPEN]:
+            self.reissue.remove(t)
+        for t in self.reissue:
+            if client.client_id not in t.clients:  # never back to a client that had it
+                self.reissue.remove(t)
+                return TaskPlan(
+                    kind=t.kind,
+                    shard=t.shard,
+                    seed=t.seed,
+                    steps=t.steps,
+                    batch=t.batch,
+                    round=t.round,
+                    reissue=t.task_id,
+                )
+        if (
+            self.planned >= self.target
+            and self.config.clients_per_round is None
+            and not self.results
+            and client.connected > self.target
+        ):
+            # A client that connected after the round opened joins it while no
+            # result is in yet: otherwise, with players arriving one by one,
+            # round 1 has one slot and everyone else sits it out (and then holds
+            # no version, so its next download is the whole model).
+            self.target = client.connected
+        if self.planned < self.target:
+            self.planned += 1
+            return self.new_plan(round=self.round)
+        return None
+
+    def on_task_created(self, task: Task) -> None:
+        if task.round == self.round:
+            self.round_tasks[task.task_id] = task
+
+    def on_result(self, task: Task, update: np.ndarray, now: float) -> Outcome:
+        s = self.staleness_of(task)
+        if task.round != self.round or self.phase is not RoundPhase.COLLECTING:
+            return Outcome(accepted=False, staleness=s, reason="stale")
+        self.results[task.task_id] = self.dense(task, update).copy()
+        self.weights[task.task_id] = self.sample_weight(task)
+        if task.subnet is not None:
+            self.subnets[task.task_id] = task.subnet
+        if len(self.results) >= self.target:
+            return Outcome(accepted=True, staleness=s, step=self._close(now))
+        return Outcome(accepted=True, staleness=s)
+
+    def on_lease_lost(self, task: Task, now: float) -> bool:
+        if task.round != self.round or self.phase is not RoundPhase.COLLECTING:
+            return False
+        self.reissue.append(task)
+        return True
+
+    def on_tick(self, now: float) -> StepReport | None:
+        if self.phase is not RoundPhase.COLLECTING or self.deadline is None:
+            return None
+        if now < self.deadline:
+            return None
+        need = math.ceil(self.config.quorum * self.target)
+        if self.results and len(self.results) >= need:
+            return self._close(now)
+        # Below quorum: replicate unfinished work to idle clients, wait once more.
+        self.deadline = now + self.config.round_deadline_s
+        queued = {t.task_id for t in self.reissue}
+        for tid, t in sorted(self.round_tasks.items()):
+            if t.state is TaskState.OPEN and tid not in self.results and tid not in queued:
+                self.reissue.append(t)
+        return None
+
+    def _close(self, now: float) -> StepReport:
+        ids = sorted(self.results)
+        updates = [self.results[i] for i in ids]
+        weights = [self.weights.get(i, 1.0) for i in ids]
+        subnets = [self.subnets.get(i) for i in ids]
+        direction = self.direction(updates, weights, subnets)
+        self.outer.step(self.model.params.data, direction, self.step_scale())
+        dropped = tuple(
+            tid
+            for tid, t in sorted(self.round_tasks.items())
+            if t.state is TaskState.OPEN and tid not in self.results
+        )
+        report = self.step_version(len(ids))
+        self._move(RoundPhase.IDLE)
+        self.results = {}
+        self.weights = {}
+        self.subnets = {}
+        self.round_tasks = {}
+        self.reissue.clear()
+        self.deadline = None
+        return StepReport(stepped=report.stepped, merged=report.merged, dropped=dropped)
+
+    def pending(self) -> int:
+        return len(self.results)
+
+    def next_deadline(self) -> float | None:
+        return self.deadline if self.phase is RoundPhase.COLLECTING else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "outer": self.outer.state_dict(),
+            "round": self.round,
+            "target": self.target,
+            "results": {int(k): v.copy() for k, v in self.results.items()},
+            "weights": {int(k): float(w) for k, w in self.weights.items()},
+            "subnets": {int(k): s.to_state() for k, s in self.subnets.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Results acknowledged before a restart are kept; missing slots are replanned."""
+        super().load_state_dict(state)
+        self.outer.load_state_dict(state["outer"])
+        self.round = int(state["round"])
+        self.target = int(state["target"])
+        self.results = {int(k): np.array(v, dtype=np.float32) for k, v in state["results"].items()}
+        # (a checkpoint from before sample weights has none: those results count 1)
+        self.weights = {int(k): float(w) for k, w in state.get("weights", {}).items()}
+        spec = self.model.params.spec
+        self.subnets = {
+            int(k): Subnet.from_state(spec, s) for k, s in state.get("subnets", {}).items()
+        }
+        self.round_tasks = {}
+        self.reissue.clear()
+        self.planned = len(self.results)
+        self.deadline = None
+        self.phase = RoundPhase.COLLECTING if self.results else RoundPhase.IDLE

@@ -1,0 +1,212 @@
+"""Prometheus metrics of a running coordinator (``GET /metrics``).
+
+Theory of operation. ``Metrics`` is a sink of the core's outputs (it sees every
+event and every frame the core sends, on the core thread) plus a few calls from
+the network thread for what never reaches the core (frames in, heartbeat
+echoes and their round-trip times, shards by HTTP). Counters are prometheus-client's, which are
+thread-safe; each ``Metrics`` has its own ``CollectorRegistry``, so several
+coordinators in one process (tests, a host app) never share a series. Gauges that
+are a reading of state (model version, clients, queued bytes) are read at scrape
+time from the service and the server, so they are never stale.
+
+Names follow Prometheus conventions: prefix ``crowdgrad_``, counters end in
+``_total``, durations are ``_seconds``, sizes ``_bytes``; labels are small closed
+sets (outcome, reason words of docs/protocol.md §3.6, message types, kinds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from coordinator.core import events as ev
+
+#: Where a browser tab says who it is (client/web/src/session.js CLIENT_NAME).
+BROWSER_CLIENT = "crowdgrad-web/"
+
+#: Task round trip: lease to accepted result, from a tiny task on a LAN to a
+#: large model on a 50 kB/s link.
+ROUND_TRIP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: Heartbeat round trip: loopback to a congested mobile link.
+RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#: An RTT above this is not one (an echo of another server's clock, a lying
+#: client): not observed.
+MAX_RTT_S = 600.0
+
+
+def client_kind(name: str) -> str:
+    """``browser`` for the volunteer page's worker, ``other`` for anything else."""
+    return "browser" if name.startswith(BROWSER_CLIENT) else "other"
+
+
+class _Readings(Collector):
+    """Gauges read at scrape time from whoever holds the state."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        r = self.read()
+        for name, doc, value in (
+            ("crowdgrad_model_version", "Current model version.", r.get("version")),
+            ("crowdgrad_send_queue_bytes", "Bytes queued for clients now.", r.get("queued")),
+            ("crowdgrad_send_queue_max_bytes", "Largest send queue a connection reached.",
+             r.get("max_queued")),
+            ("crowdgrad_acks_held", "Acks waiting for a durable checkpoint.", r.get("acks_held")),
+            ("crowdgrad_pending_results",
+             "Accepted results not yet merged into the model (buffers, open rounds).",
+             r.get("pending")),
+            ("crowdgrad_step_scale",
+             "The schedule's multiplier on the server's next step (strategy.schedule).",
+             r.get("step_scale")),
+        ):  # fmt: skip
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=float(value))
+
+
+class Metrics:
+    """The coordinator's Prometheus series; see the module docstring."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.results = Counter(
+            "crowdgrad_results_total", "Results by outcome and reason (docs/protocol.md §3.6).",
+            ["outcome", "reason"], registry=r,
+        )  # fmt: skip
+        self.leased = Counter(
+            "crowdgrad_tasks_leased_total", "Tasks leased, by how the model went down.",
+            ["download", "queued"], registry=r,
+        )  # fmt: skip
+        self.expired = Counter(
+            "crowdgrad_leases_expired_total", "Leases whose deadline passed.",
+            ["reissued"], registry=r,
+        )  # fmt: skip
+        self.declined = Counter(
+            "crowdgrad_tasks_declined_total", "Tasks clients declined, by their reason word.",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.clients = Gauge(
+            "crowdgrad_clients", "Clients connected now, by kind.", ["kind"], registry=r
+        )
+        self.joins = Counter(
+            "crowdgrad_client_joins_total", "Sessions welcomed, by kind and resumption.",
+            ["kind", "resumed"], registry=r,
+        )  # fmt: skip
+        self.frames = Counter(
+            "crowdgrad_messages_total", "Websocket frames by direction and message type.",
+            ["direction", "type"], registry=r,
+        )  # fmt: skip
+        self.bytes = Counter(
+            "crowdgrad_message_bytes_total", "Websocket frame bytes by direction and type.",
+            ["direction", "type"], registry=r,
+        )  # fmt: skip
+        self.shard_bytes = Counter(
+            "crowdgrad_shard_bytes_total", "Data shard bytes served, by transport.",
+            ["transport"], registry=r,
+        )  # fmt: skip
+        self.round_trip = Histogram(
+            "crowdgrad_task_round_trip_seconds",
+            "Lease to accepted result of one task (download, compute, upload).",
+            buckets=ROUND_TRIP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.evaluations = Counter(
+            "crowdgrad_evaluations_total", "Evaluations of the model.", registry=r
+        )
+        self.accuracy = Gauge(
+            "crowdgrad_last_evaluation_accuracy", "Accuracy at the last evaluation.", registry=r
+        )
+        self.loss = Gauge(
+            "crowdgrad_last_evaluation_loss", "Loss at the last evaluation.", registry=r
+        )
+        self.heartbeat_rtt_seconds = Histogram(
+            "crowdgrad_heartbeat_rtt_seconds",
+            "Round-trip time to clients, from their heartbeats' echo (docs/protocol.md §3.7).",
+            buckets=RTT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.checkpoint_seconds = Histogram(
+            "crowdgrad_checkpoint_seconds", "Writing one checkpoint, snapshot to commit.",
+            buckets=DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.finished = Gauge("crowdgrad_job_finished", "1 once the job is over.", registry=r)
+        for kind in ("browser", "other"):
+            self.clients.labels(kind=kind).set(0)
+        self._kinds: dict[str, str] = {}
+        self._leased_at: dict[int, float] = {}
+        if read is not None:
+            r.register(_Readings(read))
+
+    # -- the core's outputs (core thread) -------------------------------------------
+
+    def __call__(self, outputs: list[ev.Output]) -> None:
+        for o in outputs:
+            match o:
+                case ev.Send():
+                    t = o.message.TYPE
+                    self.frames.labels("out", t).inc()
+                    self.bytes.labels("out", t).inc(len(o.frame))
+                case ev.ResultAccepted():
+                    self.results.labels("accepted", "").inc()
+                    start = self._leased_at.pop(o.task_id, None)
+                    if start is not None and o.now >= start:
+                        self.round_trip.observe(o.now - start)
+                case ev.ResultRejected():
+                    self.results.labels("rejected", o.reason).inc()
+                    self._leased_at.pop(o.task_id, None)
+                case ev.TaskLeased():
+                    self.leased.labels(o.download, str(o.queued).lower()).inc()
+                    self._leased_at[o.task_id] = o.now
+                case ev.LeaseExpired():
+                    self.expired.labels(str(o.reissued).lower()).inc()
+                case ev.TaskDeclined():
+                    self.declined.labels(o.reason.split(":", 1)[0][:32] or "none").inc()
+                case ev.ClientJoined():
+                    kind = self._kinds[o.client_id] = client_kind(o.name)
+                    self.clients.labels(kind=kind).inc()
+                    self.joins.labels(kind, str(o.resumed).lower()).inc()
+                case ev.ClientLeft():
+                    kind = self._kinds.pop(o.client_id, None)
+                    if kind is not None:
+                        self.clients.labels(kind=kind).dec()
+                case ev.DataServed():
+                    self.shard_bytes.labels("websocket").inc(o.nbytes)
+                case ev.Evaluated():
+                    self.evaluations.inc()
+                    self.accuracy.set(o.accuracy)
+                    self.loss.set(o.loss)
+                case ev.JobFinished():
+                    self.finished.set(1)
+                case _:
+                    pass
+        # Leases the core forgot (lost with their client) must not pile up here.
+        if len(self._leased_at) > 100_000:
+            for task_id in sorted(self._leased_at)[:50_000]:
+                del self._leased_at[task_id]
+
+    # -- what never reaches the core (network thread) --------------------------------
+
+    def frame_in(self, message_type: str, nbytes: int) -> None:
+        self.frames.labels("in", message_type).inc()
+        self.bytes.labels("in", message_type).inc(nbytes)
+
+    def frame_out(self, message_type: str, nbytes: int) -> None:
+        self.frames.labels("out", message_type).inc()
+        self.bytes.labels("out", message_type).inc(nbytes)
+
+    def heartbeat_rtt(self, seconds: float) -> None:
+        """A client's heartbeat echoed ours: ``seconds`` = now − echo − held. One
+        outside [0, MAX_RTT_S] says nothing true about the link and is dropped."""
+        if 0.0 <= seconds <= MAX_RTT_S:
+            self.heartbeat_rtt_seconds.observe(seconds)
+
+    def http_shard(self, nbytes: int) -> None:
+        self.shard_bytes.labels("http").inc(nbytes)
+
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes."""
+        return generate_latest(self.registry)

@@ -1,0 +1,876 @@
+"""The simulation thread: owns the Coordinator core, fed by a queue, ticked at a fixed rate.
+
+Theory of operation (game-server style). The asyncio network thread only
+decodes frames and moves bytes; it ``submit``s facts (connected, received,
+disconnected, admin commands) to a ``queue.SimpleQueue``. This thread takes them one
+by one, calls the core with ``now = time.monotonic()`` and hands every output
+list to ``sink`` (the server forwards frames to its connections with
+``loop.call_soon_threadsafe``). Between inputs it calls ``tick(now)`` at
+``tick_hz`` or earlier at ``next_wakeup()``. Merging a large update therefore
+delays other updates, never the network thread's reads, writes and closes.
+
+Outputs are handed to the sinks in batches: while more input is queued the
+thread keeps going (up to ``MAX_BATCH`` inputs) and calls each sink once with
+everything produced, in order. Under load this is what keeps the hand-over
+cheap — the server wakes its event loop once per batch, not once per frame —
+and when the inbox is empty a lone input's outputs go out at once.
+
+Checkpoints: the core asks for one (``Checkpoint`` action) every N versions
+and when the job finishes; the service also writes one on ``stop``. The
+state is snapshot on this thread (``state_dict`` copies) and written by a
+single writer thread, so a slow disk never stalls a tick. On start the newest
+valid checkpoint of the store is restored.
+
+Checkpoints after the first are incremental where they can be: a snapshot copies
+only the neuron groups that changed since the last committed checkpoint
+(coordinator/runtime/snapshots.py). A model over ``MAP_ABOVE_PARAMS`` parameters (or any
+with ``mapped=True``) lives in a memory-mapped file beside the store, so it is
+never held twice: a whole checkpoint of it is written from the file (while the
+model trains, when a journal can complete it; else with the core waiting), and a
+restart restores the newest checkpoint into the file.
+
+Acknowledge after durable (``ack_durable``, on by default with a store): the
+``Ack`` frames that tell a client its result is in (accepted, or a duplicate of
+one accepted) are held back until a checkpoint snapshot taken after them has
+been committed by the store, so a crash never loses a result a client saw
+acknowledged. While acks are held, a checkpoint is taken at most every
+``durable_interval`` seconds (group commit: all acks held by then share one
+write) once the model version has moved past the last one written; the store
+refuses a second checkpoint of the same version, so results buffered by a sync
+strategy wait for the version that folds them in. Other frames are not held:
+the client matches an ack by task id, so their order does not matter to it.
+Except at the end of the job: the core's ``bye`` and closes wait until the acks
+held before them are released (a final snapshot is taken at once), so every
+result a client was told is in gets its ack before the ``bye``; the service is
+``done`` only then.
+
+With a journal (coordinator/runtime/journal.py: every result an in-place sub-model
+merge) the held acks are released when the journal reports their merges logged,
+and snapshots are taken only when the job asks (every N versions, the end).
+
+Why long: the core's thread, its inbox and the durable-ack machinery (group
+commit, held acks released by checkpoints or by the journal, the final
+snapshot) share one lock-free loop; split, the ordering guarantees above would
+span modules. What a snapshot copies is in coordinator/runtime/snapshots.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig
+from coordinator.core.machine import RESTORE_TASK_ID_GAP, Coordinator
+from coordinator.core.strategies.layer_split import LayerSplit
+from coordinator.runtime.history import History
+from coordinator.runtime.journal import Journal
+from coordinator.runtime.persist import from_checkpoint, to_checkpoint
+from coordinator.runtime.snapshots import MappedModel, Snapshots
+from nn.data import Dataset
+from nn.mapped import MAP_ABOVE_PARAMS
+from nn.params import Params
+from protocol import messages as m
+from storage.errors import CheckpointExists, NoCheckpoint, StorageError
+from storage.layout import Checkpoint, LiveParams, ParamsPatch
+from storage.limits import StoreLimits
+from storage.retention import RetentionPolicy
+from storage.store import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[list[ev.Output]], None]
+
+#: Most inputs handled before the outputs gathered so far go to the sinks.
+MAX_BATCH = 64
+
+
+@dataclass(slots=True)
+class Stats:
+    """What /api/status shows; written by the core thread, read by anyone (GIL-atomic)."""
+
+    version: int = 0
+    clients: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    leases_expired: int = 0
+    #: tasks clients declined (``decline``: the lease ended before its deadline)
+    declined: int = 0
+    #: tasks leased behind a running one at a client's prefetch
+    tasks_prefetched: int = 0
+    #: shard fetches over the websocket, and the shard bytes they carried
+    data_fetches: int = 0
+    data_bytes: int = 0
+    #: shard downloads by HTTP (GET /data/{sha256}) and their bytes
+    data_http_fetches: int = 0
+    data_http_bytes: int = 0
+    joined: int = 0
+    left: int = 0
+    last_eval: dict[str, float] | None = None
+    finished: dict[str, Any] | None = None
+    checkpoints: int = 0
+    last_checkpoint: int | None = None
+    #: seconds the last checkpoint took to write (snapshot handed over to commit)
+    last_checkpoint_s: float | None = None
+    #: bytes the last checkpoint wrote, and the version it was incremental on
+    last_checkpoint_bytes: int | None = None
+    last_checkpoint_base: int | None = None
+    #: the journal of in-place merges, when the job has one: merges logged, merges
+    #: replayed at start, and whether acks wait for a checkpoint (a gap)
+    journal: dict[str, Any] | None = None
+    restored_from: int | None = None
+    paused: bool = False
+    #: clients (connection ids) with a result held while paused, until it resumes
+    held_results: set[str] = field(default_factory=set)
+    #: acks waiting for a durable checkpoint now, and snapshots taken for them
+    acks_held: int = 0
+    durable_checkpoints: int = 0
+    #: adaptive replication's counters (``Replicator.summary``), when the job has it on
+    replication: dict[str, Any] | None = None
+    #: an edge's standing against its root (coordinator/core/upstream.py), when it is one
+    upstream: dict[str, Any] | None = None
+    #: a layer-split job's blocks: steps of each, boundary shards waiting and leased
+    split: dict[str, Any] | None = None
+    started: float = field(default_factory=time.monotonic)
+    #: (monotonic time, accepted count) samples for the results/s window
+    window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
+
+    def throughput(self) -> float:
+        """Accepted results per second over the last few seconds."""
+        if len(self.window) < 2:
+            return 0.0
+        (t0, a0), (t1, a1) = self.window[0], self.window[-1]
+        return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class FreshStartRefused(RuntimeError):
+    """The store holds checkpoints and none of them verifies (see ``prepare``)."""
+
+
+class ServiceStopped(RuntimeError):
+    """The core thread is stopping or stopped: a ``call``, ``act`` or
+    ``checkpoint_now`` made then fails with this instead of waiting forever."""
+
+
+class CoreService:
+    """One core on its own thread; see the module docstring. Use ``start``/``stop``
+    (or ``with``); ``submit_*`` may be called from any thread."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        *,
+        seed: int = 0,
+        dataset: Dataset | None = None,
+        store: str | Path | None = None,
+        tick_hz: float = 20.0,
+        keep_checkpoints: int = 3,
+        ack_durable: bool | None = None,
+        durable_interval: float = 0.5,
+        allow_fresh_start: bool = False,
+        mapped: bool | None = None,
+        store_limits: StoreLimits | None = None,
+    ) -> None:
+        """``mapped``: hold the model in a memory-mapped file (None: when it has more
+        than ``MAP_ABOVE_PARAMS`` parameters). ``store_limits``: the store's chunk
+        size (one neuron group per chunk: the unit an incremental checkpoint
+        rewrites) and write budget."""
+        if not tick_hz > 0:
+            raise ValueError(f"tick_hz: must be > 0, got {tick_hz!r}")
+        if not durable_interval > 0:
+            raise ValueError(f"durable_interval: must be > 0, got {durable_interval!r}")
+        if ack_durable and store is None:
+            raise ValueError("ack_durable: needs a store to make results durable in")
+        self.job = job
+        self.allow_fresh_start = allow_fresh_start
+        self._resume: Checkpoint | None = None
+        self.stats = Stats()
+        self.store: CheckpointStore | None = None
+        self._store_path = Path(store) if store is not None else None
+        self._store_limits = store_limits
+        if mapped is None:
+            mapped = job.spec.num_params > MAP_ABOVE_PARAMS
+        self._mapped = MappedModel(job.spec, self._store_path) if mapped else None
+        self._snapshots: Snapshots | None = None
+        #: the log of in-place merges acks wait for instead of checkpoints, when the
+        #: job's results are all in-place merges (coordinator/runtime/journal.py)
+        self._journal: Journal | None = None
+        #: task ids below this are recorded in the store as possibly issued
+        self._ids_reserved = 0
+        self._keep = keep_checkpoints
+        self._seed = seed
+        self._dataset = dataset
+        self.core: Coordinator | None = None
+        self._interval = 1.0 / tick_hz
+        # SimpleQueue, not Queue: its put takes no Python-level lock, so the network
+        # thread never blocks on (and hands the GIL over to) this thread's get.
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._sinks: list[Sink] = []
+        #: called on the writer thread with each checkpoint's write time (metrics)
+        self.checkpoint_observers: list[Callable[[float], None]] = []
+        #: evaluations and throughput over time (GET /api/history), in checkpoints
+        self.history = History()
+        #: (bytes in, bytes out) of the network driver, for the history (optional)
+        self.traffic: Callable[[], tuple[int, int]] | None = None
+        self._out: list[ev.Output] = []  # outputs not yet handed to the sinks
+        self._thread: threading.Thread | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending_writes: list[Future[Any]] = []
+        self.done = threading.Event()
+        self.stopped = threading.Event()
+        # Set (under ``_gate``) once the core thread takes no more requests: a
+        # request that carries a future is refused from then on, so none waits
+        # on a thread that will never answer it.
+        self._closing = False
+        self._gate = threading.Lock()
+        self.ack_durable = store is not None if ack_durable is None else ack_durable
+        self.durable_interval = durable_interval
+        # Held acks as (sequence number, Send); a snapshot covers every seq up to
+        # the one current when it was taken. Only the core thread touches these.
+        self._held: deque[tuple[int, ev.Send]] = deque()
+        self._seq = 0
+        self._inflight = 0  # snapshots handed to the writer, not yet reported back
+        self._written_version = -1  # newest version handed to the writer
+        self._committed: frozenset[int] = frozenset()  # task ids of the newest commit
+        self._last_snapshot = -float("inf")
+        # The job's final outputs (bye, close) while acks held before them wait
+        # for their snapshot: (the last held seq they follow, outputs).
+        self._tail: tuple[int, list[ev.Output]] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def add_sink(self, sink: Sink) -> None:
+        """Call ``sink(outputs)`` on the core thread with each batch of outputs (in order)."""
+        self._sinks.append(sink)
+
+    def start(self) -> None:
+        """Build (or restore) the core and start its thread; idempotent."""
+        if self._thread is not None:
+            return
+        self.core = core = self._build_core()
+        if self._mapped is not None:  # the writer thread may copy it as merges go on
+            core.model.lock = threading.Lock()
+        if self.store is not None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-ckpt")
+            self._snapshots = Snapshots(core.spec, self.store.param_groups(core.spec))
+            if self._resume is not None:  # before a replay moves the model on from it
+                self._snapshots.restored(self._resume.version, core.model.changed)
+            self._open_journal(core)
+            # Past every id an earlier run may have issued, then reserve this run's.
+            floor = self.store.task_ids_reserved()
+            if core.book.next_task_id < floor:
+                core.book.next_task_id = floor
+            self._reserve_task_ids(core, wait=True)
+            if self._resume is None and self._mapped is not None:
+                self._checkpoint(core)  # whole once, from the file, before serving
+        self.stats.version = core.version
+        self._thread = threading.Thread(target=self._run, name="crowdgrad-core", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        """Finish the current event, checkpoint, stop the thread; idempotent."""
+        if self._thread is None:
+            return
+        with self._gate:
+            self._closing = True
+        self._inbox.put(("stop",))
+        self._thread.join(timeout)
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        if self._mapped is not None:
+            self._mapped.close()
+
+    def __enter__(self) -> CoreService:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- inputs (any thread) -------------------------------------------------------
+
+    def submit_connect(self, client_id: str, hello: m.Hello, address: str | None = None) -> None:
+        self._inbox.put(("connect", client_id, hello, address))
+
+    def submit_receive(self, client_id: str, message: m.Message, nbytes: int) -> None:
+        self._inbox.put(("receive", client_id, message, nbytes))
+
+    def submit_disconnect(self, client_id: str, reason: str) -> None:
+        self._inbox.put(("disconnect", client_id, reason))
+
+    def call(self, fn: Callable[[Coordinator], Any]) -> Future[Any]:
+        """Run ``fn(core)`` on the core thread (admin commands, inspection)."""
+        return self._request(("call", fn))
+
+    def act(self, fn: Callable[[Coordinator, float], tuple[Any, list[ev.Output]]]) -> Future[Any]:
+        """Run ``fn(core, now)`` on the core thread, for actions that move the model
+        (an edge's rebase): its outputs go out like a result's (model updated,
+        checkpoint, evaluation, tasks); the future gives its first value."""
+        return self._request(("act", fn))
+
+    def checkpoint_now(self) -> Future[Any]:
+        """Snapshot on the core thread and write; the future gives the version written
+        (``ServiceStopped`` once stopping: the stop writes its own final checkpoint)."""
+        return self._request(("checkpoint",))
+
+    def _request(self, item: tuple[Any, ...]) -> Future[Any]:
+        """Queue ``item`` plus a future for the core thread, or fail the future at once
+        when the thread takes no more requests (stopping, stopped, crashed)."""
+        fut: Future[Any] = Future()
+        with self._gate:
+            if not self._closing:
+                self._inbox.put((*item, fut))
+                return fut
+        fut.set_exception(ServiceStopped("the coordinator is stopping"))
+        return fut
+
+    def set_paused(self, paused: bool) -> None:
+        """Paused: frames from clients are held (results go in when it resumes),
+        ticks continue, and shard fetches are still answered, so clients that
+        join meanwhile get ready to compute."""
+        self._inbox.put(("pause", paused))
+
+    # -- the thread ----------------------------------------------------------------
+
+    def _open_journal(self, core: Coordinator) -> None:
+        """With a journal: replay the merges logged after the restored checkpoint."""
+        if self._store_path is None or not self.ack_durable or not core.merges_in_place:
+            return
+        self._journal = Journal(self._store_path, core.spec)
+        before = core.version
+        rows_as_of = None
+        resume = self._resume
+        if resume is not None and any(v != resume.version for v in resume.as_of):
+            assert self.store is not None  # a fuzzy checkpoint: groups of their own versions
+            rows_as_of = [np.full(n, resume.version, np.int64) for n, _ in core.spec.layer_shapes]
+            for g, v in zip(self.store.param_groups(core.spec), resume.as_of, strict=True):
+                rows_as_of[g.layer][g.row_start : g.row_end] = v
+        replayed = core.replay(
+            self._journal.merges(after_version=core.version), rows_as_of=rows_as_of
+        )
+        self._journal.replayed = replayed
+        self.stats.journal = self._journal.summary()
+        if replayed:
+            self._journal.durable.update(core.book.accepted_ids())
+            log.info("journal: replayed %d merges, v%d -> v%d", replayed, before, core.version)
+
+    def _reserve_task_ids(self, core: Coordinator, *, wait: bool = False) -> None:
+        """Keep the store's reserved task ids a gap ahead of the ids issued: at
+        start before serving (``wait``), then on the writer thread whenever half of
+        the gap is used (a crash in between still leaves the other half)."""
+        store, issued = self.store, core.book.next_task_id
+        if store is None or issued <= self._ids_reserved - RESTORE_TASK_ID_GAP // 2:
+            return
+        self._ids_reserved = issued + RESTORE_TASK_ID_GAP
+        if wait or self._writer is None:
+            store.reserve_task_ids(self._ids_reserved)
+            return
+        fut = self._writer.submit(store.reserve_task_ids, self._ids_reserved)
+        fut.add_done_callback(
+            lambda f: f.exception() and log.error("reserving task ids: %s", f.exception())
+        )
+
+    def _build_core(self) -> Coordinator:
+        core = self._make_core()
+        if self.store is not None:  # the shards, content-addressed beside the checkpoints
+            for s in core.data.shards:
+                self.store.put_blob(s.blob)
+        return core
+
+    def prepare(self) -> None:
+        """Open the store and find the checkpoint to resume from (idempotent; ``start``
+        calls it). Raises FreshStartRefused when the store has checkpoints and none
+        verifies: starting from version 0 would silently drop every acknowledged
+        result, so only ``allow_fresh_start`` may do it."""
+        if self._store_path is None or self.store is not None:
+            return
+        store = CheckpointStore.open(self._store_path, limits=self._store_limits)
+        try:
+            into = None if self._mapped is None else self._mapped.blank()
+            self._resume = store.load_latest(into=into)
+        except NoCheckpoint:
+            self._resume = None
+            damaged = [r.version for r in store.backend.records()]
+            if damaged and not self.allow_fresh_start:
+                store.close()
+                raise FreshStartRefused(
+                    f"store {self._store_path}: {len(damaged)} checkpoint(s) "
+                    f"(versions {damaged[0]}..{damaged[-1]}) and none verifies; starting "
+                    "from version 0 would lose every acknowledged result. Inspect it with "
+                    "'crowdgrad checkpoint verify', or pass --allow-fresh-start."
+                ) from None
+            if damaged:
+                kept = self._keep_damaged(store)
+                log.warning(
+                    "store %s: no checkpoint verifies; starting from version 0 as allowed; "
+                    "the damaged checkpoints (versions %d..%d) are kept in %s",
+                    self._store_path, damaged[0], damaged[-1], kept,
+                )  # fmt: skip
+        self.store = store
+
+    def _keep_damaged(self, store: CheckpointStore) -> Path:
+        """Copy a store none of whose checkpoints verifies beside it, before a fresh
+        start writes over them: the fresh run's checkpoints take their version
+        numbers (a quarantined number is free again), and the operator may still
+        want to inspect or salvage them (``crowdgrad checkpoint verify --store``)."""
+        assert self._store_path is not None
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for n in range(1000):
+            suffix = f".damaged-{stamp}" + (f"-{n}" if n else "")
+            kept = self._store_path.with_name(self._store_path.name + suffix)
+            if not kept.exists():
+                break
+        backup = getattr(store.backend, "backup", None)
+        if backup is None:
+            raise StorageError(f"store {self._store_path}: cannot copy its damaged checkpoints")
+        backup(kept)
+        return kept
+
+    @property
+    def resume_version(self) -> int | None:
+        """The checkpoint version ``prepare`` found to carry on from (None: a fresh
+        start), so a driver can say "resumed from checkpoint N" before it serves."""
+        return None if self._resume is None else self._resume.version
+
+    def _make_core(self) -> Coordinator:
+        self.prepare()
+        ckpt = self._resume
+        # Resume tokens are bearer secrets: unguessable, and none a past run issued.
+        key = secrets.token_bytes(32)
+        if ckpt is None:
+            if self._mapped is None:
+                return Coordinator(
+                    self.job, seed=self._seed, dataset=self._dataset, session_key=key
+                )
+            params = self._mapped.fresh(self.job.model.init_seed)
+            return Coordinator(
+                self.job,
+                params,
+                self._seed,
+                dataset=self._dataset,
+                share_params=True,
+                session_key=key,
+            )
+        mapped = self._mapped is not None
+        core = Coordinator.restore(
+            self.job,
+            from_checkpoint(ckpt, params=not mapped),
+            self._seed,
+            dataset=self._dataset,
+            params=ckpt.params if mapped else None,  # restored into the file
+            session_key=key,
+        )
+        self.stats.restored_from = ckpt.version
+        self.history.load(ckpt.metadata.get("history"))
+        self._written_version = ckpt.version
+        self._committed = frozenset(int(t) for t in ckpt.applied_results if t.isdigit())
+        log.info("restored checkpoint v%d from %s", ckpt.version, self._store_path)
+        return core
+
+    def _run(self) -> None:
+        core = self.core
+        assert core is not None
+        held: deque[tuple[Any, ...]] = deque()  # client input while paused
+        next_tick = time.monotonic()
+        batch = 0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._emit(core.tick(now))
+                    wake = core.next_wakeup()
+                    next_tick = now + self._interval
+                    if wake is not None and wake < next_tick:
+                        next_tick = max(wake, now + 1e-3)
+                    self.stats.window.append((now, self.stats.accepted))
+                    self._sample_history()
+                self._maybe_durable(core, now)
+                try:
+                    item = self._inbox.get_nowait()
+                    batch += 1
+                except queue.Empty:
+                    item = None
+                if item is None or batch >= MAX_BATCH:
+                    self._flush_out()
+                    batch = 0
+                if item is None:
+                    try:
+                        item = self._inbox.get(timeout=max(0.0, next_tick - time.monotonic()))
+                    except queue.Empty:
+                        continue
+                kind = item[0]
+                if kind == "stop":
+                    break
+                if kind == "pause":
+                    self.stats.paused = bool(item[1])
+                    if not self.stats.paused:
+                        self.stats.held_results.clear()
+                        while held:
+                            self._handle(core, held.popleft())
+                    continue
+                if kind == "written":
+                    self._written(*item[1:])
+                    continue
+                if kind == "logged":
+                    self._logged(*item[1:])
+                    continue
+                if self.stats.paused and kind == "receive" and not isinstance(item[2], m.Fetch):
+                    held.append(item)
+                    if isinstance(item[2], m.Result):
+                        self.stats.held_results.add(item[1])
+                    continue
+                self._handle(core, item)
+        except Exception:  # a bug in the core: log it, stop serving rather than hang
+            log.exception("coordinator core crashed; stopping")
+        finally:
+            with self._gate:  # no request is queued after this: _final_checkpoint fails
+                self._closing = True  # those already queued
+            self._final_checkpoint(core)
+            self._flush_out()
+            self.stopped.set()
+
+    def _handle(self, core: Coordinator, item: tuple[Any, ...]) -> None:
+        now = time.monotonic()
+        match item[0]:
+            case "connect":
+                self._emit(core.connect(item[1], item[2], now, address=item[3]))
+            case "receive":
+                if item[1] in core.conns:  # closed by the core while the frame queued
+                    self._emit(core.receive(item[1], item[2], now, nbytes=item[3]))
+            case "disconnect":
+                self._emit(core.disconnect(item[1], now, item[2]))
+            case "call":
+                fn, fut = item[1], item[2]
+                try:
+                    fut.set_result(fn(core))
+                except Exception as exc:
+                    fut.set_exception(exc)
+            case "act":
+                fn, fut = item[1], item[2]
+                try:
+                    value, outputs = fn(core, now)
+                except Exception as exc:
+                    fut.set_exception(exc)
+                else:
+                    self._emit(outputs)
+                    fut.set_result(value)
+            case "checkpoint":
+                item[1].set_result(self._checkpoint(core))
+            case "written":
+                self._written(*item[1:])
+            case other:
+                raise AssertionError(f"core service: unknown input {other!r}")
+
+    def _sample_history(self) -> None:
+        wall = time.time()
+        if not self.history.due(wall):
+            return
+        st = self.stats
+        b_in, b_out = self.traffic() if self.traffic is not None else (0, 0)
+        self.history.sample(
+            wall, version=st.version, accepted=st.accepted, rejected=st.rejected,
+            clients=st.clients, bytes_in=b_in, bytes_out=b_out,
+        )  # fmt: skip
+
+    def _emit(self, outputs: list[ev.Output]) -> None:
+        if not outputs:
+            return
+        self.history.observe(outputs, time.time())
+        st = self.stats
+        core = self.core
+        assert core is not None
+        checkpoint = False
+        for o in outputs:
+            match o:
+                case ev.Checkpoint():
+                    checkpoint = True
+                case ev.TaskDeclined():
+                    st.declined += 1
+                case ev.ResultAccepted():
+                    st.accepted += 1
+                case ev.ResultRejected():
+                    st.rejected += 1
+                case ev.LeaseExpired():
+                    st.leases_expired += 1
+                case ev.TaskLeased(queued=True):
+                    st.tasks_prefetched += 1
+                case ev.DataServed():
+                    st.data_fetches += 1
+                    st.data_bytes += o.nbytes
+                case ev.ClientJoined():
+                    st.joined += 1
+                case ev.ClientLeft():
+                    st.left += 1
+                case ev.Evaluated():
+                    st.last_eval = {"version": o.version, "accuracy": o.accuracy, "loss": o.loss}
+                    log.info("v%d: accuracy %.4f loss %.4f", o.version, o.accuracy, o.loss)
+                case ev.JobFinished():
+                    st.finished = {"version": o.version, "reason": o.reason, "accuracy": o.accuracy}
+                    log.info("job finished: %s at v%d", o.reason, o.version)
+                case _:
+                    pass
+        st.version = core.version
+        st.clients = len(core.conns)
+        self._reserve_task_ids(core)
+        if core.verifier.enabled:
+            st.replication = core.verifier.summary()
+        if core.upstream is not None:
+            st.upstream = core.upstream.summary()
+        if isinstance(core.strategy, LayerSplit):
+            st.split = core.strategy.summary()
+        if self._journal is not None:
+            self._journal.observe(outputs)
+            st.journal = self._journal.summary()
+        if self.ack_durable:
+            outputs = [o for o in outputs if not self._hold(o)]
+            st.acks_held = len(self._held)
+        if self._journal is not None:
+            inbox = self._inbox
+            self._journal.sealed(self._seq, lambda cover, ok: inbox.put(("logged", cover, ok)))
+        if checkpoint:  # after holding: the snapshot is of now, so it covers their acks
+            self._checkpoint(core)
+        end = next((i for i, o in enumerate(outputs) if isinstance(o, ev.JobFinished)), None)
+        if end is not None and self._held:
+            # The job just ended with acks still held: its byes and closes wait for
+            # them, and one snapshot, taken now, makes them all durable.
+            self._tail = (self._seq, outputs[end + 1 :])
+            outputs = outputs[: end + 1]
+            if not checkpoint:
+                self._checkpoint(core)
+        self._dispatch(outputs)
+        if st.finished is not None and self._tail is None:
+            self._flush_out()  # the bye frames leave before anyone waiting on done acts
+            self.done.set()
+
+    def _dispatch(self, outputs: list[ev.Output]) -> None:
+        self._out += outputs
+
+    def _flush_out(self) -> None:
+        """Hand the gathered outputs to every sink (one call each, in order)."""
+        if self._out:
+            outputs, self._out = self._out, []
+            for sink in self._sinks:
+                sink(outputs)
+
+    # -- acknowledge after durable -------------------------------------------------
+
+    def _hold(self, o: ev.Output) -> bool:
+        """Hold ``o`` if it is an ack that promises a result is in the model and no
+        committed checkpoint holds that result yet."""
+        if not isinstance(o, ev.Send) or not isinstance(o.message, m.Ack):
+            return False
+        ack = o.message
+        if not ack.accepted and ack.reason != "duplicate":
+            return False  # a refusal promises nothing
+        if (
+            ack.reason == "duplicate"
+            and ack.task_id.isdigit()
+            and (
+                int(ack.task_id) in self._committed
+                or (self._journal is not None and int(ack.task_id) in self._journal.durable)
+            )
+        ):
+            return False
+        self._seq += 1
+        self._held.append((self._seq, o))
+        return True
+
+    def _maybe_durable(self, core: Coordinator, now: float) -> None:
+        """Group commit: one snapshot for all acks held, at most every interval
+        (with a journal, only while it has a gap: otherwise the log releases them)."""
+        if self._journal is not None and self._journal.gap is None:
+            return
+        if (
+            self._held
+            and not self._inflight
+            and core.version > self._written_version
+            and now >= self._last_snapshot + self.durable_interval
+        ):
+            self._checkpoint(core)
+            self.stats.durable_checkpoints += 1
+
+    def _written(self, cover: int, version: int, outcome: str, tasks: frozenset[int]) -> None:
+        """The writer reports on the snapshot that covered held acks up to ``cover``."""
+        self._inflight -= 1
+        if self._snapshots is not None:
+            self._snapshots.written(version, outcome)
+        if outcome in ("failed", "no-base"):  # write it again once the interval has passed
+            self._written_version = min(self._written_version, version - 1)
+            return
+        released: list[ev.Output] = []
+        if outcome == "exists":  # an older copy of this version: wait for the next one
+            tail = self._tail
+            if tail is None or cover < tail[0]:
+                return
+            # The job is over: no next version will come. Results taken since that
+            # copy (a sync buffer never merged) are not durable: not taken after all,
+            # and answered so (§6: every result not taken gets ack accepted=false).
+            while self._held and self._held[0][0] <= tail[0]:
+                send = self._held.popleft()[1]
+                task_id = send.message.task_id
+                log.info("job finished: result %s is in no checkpoint; acked stale", task_id)
+                refusal = m.Ack(task_id=task_id, accepted=False, reason="stale")
+                released.append(ev.Send(client_id=send.client_id, message=refusal,
+                                        frame=m.encode(refusal)))  # fmt: skip
+        else:
+            self._committed = tasks
+            if self._journal is not None:
+                self._journal.committed(version, tasks)
+            while self._held and self._held[0][0] <= cover:
+                released.append(self._held.popleft()[1])
+        self._release(released)
+
+    def _logged(self, cover: int, ok: bool) -> None:
+        """The journal reports on the merges of the batch whose acks went up to ``cover``."""
+        journal = self._journal
+        if journal is None:
+            return
+        if not ok:
+            journal.failed(self.core.version if self.core is not None else 0)
+            return
+        if journal.gap is not None:
+            return  # a checkpoint after the gap releases them
+        released: list[ev.Output] = []
+        while self._held and self._held[0][0] <= cover:
+            released.append(self._held.popleft()[1])
+        self._release(released)
+
+    def _release(self, released: list[ev.Output]) -> None:
+        """Send acks that became durable; the job's last frames follow the last of them."""
+        self.stats.acks_held = len(self._held)
+        if self._tail is None or (self._held and self._held[0][0] <= self._tail[0]):
+            self._dispatch(released)
+            return
+        self._dispatch(released + self._tail[1])  # every ack before the byes: they go now
+        self._tail = None
+        self._flush_out()
+        self.done.set()
+
+    def _checkpoint(self, core: Coordinator) -> int | None:
+        """Snapshot now, write on the writer thread (a whole mapped model: on this
+        one, from its file); returns the version or None."""
+        if self.store is None or self._writer is None or self._snapshots is None:
+            return None
+        patch, inline = self._snapshots.take(
+            core.version, core.params, core.model.changed, mapped=self._mapped is not None
+        )
+        state = core.state_dict(params=patch is None and not inline)
+        params: Params | ParamsPatch | LiveParams | None = patch
+        if inline and self._journal is not None and self._journal.gap is None:
+            # Fuzzy: copied group by group on the writer thread while merges go on;
+            # the journal redoes on each group what came after its copy.
+            params, inline = self._live(core, patch), False
+        elif inline and patch is None:
+            params = core.params
+        ckpt = to_checkpoint(
+            self.job, state, created_at=time.time(), history=self.history.to_json(), params=params
+        )
+        store, keep, inbox, journal = self.store, self._keep, self._inbox, self._journal
+        cover, tasks = self._seq, frozenset(int(t) for t in state["accepted_tasks"])
+        self._inflight += 1
+        self._written_version = max(self._written_version, ckpt.version)
+        self._last_snapshot = time.monotonic()
+
+        def write() -> None:
+            outcome = "failed"
+            t0 = time.monotonic()
+            try:
+                info = store.save(ckpt)
+                outcome = "ok"
+                took = time.monotonic() - t0
+                st = self.stats
+                st.last_checkpoint_s, st.last_checkpoint_bytes = took, info.nbytes
+                st.last_checkpoint_base = info.base
+                st.checkpoints += 1
+                st.last_checkpoint = ckpt.version
+                for observe in self.checkpoint_observers:
+                    observe(took)
+            except CheckpointExists:  # same version again (e.g. every-N, then stop)
+                outcome = "exists"
+                return
+            except NoCheckpoint:  # the patch's base was deleted meanwhile
+                log.exception("checkpoint v%d: write failed; acks stay held", ckpt.version)
+                outcome = "no-base"
+                return
+            except Exception:  # a future nobody waits on would swallow it: log here
+                log.exception("checkpoint v%d: write failed; acks stay held", ckpt.version)
+                return
+            finally:
+                inbox.put(("written", cover, ckpt.version, outcome, tasks))
+            if journal is not None:
+                try:
+                    journal.truncate(ckpt.version)
+                except StorageError:
+                    log.exception("checkpoint v%d: journal truncate failed", ckpt.version)
+            if keep:
+                try:
+                    store.prune(RetentionPolicy(keep_last=keep))
+                except StorageError:
+                    log.exception("checkpoint v%d: prune failed", ckpt.version)
+
+        self._pending_writes = [f for f in self._pending_writes if not f.done()]
+        if inline:  # after the writes before it: the store commits versions in order
+            for f in self._pending_writes:
+                f.result()
+            write()
+        else:
+            self._pending_writes.append(self._writer.submit(write))
+        return ckpt.version
+
+    @staticmethod
+    def _live(core: Coordinator, patch: ParamsPatch | None) -> LiveParams:
+        model, whole = core.model, core.model.whole_steps
+
+        def guard() -> None:  # under the model's lock, before each group's copy
+            if model.whole_steps != whole:
+                raise StorageError("a step the journal cannot redo came during the save")
+
+        return LiveParams(
+            params=model.params,
+            lock=model.lock,
+            version=lambda: model.version,
+            base=None if patch is None else patch.base,
+            groups=None if patch is None else frozenset(patch.groups),
+            guard=guard,
+        )
+
+    def _final_checkpoint(self, core: Coordinator) -> None:
+        journal = self._journal
+        try:
+            if self._mapped is not None and journal is not None and journal.gap is None:
+                # The journal holds every merge since the last checkpoint: replaying
+                # it on restart is cheaper than writing a mapped model whole now.
+                log.info("stop: v%d is in the journal; no final checkpoint", core.version)
+            else:
+                self._checkpoint(core)
+            for f in self._pending_writes:
+                f.result()
+        except Exception:
+            log.exception("final checkpoint failed")
+        while True:  # acks the final checkpoint made durable still go out
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "written":
+                self._written(*item[1:])
+            elif isinstance(item[-1], Future):  # a call, act or checkpoint never run
+                item[-1].set_exception(ServiceStopped("the coordinator stopped"))
