@@ -75,7 +75,7 @@ from coordinator.core.reference import reference_norms
 from coordinator.core.refusals import RefusalMarks
 from coordinator.core.registry import ClientRecord, Registry
 from coordinator.core.replication import Replicator
-from coordinator.core.results import ResultPath
+from coordinator.core.results import FollowUp, ResultPath
 from coordinator.core.strategies import (
     ClientView,
     ModelState,
@@ -275,9 +275,6 @@ class Coordinator:
             conns=self.connections,
             orphans=self.orphans,
             flops_per_sample=self._flops_per_sample,
-            close=self._close,
-            stepped=self._stepped,
-            finished=lambda: self.finished is not None,
             block_validators=self.block_validators,
             marks=self.refusal_marks,
         )
@@ -699,7 +696,7 @@ class Coordinator:
             case m.Chunk():
                 upload = conn.uploads.chunk(msg, nbytes)
                 if upload is not None:
-                    self.results.on_result(conn, rec, upload, now, out)
+                    self._follow(self.results.on_result(conn, rec, upload, now, out), now, out)
             case m.Prefetch():
                 self.connections.prefetch(conn, msg, self.book, served=self._prefetch)
             case m.Fetch():
@@ -737,8 +734,10 @@ class Coordinator:
     def _dispatch(self, now: float, out: list[ev.Output]) -> None:
         """Give every idle client a task until the strategy says wait (a twin to
         check another client's result first, if one waits: replication.py)."""
-        if self.verifier.ready:
-            self.results.verified(now, out)
+        ready = self.verifier.ready
+        while ready and self.finished is None:
+            self._follow(self.results.release(ready.popleft(), now), now, out)
+        ready.clear()  # the job finished: nothing more goes in
         if self.finished is not None:
             return
         if self.started_at is None and self.conns:
@@ -875,6 +874,18 @@ class Coordinator:
         )
 
     # -- model steps, evaluation, stop ---------------------------------------------
+
+    def _follow(self, f: FollowUp, now: float, out: list[ev.Output]) -> None:
+        """What the result path left to the core, in its order (results.FollowUp)."""
+        if f.step is not None:
+            self._stepped(f.step, now, out)
+        out.extend(f.after)
+        if f.close is not None and f.close[0] in self.conns:
+            client_id, code, message = f.close
+            self._close(self.conns[client_id], code, message, now, out)
+        task = f.reissue
+        if task is not None and task.state is TaskState.OPEN and not self.book.live_leases(task):
+            self.orphans.lost(task, now, finished=self.finished is not None)
 
     def _stepped(self, report: StepReport, now: float, out: list[ev.Output]) -> None:
         for tid in report.dropped:

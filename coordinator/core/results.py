@@ -14,7 +14,7 @@ this order:
    checks (coordinator/core/validation.py); these refusals count, and a client over
    ``validation.max_rejections`` is closed;
 4. where it goes: a copy of a replicated task is taken now and applied once
-   compared (coordinator/core/replication.py, released through :meth:`verified`);
+   compared (coordinator/core/replication.py, released through :meth:`release`);
    any other goes to the strategy at once (:meth:`apply`), which may still
    refuse it (too stale), and then the task is dropped.
 
@@ -29,7 +29,7 @@ deadline (:meth:`ResultPath.on_decline`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,27 +50,34 @@ from protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
-#: ``close(conn, code, message, now, out)``: error frame, then Close (the core's)
-CloseFn = Callable[[Conn, ErrorCode, str, float, list[ev.Output]], None]
-#: ``stepped(report, now, out)``: the model moved (events, evaluation, stop)
-SteppedFn = Callable[[StepReport, float, list[ev.Output]], None]
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """What the core does next, in this order: step the model (events, evaluation,
+    stop), emit ``after``, close ``close`` = (client id, code, message), then lease
+    ``reissue`` again if it is still open with no live lease."""
+
+    step: StepReport | None = None
+    after: list[ev.Output] = field(default_factory=list)
+    close: tuple[str, ErrorCode, str] | None = None
+    reissue: Task | None = None
+
+
+NOTHING = FollowUp()
 
 
 class ResultPath:
-    """The result path of one core (module docstring). ``close`` and ``stepped``
-    are the core's own steps; ``finished`` says whether the job ended."""
+    """The result path of one core (module docstring). It answers and records;
+    what only the core can do (step, close, reissue) it returns as a FollowUp."""
 
     __slots__ = (
         "_book",
-        "_close",
         "_conns",
-        "_finished",
         "_flops_per_sample",
         "_job",
         "_marks",
         "_model",
         "_orphans",
-        "_stepped",
         "_strategy",
         "_validator",
         "_validators",
@@ -90,9 +97,6 @@ class ResultPath:
         conns: Connections,
         orphans: Orphans,
         flops_per_sample: float,
-        close: CloseFn,
-        stepped: SteppedFn,
-        finished: Callable[[], bool],
         block_validators: dict[int, UpdateValidator] | None = None,
         marks: RefusalMarks | None = None,
     ) -> None:
@@ -109,9 +113,6 @@ class ResultPath:
         self._conns = conns
         self._orphans = orphans
         self._flops_per_sample = flops_per_sample
-        self._close = close
-        self._stepped = stepped
-        self._finished = finished
         #: results applied to the model (a checkpoint keeps it)
         self.accepted = 0
 
@@ -122,7 +123,7 @@ class ResultPath:
         upload: Upload,
         now: float,
         out: list[ev.Output],
-    ) -> None:
+    ) -> FollowUp:
         result = upload.result
         tid = int(result.task_id) if result.task_id.isdigit() else -1
         book = self._book
@@ -132,8 +133,7 @@ class ResultPath:
             # A result counts only from a client that holds (or held, before it resumed)
             # a lease on the task: task ids are sequential, so easy to guess.
             log.info("client %s: result for task %s it was never leased", rec.client_id, tid)
-            self._reject(conn, rec, result.task_id, Reject.NOT_LEASED, now, out, count=False)
-            return
+            return self._reject(conn, rec, result.task_id, Reject.NOT_LEASED, now, out, count=False)
         if lease is not None and lease.live:
             book.end(lease, LeaseState.DONE, now)
         if task is None:  # resolved (its outcome kept a while), forgotten or never issued
@@ -144,19 +144,16 @@ class ResultPath:
                 reason = Reject.STALE
             else:
                 reason = Reject.UNKNOWN_TASK
-            self._reject(conn, rec, result.task_id, reason, now, out, count=False)
-            return
+            return self._reject(conn, rec, result.task_id, reason, now, out, count=False)
         if isinstance(upload.reasm, Dropped):
             # Not held when its header came (the core asks as the upload starts), held
             # now: an id sent before it was issued (a guess). Its chunks are gone.
-            self._reject(conn, rec, result.task_id, Reject.NOT_LEASED, now, out, count=False)
-            self._maybe_reissue(task, now)
-            return
+            f = self._reject(conn, rec, result.task_id, Reject.NOT_LEASED, now, out, count=False)
+            return FollowUp(close=f.close, reissue=task)
         update = upload.update
         if result.model_version != task.version:
-            self._reject(conn, rec, result.task_id, Reject.VERSION, now, out, count=True)
-            self._maybe_reissue(task, now)
-            return
+            f = self._reject(conn, rec, result.task_id, Reject.VERSION, now, out, count=True)
+            return FollowUp(close=f.close, reissue=task)
         # A sub-model task's delta stays in its subnet's layout: the strategy places
         # it (task.subnet), in place where it can, so no model-sized copy is made.
         sub = task.subnet
@@ -167,9 +164,8 @@ class ResultPath:
         if reject is None and task.block is not None:
             reject = self._take_boundary(task, upload, self._validators[BOUNDARY])
         if reject is not None:
-            self._reject(conn, rec, result.task_id, reject, now, out, count=True)
-            self._maybe_reissue(task, now)
-            return
+            f = self._reject(conn, rec, result.task_id, reject, now, out, count=True)
+            return FollowUp(close=f.close, reissue=task)
         verifier = self._verifier
         unit = verifier.unit_of(task.task_id)
         clip = 1.0
@@ -180,8 +176,7 @@ class ResultPath:
                 self._orphans.discard(task.task_id)
                 book.resolve_task(task, TaskState.DROPPED, now)
                 reason = Reject(outcome.reason or "stale")
-                self._reject(conn, rec, result.task_id, reason, now, out, count=False)
-                return
+                return self._reject(conn, rec, result.task_id, reason, now, out, count=False)
             staleness = outcome.staleness
         else:  # a copy of a replicated task: taken now, in the model once checked
             outcome, staleness = None, self._model.version - task.version
@@ -220,9 +215,9 @@ class ResultPath:
             verifier.arrived(unit, task, rec, update, norm, now)
         elif outcome is not None and outcome.step is not None:
             step = outcome.step
-            self._stepped(step, now, out)
+            after: list[ev.Output] = []
             if step.within is not None and step.update is not None:
-                out.append(
+                after.append(
                     ev.MergedInPlace(
                         task_id=task.task_id,
                         version=self._model.version,
@@ -234,6 +229,8 @@ class ResultPath:
                         clip=clip,
                     )
                 )
+            return FollowUp(step=step, after=after)
+        return NOTHING
 
     def on_decline(
         self, conn: Conn, rec: ClientRecord, msg: m.Decline, now: float, out: list[ev.Output]
@@ -307,38 +304,31 @@ class ResultPath:
                 self._verifier.applied(holder, before, outcome)
         return outcome
 
-    def verified(self, now: float, out: list[ev.Output]) -> None:
-        """Carry out, in order, what replication decided: results that go in now,
-        clients excluded, comparisons made (coordinator/core/replication.py)."""
-        ready = self._verifier.ready
-        while ready and not self._finished():
-            match item := ready.popleft():
-                case Release():  # (too stale by now under max_staleness: not applied)
-                    outcome = self.apply(
-                        item.task, item.update, item.norm, item.holder, now, checked=item.checked
-                    )
-                    if outcome.step is not None:
-                        self._stepped(outcome.step, now, out)
-                case Exclusion():
-                    if item.revert is not None:  # its unchecked steps, subtracted again
-                        with self._model.lock:
-                            self._model.params.data -= item.revert
-                            self._model.version += 1
-                            self._model.whole_steps += 1
-                        self._stepped(StepReport(stepped=True, merged=0), now, out)
-                    out.append(item.event)
-                    conn = self._conns.by_id.get(item.event.client_id)
-                    if item.close and conn is not None:
-                        msg = f"excluded: the result of task {item.event.task_id} disagreed"
-                        self._close(conn, ErrorCode.BAD_FIELD, msg, now, out)
-                case _:
-                    out.append(item)
-        ready.clear()  # the job finished: nothing more goes in
-
-    def _maybe_reissue(self, task: Task, now: float) -> None:
-        """A refused result ended the task's only lease: lease it again or hold it."""
-        if task.state is TaskState.OPEN and not self._book.live_leases(task):
-            self._orphans.lost(task, now, finished=self._finished())
+    def release(self, item: Release | Exclusion | ev.Output, now: float) -> FollowUp:
+        """Carry out one thing replication decided (coordinator/core/replication.py):
+        a result that goes in now, a client excluded, a comparison made. The core
+        takes them in order while the job runs."""
+        match item:
+            case Release():  # (too stale by now under max_staleness: not applied)
+                outcome = self.apply(
+                    item.task, item.update, item.norm, item.holder, now, checked=item.checked
+                )
+                return FollowUp(step=outcome.step)
+            case Exclusion():
+                step = None
+                if item.revert is not None:  # its unchecked steps, subtracted again
+                    with self._model.lock:
+                        self._model.params.data -= item.revert
+                        self._model.version += 1
+                        self._model.whole_steps += 1
+                    step = StepReport(stepped=True, merged=0)
+                close = None
+                if item.close:
+                    msg = f"excluded: the result of task {item.event.task_id} disagreed"
+                    close = (item.event.client_id, ErrorCode.BAD_FIELD, msg)
+                return FollowUp(step=step, after=[item.event], close=close)
+            case _:
+                return FollowUp(after=[item])
 
     def _validator_of(self, task: Task) -> UpdateValidator:
         return self._validator if task.block is None else self._validators[task.block]
@@ -381,7 +371,7 @@ class ResultPath:
         out: list[ev.Output],
         *,
         count: bool,
-    ) -> None:
+    ) -> FollowUp:
         tid = int(task_id) if task_id.isdigit() else -1
         self._conns.queue(conn, m.Ack.trusted(task_id=task_id, accepted=False, reason=reason.value))
         out.append(
@@ -393,7 +383,8 @@ class ResultPath:
             if rec.rejections >= limit:
                 msg = f"{rec.rejections} updates rejected (limit {limit})"
                 self._marks.mark(RefusalMarks.keys(conn.address, rec.resume_id), now)
-                self._close(conn, ErrorCode.BAD_FIELD, msg, now, out)
+                return FollowUp(close=(conn.client_id, ErrorCode.BAD_FIELD, msg))
+        return NOTHING
 
 
 def _effort(task: Task) -> float:
