@@ -180,3 +180,26 @@ def test_vectors_are_current() -> None:
         if name == "init":
             on_disk["presets"] = [p for p in on_disk["presets"] if p["preset"] != "extreme"]
         assert json.loads(gen.dump_json(doc)) == on_disk, name
+
+
+def test_indices_vector_draws_positions_in_the_task_rows() -> None:
+    """§12.2: with ``indices`` the batches are positions 0..len(indices)−1 in the
+    task's rows (indices order), drawn exactly as without; ``batch_shard_rows``
+    names the same rows by their shard row numbers."""
+    doc = load("task_train_indices")
+    idx = doc["task"]["indices"]
+    assert len(set(idx)) == len(idx) < len(doc["y"])  # a proper, reordered subset
+    assert idx != sorted(idx)
+    assert [[idx[p] for p in b] for b in doc["batches"]] == doc["batch_shard_rows"]
+    g = Xoshiro128ss(doc["task"]["seed"], 0)
+    steps, batch = doc["task"]["steps"], doc["task"]["batch"]
+    perm = np.concatenate([g.permutation(len(idx)) for _ in range(-(-steps * batch // len(idx)))])
+    assert perm[: steps * batch].reshape(steps, batch).tolist() == doc["batches"]
+
+
+def test_every_task_vector_says_whether_y_is_labels_or_targets() -> None:
+    for name in TASKS:
+        doc = load(name)
+        mse_targets = ModelSpec.from_dict(doc["spec"]).loss == "mse"
+        assert doc["y_kind"] == ("targets" if mse_targets else "labels"), name
+        assert all(isinstance(v, int) for v in doc["y"]) == (doc["y_kind"] == "labels")

@@ -14,7 +14,12 @@ float64 without rounding, and JSON round-trips float64); byte strings are hex.
   rounding encode, and an error-feedback sequence.
 * ``task_<name>.json``: one task of each kind, its rows, the batches it draws and
   the expected update, loss and metrics, with the tolerance a client must meet;
-  ``task_train_boundary`` also the boundary a layer-split lower task returns.
+  ``task_train_boundary`` also the boundary a layer-split lower task returns, and
+  ``task_train_indices`` a task that trains on ``indices`` of its shard.
+
+``--check`` rebuilds everything in memory and exits 1 (naming the files) if a file
+on disk differs, is missing or is extra; ``--check --quick`` leaves out the extreme
+preset's CRC (26 G words), which only the full check draws.
 """
 
 from __future__ import annotations
@@ -251,6 +256,9 @@ TASKS: dict[str, tuple[ModelSpec, int, str, dict[str, Any]]] = {
                         "optimizer": {"kind": "momentum", "lr": 0.05, "momentum": 0.9}}),
     "train_boundary": (CE, 11, "ce", {"kind": "train", "steps": 4, "batch": 4, "seed": 7,
                                       "optimizer": {"kind": "sgd", "lr": 0.1}, "boundary": 1}),
+    "train_indices": (CE, 11, "ce", {"kind": "train", "steps": 3, "batch": 4, "seed": 5,
+                                     "optimizer": {"kind": "sgd", "lr": 0.1},
+                                     "indices": [9, 2, 7, 0, 5, 3]}),
     "gradient": (CE, 11, "ce", {"kind": "gradient", "steps": 2, "batch": 3, "seed": 7}),
     "evaluate": (CE, 11, "ce", {"kind": "evaluate", "seed": 7}),
     "evaluate_mse_tiny": (ModelSpec.preset("tiny"), 5, "mse", {"kind": "evaluate"}),
@@ -269,6 +277,8 @@ def task_of(name: str) -> tuple[m.Task, Any, np.ndarray, np.ndarray]:
     extra: dict[str, Any] = {}
     if fields["kind"] == "distill":
         extra = {"indices": np.arange(X.shape[0], dtype=np.uint32), "teacher_logits": _teacher(10)}
+    if "indices" in fields:  # rows of the shard, in this order (§12.2, §13)
+        fields = {**fields, "indices": np.array(fields["indices"], dtype=np.uint32)}
     task = m.Task(
         task_id=name,
         model_version=0,
@@ -295,18 +305,25 @@ def task_vector(name: str) -> dict[str, Any]:
         "base": f32(base.data),
         "X": f32(X),
         "y": y.tolist() if y.dtype.kind == "i" else f32(y),
+        # int class labels, or float targets of width spec.widths[-1] (§13's shard t)
+        "y_kind": "labels" if y.dtype.kind == "i" else "targets",
         "task": {k: v for k, v in fields.items()},
     }
+    if task.indices is not None:  # a distill task's too: all of its shard, in order
+        doc["task"]["indices"] = task.indices.tolist()
     if task.teacher_logits is not None:
         doc["task"]["teacher_logits"] = f32(task.teacher_logits.astype(np.float32))
+    n = X.shape[0] if task.indices is None else task.indices.size
     if task.kind in ("train", "distill"):
-        idx = batch_indices(X.shape[0], task.steps, task.batch, Xoshiro128ss(task.seed, 0))
+        idx = batch_indices(n, task.steps, task.batch, Xoshiro128ss(task.seed, 0))
+        # positions in the task's rows (indices order), not shard row numbers
         doc["batches"] = idx.reshape(task.steps, task.batch).tolist()
+        if task.indices is not None:  # the same batches as shard row numbers
+            rows = task.indices[idx].reshape(task.steps, task.batch)
+            doc["batch_shard_rows"] = rows.tolist()
     elif task.kind == "gradient":
         doc["rows"] = (
-            Xoshiro128ss(task.seed, 0)
-            .permutation(X.shape[0])[: min(task.steps * task.batch, X.shape[0])]
-            .tolist()
+            Xoshiro128ss(task.seed, 0).permutation(n)[: min(task.steps * task.batch, n)].tolist()
         )
     doc["expected"] = {
         "update": f32(out.update),
@@ -336,7 +353,24 @@ def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=1, allow_nan=False) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        quick = "--quick" in argv
+        bad = []
+        built = build(extreme=not quick)
+        if quick:  # the extreme preset's entry is taken as it is on disk
+            on_disk = json.loads((OUT / "init.json").read_text())
+            built["init"]["presets"] += [p for p in on_disk["presets"] if p["preset"] == "extreme"]
+        want = {f"{name}.json": dump_json(doc).encode() for name, doc in built.items()}
+        have = {p.name for p in OUT.glob("*.json")}
+        bad += [f"missing: {n}" for n in sorted(set(want) - have)]
+        bad += [f"extra: {n}" for n in sorted(have - set(want))]
+        bad += [
+            f"differs: {n}" for n in sorted(set(want) & have) if (OUT / n).read_bytes() != want[n]
+        ]
+        for line in bad:
+            print(line, file=sys.stderr)
+        return 1 if bad else 0
     OUT.mkdir(exist_ok=True)
     for name, doc in build().items():
         (OUT / f"{name}.json").write_text(dump_json(doc))
@@ -344,4 +378,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -64,10 +64,13 @@ test("crc32: the vectors' chunk CRCs and init.json's parameter CRC", () => {
 
 // -- the vectors: transfer_tiny, transfer_tiny_spans (§10) --------------------------------
 
-for (const name of ["transfer_tiny", "transfer_tiny_spans"]) {
+for (const name of ["transfer_tiny", "transfer_tiny_spans", "transfer_tiny_int8", "transfer_tiny_int4"]) {
   const doc = vectorJson(name);
   const layout = paramsLayout(doc.spec.widths);
-  const want = fromHex(doc.params_le_f32.$bin);
+  const codec = doc.codec;
+  // what the receiver holds: the parameters (fp32), or each piece decoded (§11)
+  const want = fromHex((doc.decoded_le_f32 ?? doc.params_le_f32).$bin);
+  const source = fromHex(doc.params_le_f32.$bin);
   const frames = doc.frames.map(vectorBytes);
   const spans = name.endsWith("spans");
 
@@ -86,7 +89,7 @@ for (const name of ["transfer_tiny", "transfer_tiny_spans"]) {
 
   test(`${name}: planning reproduces the vector's chunk boundaries and bytes`, () => {
     const mmb = doc.max_message_bytes;
-    const plan = planChunks(layout, "fp32", mmb, mmb, { spans, transfer: "model-3" });
+    const plan = planChunks(layout, codec, mmb, mmb, { spans, transfer: "model-3" });
     const got = plan.map((span) => [
       span[0].block.layer, span[0].block.part, span[0].rowStart, span.at(-1).rowEnd, span.length,
     ]);
@@ -95,12 +98,28 @@ for (const name of ["transfer_tiny", "transfer_tiny_spans"]) {
       return [c.layer, c.part, c.row_start, c.row_end, c.blocks];
     });
     assert.deepStrictEqual(got, expected);
-    const flat = new Float32Array(want.slice().buffer);
-    const chunks = encodeTransfer(flat, layout, { transfer: "model-3", codec: "fp32", maxMessageBytes: mmb, spans });
+    const flat = new Float32Array(source.slice().buffer);
+    const chunks = encodeTransfer(flat, layout, { transfer: "model-3", codec, maxMessageBytes: mmb, spans });
     assert.deepStrictEqual(chunks.map(encodeMessage), frames);
     for (const f of frames) assert.ok(f.length <= mmb);
   });
 }
+
+test("int8 and int4 transfers: a bias block is one row, so one scale for the piece (§11)", () => {
+  for (const codec of ["int8", "int4"]) {
+    const doc = vectorJson(`transfer_tiny_${codec}`);
+    let biases = 0;
+    for (const name of doc.frames) {
+      const c = decodeFrame(vectorBytes(name));
+      const rows = c.row_end - c.row_start;
+      const n = c.part === "W" ? rows * doc.spec.widths[c.layer] : rows;
+      const scales = c.part === "W" ? rows : 1;
+      assert.equal(c.payload.length, 4 * scales + (codec === "int8" ? n : Math.ceil(n / 2)), name);
+      if (c.part === "b") biases++;
+    }
+    assert.equal(biases, doc.spec.widths.length - 1);
+  }
+});
 
 // -- planning --------------------------------------------------------------------------
 

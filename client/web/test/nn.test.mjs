@@ -11,6 +11,7 @@ import { initParams, initStd, parseOptimizer, predict, startTask } from "../src/
 import { jsKernels, loadWasmKernels } from "../src/kernels.js";
 import { normalizeSpec, paramsLayout } from "../src/spec.js";
 import { crc32 } from "../src/crc32.js";
+import { taskRows } from "../src/session.js";
 
 const VECTORS = new URL("../../../tests/vectors/compute/", import.meta.url);
 const load = (name) => JSON.parse(readFileSync(new URL(name, VECTORS), "utf8"));
@@ -88,11 +89,15 @@ function setup(doc) {
   const f = spec.widths[0], K = spec.widths.at(-1);
   const X = Float32Array.from(doc.X);
   const n = X.length / f;
-  const floatTargets = spec.loss === "mse" && doc.y.length === n * K && !doc.y.every(Number.isInteger);
-  const rows = floatTargets
+  // y_kind (§12.8): int class labels, or float targets of width K
+  assert.ok(doc.y_kind === "labels" || doc.y_kind === "targets", `${doc.name}: y_kind`);
+  const shard = doc.y_kind === "targets"
     ? { X, y: Float32Array.from(doc.y), n, f, t: K }
     : { X, y: Int32Array.from(doc.y), n, f, t: 0 };
   const task = { ...doc.task, spec: doc.spec };
+  // §12.2, §13: `indices` picks the task's rows of the shard, in its order
+  if (doc.task.indices) task.indices = { dtype: "uint32", shape: [doc.task.indices.length], data: Uint32Array.from(doc.task.indices) };
+  const rows = taskRows(task, shard);
   if (doc.task.teacher_logits) {
     task.teacher_logits = { dtype: "float16", shape: [n, K], data: Float32Array.from(doc.task.teacher_logits) };
   }
@@ -153,6 +158,9 @@ for (const file of TASK_FILES) {
         if (doc.batches) seen.push(Array.from(run.rowIndex));
       }
       if (doc.batches) assert.deepEqual(seen, doc.batches, "batches");
+      if (doc.batch_shard_rows) {  // positions in the task's rows name these shard rows
+        assert.deepEqual(seen.map((b) => b.map((p) => doc.task.indices[p])), doc.batch_shard_rows);
+      }
       if (doc.rows) assert.deepEqual(Array.from(run.rowIndex), doc.rows, "gradient rows");
       assert.equal(run.advance(5), 0);
       checkResult(run.result(), doc, `${doc.name} ${kernels.name}`);

@@ -61,8 +61,9 @@ for (const name of invalid) {
 }
 
 // Integral floats (deadline 60.0, flops 0.0, limits) go out as ints from a
-// JavaScript encoder (§1), so only these vectors differ in their bytes.
-const INEXACT = /^(hello_|welcome_|task_)/;
+// JavaScript encoder (§1), so only these messages differ in their bytes (the
+// exchanges' frames included: their names say the exchange, not the type).
+const INEXACT_TYPES = new Set(["hello", "welcome", "task"]);
 
 for (const name of valid) {
   test(`vector ${name}: re-encodes to the same message, keys in §10 order`, () => {
@@ -70,7 +71,7 @@ for (const name of valid) {
     const again = encodeMessage(msg);
     assert.deepStrictEqual(toJson(decodeFrame(again, BIG)), toJson(msg));
     assert.deepStrictEqual(Object.keys(decodeRaw(again)), Object.keys(vectorJson(name)));
-    if (!INEXACT.test(name)) assert.deepStrictEqual(again, vectorBytes(name), "bytes differ from the vector");
+    if (!INEXACT_TYPES.has(msg.type)) assert.deepStrictEqual(again, vectorBytes(name), "bytes differ from the vector");
   });
 }
 
