@@ -489,9 +489,9 @@ def exchange_resume() -> tuple[dict[str, Any], dict[str, bytes]]:
     sent again, its ack, and the client's bye."""
     from client.compute import run_task
     from client.session import ClientSession, ComputeRequest, Send
-    from coordinator import events as ev
-    from coordinator.config import parse_job
-    from coordinator.core import Coordinator
+    from coordinator.core import events as ev
+    from coordinator.core.config import parse_job
+    from coordinator.core.machine import Coordinator
     from protocol.messages import decode
 
     job = parse_job(
