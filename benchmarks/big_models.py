@@ -51,8 +51,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
 from coordinator.core import events as ev  # noqa: E402
+from coordinator.core.assembly import build_core  # noqa: E402
 from coordinator.core.config import parse_job  # noqa: E402
-from coordinator.core.machine import Coordinator  # noqa: E402
 from coordinator.core.submodel import encoded_bytes  # noqa: E402
 from nn.data import load_dataset  # noqa: E402
 from nn.subnet import sub_spec  # noqa: E402
@@ -102,7 +102,7 @@ def digits_run(sub: dict | None, down: str, up: str, seed: int, versions: int) -
     }
     if sub is not None:
         data["submodel"] = sub
-    core = Coordinator(parse_job(data), seed=seed, dataset=load_dataset("digits", seed=0))
+    core = build_core(parse_job(data), seed=seed, dataset=load_dataset("digits", seed=0))
     lb = Loopback(core)
     for i in range(8):
         lb.add_client(f"c{i}")

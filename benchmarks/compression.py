@@ -51,6 +51,7 @@ import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402  (installed with scikit-learn)
 
 from coordinator.core import events as ev  # noqa: E402
+from coordinator.core.assembly import build_core  # noqa: E402
 from coordinator.core.config import parse_job  # noqa: E402
 from coordinator.core.machine import Coordinator  # noqa: E402
 from nn.data import load_dataset  # noqa: E402
@@ -153,7 +154,7 @@ def run_one(cfg: Config, *, seed: int, args: argparse.Namespace) -> dict[str, An
             "codecs": codecs,
         }
     )
-    core = Coordinator(job, seed=seed, dataset=load_dataset("digits", seed=0))
+    core = build_core(job, seed=seed, dataset=load_dataset("digits", seed=0))
     lb = Loopback(core)
     for i in range(args.clients):
         lb.add_client(f"c{i}", flops=1e8 * (1 + i % 4))  # four speeds

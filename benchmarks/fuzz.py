@@ -24,8 +24,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
+from coordinator.core.assembly import build_core  # noqa: E402
 from coordinator.core.config import parse_job  # noqa: E402
-from coordinator.core.machine import Coordinator  # noqa: E402
 from testkit.fuzzing import fuzz, summary  # noqa: E402
 
 
@@ -50,8 +50,8 @@ def main() -> None:
         }
     )
     # A first, smaller run on another core: numba, caches and malloc arenas settle.
-    warm = fuzz(Coordinator(job, seed=args.seed), 20_000, seed=args.seed + 1)
-    core = Coordinator(job, seed=args.seed)
+    warm = fuzz(build_core(job, seed=args.seed), 20_000, seed=args.seed + 1)
+    core = build_core(job, seed=args.seed)
     before = rss_mb()
     t0 = time.perf_counter()
     report = fuzz(core, args.frames, seed=args.seed)

@@ -45,8 +45,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
+from coordinator.core.assembly import build_core  # noqa: E402
 from coordinator.core.config import parse_job  # noqa: E402
-from coordinator.core.machine import Coordinator  # noqa: E402
 from nn.data import Dataset, load_digits, split_indices  # noqa: E402
 from nn.layersplit import train_whole  # noqa: E402
 from nn.optim import Optimizer  # noqa: E402
@@ -126,7 +126,7 @@ def run_coordinator(
             **({"split": {"cut": args.cut}} if split else {}),
         }
     )  # fmt: skip
-    core = Coordinator(job, seed=seed, dataset=ds)
+    core = build_core(job, seed=seed, dataset=ds)
     lb = Loopback(core)
     for i in range(2):
         lb.add_client(f"client-{i}", flops=1e9)

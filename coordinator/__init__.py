@@ -18,6 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from coordinator.core.assembly import build_core, restore_core
     from coordinator.core.config import JobConfig, JobConfigError, load_job, parse_job
     from coordinator.core.events import (
         Action,
@@ -39,12 +40,15 @@ if TYPE_CHECKING:
         TaskDeclined,
         TaskLeased,
     )
-    from coordinator.core.machine import Coordinator, server_limits
+    from coordinator.core.handshake import server_limits
+    from coordinator.core.machine import Coordinator
 
 #: each public name and the module it comes from
 _HOME: dict[str, str] = {
     **dict.fromkeys(("JobConfig", "JobConfigError", "load_job", "parse_job"), "core.config"),
-    **dict.fromkeys(("Coordinator", "server_limits"), "core.machine"),
+    "Coordinator": "core.machine",
+    **dict.fromkeys(("build_core", "restore_core"), "core.assembly"),
+    "server_limits": "core.handshake",
     **dict.fromkeys(
         (
             "Action",
@@ -92,8 +96,10 @@ __all__ = [
     "Send",
     "TaskDeclined",
     "TaskLeased",
+    "build_core",
     "load_job",
     "parse_job",
+    "restore_core",
     "server_limits",
 ]
 

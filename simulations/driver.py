@@ -67,6 +67,7 @@ from client.session import (
     Send,
 )
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core
 from coordinator.core.data import load_job_data
 from coordinator.core.machine import Coordinator
 from coordinator.core.strategies.aggregate import schedule_factor
@@ -456,7 +457,7 @@ class Simulation:
     def _coordinator(self, scenario: Scenario) -> Coordinator:
         spec = self.job.spec
         if spec.num_params <= MAP_ABOVE_PARAMS:
-            return Coordinator(self.job, seed=scenario.seed, dataset=self.dataset)
+            return build_core(self.job, seed=scenario.seed, dataset=self.dataset)
         # In memory-backed /dev/shm when it has room: every merge dirties its
         # slice's pages, and a disk's writeback would throttle the simulation.
         shm = Path("/dev/shm")
@@ -467,7 +468,7 @@ class Simulation:
         path = Path(self._mapped.name) / "model.f32"
         log.info("%s: %.1f GB of parameters mapped from %s", scenario.name, spec.nbytes / 1e9, path)
         params = create_mapped(path, spec, self.job.model.init_seed)
-        return Coordinator(self.job, params, scenario.seed, dataset=self.dataset, share_params=True)
+        return build_core(self.job, params, scenario.seed, dataset=self.dataset, share_params=True)
 
     def run(self) -> RunResult:
         self.start()

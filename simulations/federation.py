@@ -31,9 +31,9 @@ from typing import Any
 
 from client.session import Capabilities, ClientSession, ComputeRequest
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core
 from coordinator.core.config import StopSection
 from coordinator.core.data import load_job_data
-from coordinator.core.machine import Coordinator
 from coordinator.core.upstream import EDGE_PLATFORM, UpstreamState, rebase, sync
 from nn.data import Dataset
 from protocol import messages as m
@@ -223,7 +223,7 @@ class Federation:
         count = scenario.clients.count
         self.edges = []
         for e in range(fed.edges):
-            core = Coordinator(edge_job, seed=edge_seed(scenario.seed, e), dataset=self.dataset)
+            core = build_core(edge_job, seed=edge_seed(scenario.seed, e), dataset=self.dataset)
             core.upstream = UpstreamState()
             self.edges.append(
                 Simulation(
@@ -245,7 +245,7 @@ class Federation:
         root_scenario = scenario.model_copy(
             update={"job": fed.root, "clients": uplinks, "federation": None}
         )
-        root_core = Coordinator(fed.root, seed=scenario.seed, dataset=self.dataset)
+        root_core = build_core(fed.root, seed=scenario.seed, dataset=self.dataset)
         self.root = Simulation(
             root_scenario, label="root", dataset=self.dataset, engine=self.engine,
             core=root_core, players=[],

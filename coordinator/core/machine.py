@@ -50,18 +50,20 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from coordinator.core import checkpoint
 from coordinator.core import events as ev
 from coordinator.core.config import JobConfig
 from coordinator.core.connections import Conn, Connections, ConnState, finished_bye, refusal
-from coordinator.core.data import DataCatalog, load_job_data
+from coordinator.core.data import DataCatalog
 from coordinator.core.downloads import ModelDistribution
 from coordinator.core.evaluation import Evaluator
-from coordinator.core.handshake import check_hello, open_conn, server_limits, welcome
-from coordinator.core.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBlocks
+from coordinator.core.handshake import check_hello, open_conn, welcome
+from coordinator.core.layersplit import LOWER, SplitBlocks
 from coordinator.core.leases import (
     LeaseBook,
     LeaseState,
@@ -71,7 +73,7 @@ from coordinator.core.leases import (
     task_steps,
 )
 from coordinator.core.orphans import Orphans
-from coordinator.core.reference import reference_norms
+from coordinator.core.reference import job_reference_norms
 from coordinator.core.refusals import RefusalMarks
 from coordinator.core.registry import ClientRecord, Registry
 from coordinator.core.replication import Replicator
@@ -81,22 +83,18 @@ from coordinator.core.strategies import (
     ModelState,
     StepReport,
     Strategy,
-    make_strategy,
-    serves_prefetch,
 )
-from coordinator.core.strategies.layer_split import LayerSplit
 from coordinator.core.submodel import SubmodelPlanner
 from coordinator.core.taskwriter import TaskWriter
 from coordinator.core.upstream import UpstreamState
 from coordinator.core.validation import Reject, UpdateValidator
 from nn.data import Dataset
-from nn.layersplit import boundary_of
 from nn.params import Params
+from nn.spec import ModelSpec
 from nn.subnet import Subnet
 from protocol import messages as m
-from protocol.checksum import crc32
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
-from protocol.limits import negotiate
+from protocol.limits import LinkLimits, negotiate
 from protocol.states import advance_clock
 
 log = logging.getLogger(__name__)
@@ -106,181 +104,68 @@ FINITE_CHECK_EVERY_VERSION_MAX = 1 << 24
 
 #: Assumed client speed (FLOP/s) before hello or measurement says otherwise.
 DEFAULT_FLOPS = 1e9
-#: Task ids skipped on a restore: more than a coordinator issues between two
-#: checkpoints (docs/coordinator.md, "Tasks and leases").
-RESTORE_TASK_ID_GAP = 1 << 20
 
 
+@dataclass(eq=False)
 class Coordinator:
-    """See the module docstring. ``params`` defaults to the spec's seeded init."""
+    """See the module docstring; built by ``assembly.build_core`` from a job."""
 
-    def __init__(
-        self,
-        job: JobConfig,
-        params: Params | None = None,
-        seed: int = 0,
-        *,
-        dataset: Dataset | None = None,
-        teacher: Params | None = None,
-        share_params: bool = False,
-        session_key: bytes | None = None,
-    ) -> None:
-        """``share_params``: train ``params`` itself rather than a copy (a model
-        in a mapped file, nn/mapped.py, too big to hold twice). ``session_key``: a
-        secret that makes resume tokens unguessable (a served coordinator draws
-        one per process, coordinator/core/registry.py); None: seeded, for simulations."""
-        spec = job.spec
-        # Version 0 is the init seed's exactly when no params were given: then a
-        # client that says so in hello builds it itself instead of downloading it.
-        seeded = params is None
-        if params is None:
-            params, share_params = spec.init_params(job.model.init_seed), True
-        if params.spec.widths != spec.widths:
-            raise ValueError(
-                f"params: widths {list(params.spec.widths)} differ from the job's "
-                f"{list(spec.widths)}"
-            )
-        self.job = job
-        #: ``job.spec`` builds a fresh ModelSpec per call; the core asks per task
-        self.spec = spec
-        self._flops_per_sample = spec.flops_per_sample()
-        self.seed = seed
-        self.model = ModelState(params=params if share_params else params.copy())
-        self._v0_crc = crc32(self.model.params.data) if seeded else None
-        root = np.random.SeedSequence(seed)
-        # spawn(n)'s first children are spawn(n-1)'s: the other streams are unchanged
-        strat_seq, codec_seq, replica_seq, submodel_seq = root.spawn(4)
-        self.codec_rng = np.random.default_rng(codec_seq)
-        #: each sub-model task's subnet (coordinator/core/submodel.py); None: whole-model tasks
-        self.submodels = (
-            SubmodelPlanner(
-                job.submodel,
-                spec,
-                model_codec=job.codecs.model,
-                update_codec=job.codecs.update,
-                rng=np.random.default_rng(submodel_seq),
-            )
-            if job.submodel.enabled
-            else None
-        )
-        #: open connections, their phases and outboxes (coordinator/core/connections.py);
-        #: ``conns`` is its dict of them by client id
-        self.connections = Connections()
+    job: JobConfig
+    #: ``job.spec`` builds a fresh ModelSpec per call; the core asks per task
+    spec: ModelSpec
+    seed: int
+    model: ModelState
+    #: version 0's CRC when it is the init seed's (clients may build it themselves)
+    v0_crc: int | None
+    codec_rng: np.random.Generator
+    #: each sub-model task's subnet (submodel.py); None: whole-model tasks
+    submodels: SubmodelPlanner | None
+    #: open connections, their phases and outboxes (connections.py)
+    connections: Connections
+    book: LeaseBook
+    registry: Registry
+    validator: UpdateValidator
+    dataset: Dataset
+    data: DataCatalog
+    #: a layer-split job's blocks (layersplit.py); None: whole-model tasks
+    split: SplitBlocks | None
+    #: the norm check per block of a layer-split job (their updates differ in size)
+    block_validators: dict[int, UpdateValidator]
+    strategy: Strategy
+    #: what a task message says (taskwriter.py)
+    tasks: TaskWriter
+    evaluator: Evaluator
+    limits: LinkLimits
+    #: how the model reaches clients: seeded init, full or a delta (downloads.py)
+    downloads: ModelDistribution
+    verifier: Replicator
+    #: tasks that lost their lease: reissued, held for a resuming client, dropped
+    orphans: Orphans
+    #: closes for refused updates by address and resume id (refusals.py)
+    refusal_marks: RefusalMarks
+    #: a client's answers to its tasks: results and declines (results.py)
+    results: ResultPath
+    flops_per_sample: float
+    #: the stream the norm check's sub-model reference tasks are drawn from
+    reference_seq: np.random.SeedSequence
+    #: offer prefetch (welcome.prefetch) and serve it
+    prefetch: bool
+    finished: ev.JobFinished | None = None
+    started_at: float | None = None
+    #: Answer each heartbeat with an echo. A driver that echoes on its own IO
+    #: thread (the websocket server) turns this off: the core then only notes
+    #: that the client is alive, which is most of what 10,000 clients send.
+    echo_heartbeats: bool = True
+    #: an edge's standing against its root (upstream.py), None unless this
+    #: coordinator serves as an edge; it is checkpointed
+    upstream: UpstreamState | None = None
+    _now: float = field(default=-math.inf, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        #: the open connections by client id
         self.conns = self.connections.by_id
-        # Outcomes of resolved tasks are kept long enough to answer a late copy of a
-        # result (a client resending after a reconnect) as duplicate, not stale.
-        self.book = LeaseBook(
-            on_release=self.connections.released,
-            retain_s=max(600.0, 2 * job.lease.resume_grace_s),
-        )
-        self.registry = Registry(seed, max_left=job.lease.max_resumable, key=session_key)
-        self.validator = UpdateValidator(job.validation, size=spec.num_params)
-        self.dataset = dataset or load_job_data(job)
-        self.data = DataCatalog.for_job(job, self.dataset)
-        #: a layer-split job's blocks (coordinator/core/layersplit.py); None: whole-model tasks
-        self.split: SplitBlocks | None = None
-        #: the norm check per block of a layer-split job (their updates differ in size)
-        self.block_validators: dict[int, UpdateValidator] = {}
-        self.strategy: Strategy
-        if not job.split.enabled:
-            self.strategy = make_strategy(
-                model=self.model,
-                config=job.strategy,
-                data=job.data,
-                rng=np.random.default_rng(strat_seq),
-            )
-        else:
-            self.split = SplitBlocks(spec, job.split.cut, init_seed=job.model.init_seed)
-            self.strategy = LayerSplit(
-                blocks=self.split,
-                boundaries=Boundaries(
-                    job.split,
-                    self.data,
-                    self.dataset.y_train,
-                    classes=self.dataset.num_classes or 0,
-                ),
-                model=self.model,
-                config=job.strategy,
-                data=job.data,
-                rng=np.random.default_rng(strat_seq),
-            )
-            self.block_validators = {
-                b: UpdateValidator(job.validation, size=self.split.spec_of(b).num_params)
-                for b in (LOWER, UPPER)
-            }
-            # a lower result's boundary: its size is its shard's rows × the cut's width
-            self.block_validators[BOUNDARY] = UpdateValidator(job.validation, size=0)
         #: job data from a file: only clients that fetch shards (hello.data) can train
-        self._data_only = job.data.path is not None
-        #: what a task message says (coordinator/core/taskwriter.py)
-        self.tasks = TaskWriter(job, spec, self.dataset, self.data, teacher=teacher)
-        st = job.strategy
-        self.evaluator = Evaluator(self.dataset, job.eval)
-        self._reference_seed, self._reference_seq = seed, submodel_seq
-        if self.split is None:
-            self.validator.reference = self._reference_norms()
-        else:
-            self._split_reference_norms()
-        self.limits = server_limits(job)
-        self.finished: ev.JobFinished | None = None
-        self.started_at: float | None = None
-        self._now = -math.inf
-        #: offer prefetch (welcome.prefetch) and serve it
-        self._prefetch = serves_prefetch(job)
-        #: how the model reaches clients: seeded init, full (cached per version and
-        #: link shape) or a delta (coordinator/core/downloads.py)
-        self.downloads = ModelDistribution(
-            spec=spec,
-            codecs=job.codecs,
-            max_message_bytes=self.limits.max_message_bytes,
-            model=lambda: (self.model.version, self.model.params),
-            snapshot=lambda v: self.verifier.snapshot(v),
-            rng=self.codec_rng,
-            delta_rng=np.random.default_rng(codec_seq.spawn(1)[0]),
-        )
-        #: Answer each heartbeat with an echo. A driver that echoes on its own IO
-        #: thread (the websocket server) turns this off: the core then only notes
-        #: that the client is alive, which is most of what 10,000 clients send.
-        self.echo_heartbeats = True
-        self.verifier = Replicator(
-            job.replication,
-            model=self.model,
-            book=self.book,
-            registry=self.registry,
-            rng=np.random.default_rng(replica_seq),
-            describe=self.tasks.describe,
-            dataset=self.dataset,
-            # one result is one additive step: it can be subtracted again
-            journal=st.name == "central-async" or st.aggregation == "fedasync",
-        )
-        #: tasks that lost their lease: reissued, held for a resuming client, dropped
-        self.orphans = Orphans(
-            self.book,
-            self.registry,
-            self.strategy,
-            self.verifier,
-            grace_s=job.lease.resume_grace_s,
-            cap=2 * job.lease.max_resumable,
-        )
-        #: closes for refused updates by address and resume id (coordinator/core/refusals.py)
-        self.refusal_marks = RefusalMarks()
-        #: a client's answers to its tasks: results and declines (coordinator/core/results.py)
-        self.results = ResultPath(
-            job=job,
-            model=self.model,
-            book=self.book,
-            strategy=self.strategy,
-            validator=self.validator,
-            verifier=self.verifier,
-            conns=self.connections,
-            orphans=self.orphans,
-            flops_per_sample=self._flops_per_sample,
-            block_validators=self.block_validators,
-            marks=self.refusal_marks,
-        )
-        #: an edge's standing against its root (coordinator/core/upstream.py), None
-        #: unless this coordinator serves as an edge; it is checkpointed
-        self.upstream: UpstreamState | None = None
+        self.data_only = self.job.data.path is not None
 
     # -- public API ----------------------------------------------------------------
 
@@ -296,7 +181,7 @@ class Coordinator:
         if self.finished is not None:  # a client that missed the bye learns it now
             return finished_bye(client_id, self.finished.reason)
         try:
-            version, offered = check_hello(self.job, hello, data_only=self._data_only)
+            version, offered = check_hello(self.job, hello, data_only=self.data_only)
         except ProtocolError as exc:
             return refusal(client_id, exc.code, exc.message)
         if self.verifier.refuses(hello.resume):
@@ -322,7 +207,7 @@ class Coordinator:
             hello,
             limits,
             offered,
-            seeded_v0=self._v0_crc is not None,
+            seeded_v0=self.v0_crc is not None,
         )
         conn.address = address
         # by the token it sent too: a forgotten session's token starts a new record
@@ -338,7 +223,7 @@ class Coordinator:
             session_id=client_id,
             resume_token=rec.resume_id,
             limits=limits,
-            prefetch=self._prefetch,
+            prefetch=self.prefetch,
         )
         self.connections.queue(conn, answer)
         out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
@@ -425,77 +310,11 @@ class Coordinator:
         due = [t for t in times if t is not None]
         return min(due) if due else None
 
-    # -- checkpoints ---------------------------------------------------------------
+    # -- checkpoints (coordinator/core/checkpoint.py) -------------------------------
 
     def state_dict(self, *, params: bool = True) -> dict[str, Any]:
-        """Everything needed to resume after a crash: acknowledged results survive
-        (those replication holds too). ``params=False`` leaves the model out, for
-        a caller that copies only what changed (an incremental checkpoint)."""
-        state = {
-            "version": self.model.version,
-            "contributions": self.model.contributions,
-            "strategy": self.strategy.state_dict(),
-            "accepted_tasks": sorted(self.book.accepted_ids()),
-            "accepted_results": self.accepted_results,
-            "next_task_id": self.book.next_task_id,
-            "norms": list(self.validator.norms),
-        }
-        if self.verifier.enabled:
-            state["replication"] = self.verifier.state_dict()
-        if self.upstream is not None:
-            state["upstream"] = self.upstream.state_dict()
-        if self.submodels is not None:
-            state["submodel"] = self.submodels.state_dict()
-        if params:
-            state["params"] = self.model.params.data.copy()
-        return state
-
-    @classmethod
-    def restore(
-        cls,
-        job: JobConfig,
-        state: dict[str, Any],
-        seed: int = 0,
-        *,
-        dataset: Dataset | None = None,
-        teacher: Params | None = None,
-        params: Params | None = None,
-        session_key: bytes | None = None,
-    ) -> Coordinator:
-        """A coordinator resumed from ``state_dict()``; clients reconnect with resume ids
-        unknown to it, so they start fresh records, and old task ids are never reused.
-        ``params``: the restored model already in place (a mapped one), trained as it
-        is; ``state["params"]`` is then not read."""
-        shared = params is not None
-        if params is None:
-            params = Params.from_flat(job.spec, np.asarray(state["params"], dtype=np.float32))
-        core = cls(
-            job,
-            params,
-            seed,
-            dataset=dataset,
-            teacher=teacher,
-            share_params=shared,
-            session_key=session_key,
-        )
-        core.model.version = int(state["version"])
-        core.model.contributions = int(state["contributions"])
-        core.strategy.load_state_dict(state["strategy"])
-        core.book.remember_accepted(int(t) for t in state["accepted_tasks"])
-        core.results.accepted = int(state["accepted_results"])
-        # Ids issued after this checkpoint and before the crash are in clients'
-        # hands; skip them, so a result resent for one of them is answered stale
-        # instead of matching a new task of another version (a counted rejection
-        # that closed honest clients after a few crashes).
-        core.book.next_task_id = int(state["next_task_id"]) + RESTORE_TASK_ID_GAP
-        core.validator.norms.extend(float(x) for x in state["norms"])
-        if "replication" in state:
-            core.verifier.load_state_dict(state["replication"])
-        if "upstream" in state:
-            core.upstream = UpstreamState.from_state(state["upstream"])
-        if core.submodels is not None and "submodel" in state:
-            core.submodels.load_state_dict(state["submodel"])
-        return core
+        """Everything needed to resume after a crash: acknowledged results survive."""
+        return checkpoint.state_of(self, params=params)
 
     @property
     def merges_in_place(self) -> bool:
@@ -509,32 +328,8 @@ class Coordinator:
         *,
         rows_as_of: list[np.ndarray] | None = None,
     ) -> int:
-        """Apply logged merges ``(task_id, version, subnet, update, scale)`` again,
-        in order, after ``restore``: the same arithmetic, so the same model bit for
-        bit. Stops at the first that does not make the next version (a step the
-        log does not hold came between); returns how many were applied.
-
-        ``rows_as_of``: per layer, the version each row of the restored model is
-        at (a checkpoint taken while the model trained copies each neuron group as
-        of its own version); a merge lands only on rows older than it."""
-        n = 0
-        for task_id, version, subnet, update, scale in merges:
-            if version != self.model.version + 1:
-                break
-            rows = None
-            if rows_as_of is not None:
-                rows = [r < version for r in rows_as_of]
-                if all(m.all() for m in rows):
-                    rows_as_of, rows = None, None  # every row is older from here on
-            subnet.add_to(self.model.params, update, scale, rows=rows)
-            self.model.changed.mark(subnet)
-            self.model.version = version
-            self.model.contributions += 1
-            self.book.remember_accepted([task_id])
-            self.results.accepted += 1
-            self.book.next_task_id = max(self.book.next_task_id, task_id + 1 + RESTORE_TASK_ID_GAP)
-            n += 1
-        return n
+        """Apply logged merges again after ``restore`` (checkpoint.replay)."""
+        return checkpoint.replay(self, merges, rows_as_of=rows_as_of)
 
     def _sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
         """A new local task's plan with this client's own number of local steps
@@ -544,7 +339,7 @@ class Coordinator:
         if st.tau != "auto":
             return plan if lr_scale == 1.0 else dataclasses.replace(plan, lr_scale=lr_scale)
         steps = task_steps(
-            flops_per_step=self._flops_per_sample * plan.batch,
+            flops_per_step=self.flops_per_sample * plan.batch,
             flops_per_s=rec.rate(),
             transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
             bytes_per_s=conn.limits.bytes_per_s,
@@ -559,72 +354,17 @@ class Coordinator:
         return dataclasses.replace(plan, steps=steps, lr_scale=lr_scale)
 
     def _reference_norms(self) -> list[float]:
-        """The norms of a few updates the coordinator computes itself on the model as
-        it is (coordinator/core/reference.py): the norm check's yardstick."""
-        job, st = self.job, self.job.strategy
-        if not job.validation.reference_tasks:
-            return []
-        local = self.strategy.task_kind == "local"
-        subnets = None
-        if self.submodels is not None:  # the reference trains slices, as clients do
-            chooser = SubmodelPlanner(  # the first at start, as it always was
-                job.submodel,
-                self.spec,
-                model_codec=job.codecs.model,
-                update_codec=job.codecs.update,
-                rng=np.random.default_rng(self._reference_seq.spawn(1)[0]),
-            )
-            samples = st.nominal_tau * job.data.batch
-            subnets = [
-                chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
-                for _ in range(job.validation.reference_tasks)
-            ]
-        return reference_norms(
+        """The norm check's yardstick: a few updates computed here (reference.py)."""
+        return job_reference_norms(
+            self.job,
             self.model.params,
             self.dataset,
             self.data.indices,
-            kind="train" if local else "gradient",
-            steps=st.nominal_tau if local else 1,
-            batch=job.data.batch,
+            local=self.strategy.task_kind == "local",
             optimizer=self.tasks.optimizer,
-            seed=self._reference_seed,
-            count=job.validation.reference_tasks,
-            subnets=subnets,
+            seed=self.seed,
+            seq=self.reference_seq,
         )
-
-    def _split_reference_norms(self) -> None:
-        """Each block's norm check starts from the coordinator's own updates to that
-        block (lower tasks on the first shards, upper tasks on their boundaries),
-        and the boundary's from the first shards' boundaries under version 0."""
-        job, split = self.job, self.split
-        assert split is not None
-        if not job.validation.reference_tasks:
-            return
-        st = job.strategy
-        lower = split.slice(LOWER, self.model.params)
-        count = job.validation.reference_tasks
-        # the first shards' boundaries: the boundary check's yardstick, and what the
-        # upper block's reference tasks train on
-        hs = [
-            boundary_of(lower, split.cut, self.dataset.X_train[rows])
-            for rows in self.data.indices[:count]
-        ]
-        self.block_validators[BOUNDARY].reference = [float(np.linalg.norm(h)) for h in hs]
-        for block in (LOWER, UPPER):
-            validator = self.block_validators[block]
-            start = lower if block == LOWER else split.slice(UPPER, self.model.params)
-            validator.reference = reference_norms(
-                start,
-                self.dataset,
-                self.data.indices,
-                kind="train",
-                steps=st.nominal_tau,
-                batch=job.data.batch,
-                optimizer=self.tasks.optimizer,
-                seed=self._reference_seed,
-                count=job.validation.reference_tasks,
-                inputs=None if block == LOWER else hs,
-            )
 
     def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:
         """The model becomes ``data``, one version on (an edge rebasing onto its
@@ -698,7 +438,7 @@ class Coordinator:
                 if upload is not None:
                     self._follow(self.results.on_result(conn, rec, upload, now, out), now, out)
             case m.Prefetch():
-                self.connections.prefetch(conn, msg, self.book, served=self._prefetch)
+                self.connections.prefetch(conn, msg, self.book, served=self.prefetch)
             case m.Fetch():
                 self._on_fetch(conn, msg, now, out)
             case m.Decline():
@@ -823,7 +563,7 @@ class Coordinator:
                 conn.shards_named.add(shard.sha256)
             data_bytes = len(shard.blob)
         trained = part or (self.spec if sub is None else sub.sub)
-        per_sample = self._flops_per_sample if trained is self.spec else trained.flops_per_sample()
+        per_sample = self.flops_per_sample if trained is self.spec else trained.flops_per_sample()
         flops = per_sample * task.steps * task.batch
         # A queued task starts when the one in front is done: about one task later.
         compute_s = flops / rec.rate() * (2 if queued else 1)
@@ -848,7 +588,7 @@ class Coordinator:
             deadline=float(lease_s),
             shards=conn.data,
             seeded=seeded,
-            init_crc=self._v0_crc,
+            init_crc=self.v0_crc,
             part=part,
             boundary=self.split.cut if part is not None and task.block == LOWER else None,
         )

@@ -15,7 +15,11 @@ import math
 
 import numpy as np
 
+from coordinator.core.config import JobConfig
+from coordinator.core.layersplit import BOUNDARY, LOWER, UPPER, SplitBlocks
+from coordinator.core.submodel import SubmodelPlanner
 from nn.data import Dataset
+from nn.layersplit import boundary_of
 from nn.optim import Optimizer, OptState
 from nn.params import Params
 from nn.subnet import Subnet
@@ -61,4 +65,86 @@ def reference_norms(
             u = local.data - start.data
         norm = math.sqrt(float(u.astype(np.float64) @ u.astype(np.float64)))
         norms.append(norm / (steps if kind == "train" else 1))
+    return norms
+
+
+def job_reference_norms(
+    job: JobConfig,
+    params: Params,
+    dataset: Dataset,
+    shards: list[np.ndarray],
+    *,
+    local: bool,
+    optimizer: dict,
+    seed: int,
+    seq: np.random.SeedSequence,
+) -> list[float]:
+    """The norm check's yardstick for a whole-model or sub-model job: the job's own
+    kind of task (``local`` steps or one gradient), on slices where clients train
+    slices (drawn from ``seq``, as the first sub-model choices are)."""
+    st = job.strategy
+    if not job.validation.reference_tasks:
+        return []
+    subnets = None
+    if job.submodel.enabled:  # the reference trains slices, as clients do
+        chooser = SubmodelPlanner(
+            job.submodel,
+            params.spec,
+            model_codec=job.codecs.model,
+            update_codec=job.codecs.update,
+            rng=np.random.default_rng(seq.spawn(1)[0]),
+        )
+        samples = st.nominal_tau * job.data.batch
+        subnets = [
+            chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
+            for _ in range(job.validation.reference_tasks)
+        ]
+    return reference_norms(
+        params,
+        dataset,
+        shards,
+        kind="train" if local else "gradient",
+        steps=st.nominal_tau if local else 1,
+        batch=job.data.batch,
+        optimizer=optimizer,
+        seed=seed,
+        count=job.validation.reference_tasks,
+        subnets=subnets,
+    )
+
+
+def split_reference_norms(
+    job: JobConfig,
+    split: SplitBlocks,
+    params: Params,
+    dataset: Dataset,
+    shards: list[np.ndarray],
+    *,
+    optimizer: dict,
+    seed: int,
+) -> dict[int, list[float]]:
+    """A layer-split job's yardsticks by block: each block's from the coordinator's
+    own updates to it (lower tasks on the first shards, upper tasks on their
+    boundaries), the boundary's from the first shards' boundaries under version 0."""
+    count = job.validation.reference_tasks
+    if not count:
+        return {}
+    lower = split.slice(LOWER, params)
+    # the first shards' boundaries: the boundary check's yardstick, and what the
+    # upper block's reference tasks train on
+    hs = [boundary_of(lower, split.cut, dataset.X_train[rows]) for rows in shards[:count]]
+    norms = {BOUNDARY: [float(np.linalg.norm(h)) for h in hs]}
+    for block in (LOWER, UPPER):
+        norms[block] = reference_norms(
+            lower if block == LOWER else split.slice(UPPER, params),
+            dataset,
+            shards,
+            kind="train",
+            steps=job.strategy.nominal_tau,
+            batch=job.data.batch,
+            optimizer=optimizer,
+            seed=seed,
+            count=count,
+            inputs=None if block == LOWER else hs,
+        )
     return norms

@@ -59,7 +59,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from coordinator.core import events as ev
-from coordinator.core.machine import server_limits
+from coordinator.core.handshake import server_limits
 from coordinator.http.admission import Admission, AdmissionLimits, http_protocol
 from coordinator.http.dashboard import Dashboard
 from coordinator.http.listen import bind, join_url

@@ -71,8 +71,10 @@ from typing import Any
 import numpy as np
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core, restore_core
+from coordinator.core.checkpoint import RESTORE_TASK_ID_GAP
 from coordinator.core.config import JobConfig
-from coordinator.core.machine import RESTORE_TASK_ID_GAP, Coordinator
+from coordinator.core.machine import Coordinator
 from coordinator.core.strategies.layer_split import LayerSplit
 from coordinator.runtime.history import History
 from coordinator.runtime.journal import Journal
@@ -457,11 +459,9 @@ class CoreService:
         key = secrets.token_bytes(32)
         if ckpt is None:
             if self._mapped is None:
-                return Coordinator(
-                    self.job, seed=self._seed, dataset=self._dataset, session_key=key
-                )
+                return build_core(self.job, seed=self._seed, dataset=self._dataset, session_key=key)
             params = self._mapped.fresh(self.job.model.init_seed)
-            return Coordinator(
+            return build_core(
                 self.job,
                 params,
                 self._seed,
@@ -470,7 +470,7 @@ class CoreService:
                 session_key=key,
             )
         mapped = self._mapped is not None
-        core = Coordinator.restore(
+        core = restore_core(
             self.job,
             from_checkpoint(ckpt, params=not mapped),
             self._seed,

@@ -17,7 +17,7 @@ import pytest
 from client import compute
 from client.ingame import InGameClient, LinkState
 from coordinator.core import events as ev
-from coordinator.core.machine import Coordinator
+from coordinator.core.assembly import build_core
 from protocol import messages as m
 from protocol.errors import CLOSE_CODES, ErrorCode
 from tests.coordinator.coord_helpers import digits, make_job
@@ -95,7 +95,7 @@ class World:
 
     def __init__(self, **job: Any) -> None:
         sections = {"strategy": {"name": "decentral-async", "tau": 8, "lr": 0.05}, **job}
-        self.core = Coordinator(make_job(**sections), dataset=digits())
+        self.core = build_core(make_job(**sections), dataset=digits())
         self.clock = FakeClock()
         self.links: list[CoreLink] = []
         self.outputs: list[ev.Output] = []

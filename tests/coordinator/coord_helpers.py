@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core
 from coordinator.core.config import JobConfig, parse_job
 from coordinator.core.machine import Coordinator
 from nn.data import Dataset, load_dataset
@@ -36,7 +37,7 @@ def make_job(name: str = "decentral-async", /, **sections: dict[str, Any]) -> Jo
 
 
 def make_core(name: str = "decentral-async", /, seed: int = 0, **sections: Any) -> Coordinator:
-    return Coordinator(make_job(name, **sections), seed=seed, dataset=digits())
+    return build_core(make_job(name, **sections), seed=seed, dataset=digits())
 
 
 def hello(name: str, *, resume: str | None = None, **kw: Any) -> m.Hello:

@@ -8,6 +8,7 @@ import pytest
 
 from compression import get as get_codec
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core
 from coordinator.core.config import JobConfig, JobConfigError, parse_job
 from coordinator.core.machine import Coordinator
 from nn.modelfile import save_model
@@ -50,7 +51,7 @@ def run_digits(update: str, *, error_feedback: bool, delta: str | None = None, *
             },
         }
     )
-    core = Coordinator(job, seed=1, dataset=digits())
+    core = build_core(job, seed=1, dataset=digits())
     lb = Loopback(core)
     for i in range(8):
         lb.add_client(f"c{i}", flops=1e8 * (1 + i % 4))
@@ -287,7 +288,7 @@ def distill_job(teacher: str | None) -> JobConfig:
 
 
 def run_job(job: JobConfig) -> tuple[Coordinator, Loopback]:
-    core = Coordinator(job, seed=1, dataset=digits())
+    core = build_core(job, seed=1, dataset=digits())
     lb = Loopback(core)
     for i in range(8):
         lb.add_client(f"c{i}", flops=1e8 * (1 + i % 4))
@@ -320,4 +321,4 @@ def test_distill_job_config_errors(tmp_path) -> None:
     teacher = ModelSpec(widths=(32, 8, 10)).init_params(0)  # wrong input width
     path = save_model(tmp_path / "t.npz", teacher)
     with pytest.raises(ValueError, match="must keep the teacher's input and output widths"):
-        Coordinator(distill_job(str(path)), dataset=digits())
+        build_core(distill_job(str(path)), dataset=digits())

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.leases import LeaseState, TaskState
-from coordinator.core.machine import Coordinator
 from nn.spec import INIT_SCHEME
 from protocol import messages as m
 from protocol.checksum import crc32
@@ -143,7 +143,7 @@ def test_with_a_session_key_resume_tokens_are_unguessable() -> None:
     job seed a stranger may know, and never one an earlier run handed out."""
     seeded = [make_core(seed=3) for _ in range(2)]
     keyed = [
-        Coordinator(make_job(), seed=3, dataset=digits(), session_key=bytes([k]) * 32)
+        build_core(make_job(), seed=3, dataset=digits(), session_key=bytes([k]) * 32)
         for k in (1, 2)
     ]
     tokens = [
@@ -300,7 +300,7 @@ def test_rate_limit_violation_closes() -> None:
 
 def test_model_download_is_paced_to_link_limits() -> None:
     job = make_job(model={"widths": [64, 256, 10]}, link={"profile": "roblox"})
-    core = Coordinator(job, seed=0, dataset=digits())
+    core = build_core(job, seed=0, dataset=digits())
     out = core.connect("a", hello("a"), 0.0)
     first = sum(len(o.frame) for o in out if isinstance(o, ev.Send))
     total_needed = core.job.spec.nbytes
@@ -370,7 +370,7 @@ def test_checkpoints_stop_and_restore() -> None:
     assert [b.finished for b in sent(refused, "b", m.Bye)] == [True]
     assert only(refused, ev.Close)[-1].code == CLOSE_NORMAL
     state = core.state_dict()
-    again = Coordinator.restore(core.job, state, seed=0, dataset=digits())
+    again = restore_core(core.job, state, seed=0, dataset=digits())
     assert again.version == 4 and again.params.array_equal(core.params)
     t2 = task_of(again.connect("c", hello("c"), 0.0), "c")
     assert int(t2.task_id) > int(task.task_id)  # ids never reused
@@ -387,7 +387,7 @@ def test_a_result_for_a_task_issued_after_the_last_checkpoint_is_stale_after_a_c
     state = core.state_dict()  # the checkpoint
     out = deliver(core, "a", result_messages(first), 1.0)  # ...then more work, then a crash
     lost = task_of(out, "a")
-    again = Coordinator.restore(core.job, state, seed=0, dataset=digits())
+    again = restore_core(core.job, state, seed=0, dataset=digits())
     fresh = task_of(again.connect("a2", hello("a2"), 2.0), "a2")
     assert int(fresh.task_id) != int(lost.task_id)
     out = deliver(again, "a2", result_messages(lost), 3.0)
@@ -464,7 +464,7 @@ def test_restored_core_answers_duplicates_of_checkpointed_results_for_the_retent
     deliver(core, "a", result_messages(task), 1.0)
     state = core.state_dict()
     assert state["accepted_tasks"] == [int(task.task_id)]
-    again = Coordinator.restore(core.job, state, dataset=digits())
+    again = restore_core(core.job, state, dataset=digits())
     again.connect("a", hello("a"), 100.0)
     out = deliver(again, "a", result_messages(task, version=task.model_version), 101.0)
     assert acks(out, "a") == [(task.task_id, False, "duplicate")]
@@ -505,7 +505,7 @@ def test_a_core_started_from_given_params_never_seeds() -> None:
     job = make_job()
     params = job.spec.init_params(job.model.init_seed)
     params.W[0][0, 0] += 1.0  # not the seed's version 0
-    core = Coordinator(job, params, dataset=digits())
+    core = build_core(job, params, dataset=digits())
     task = task_of(core.connect("a", hello("a", init_schemes=(INIT_SCHEME,)), 0.0), "a")
     assert task.init_seed is None and task.num_chunks > 0
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core
 from coordinator.core.connections import ConnState
 from coordinator.core.leases import LeaseState, TaskState
 from coordinator.core.machine import Coordinator
@@ -109,7 +110,7 @@ class CoreMachine(RuleBasedStateMachine):
             checkpoint={"every_versions": 3},
         )
         self.seed = seed
-        self.core = Coordinator(self.job, seed=seed, dataset=digits())
+        self.core = build_core(self.job, seed=seed, dataset=digits())
 
     def _call(self, method: str, *args: Any) -> list[ev.Output]:
         assert self.core is not None
@@ -280,7 +281,7 @@ class CoreMachine(RuleBasedStateMachine):
             t.state is not TaskState.OPEN or t.round is not None for t in book.tasks.values()
         )
         # replay: same seed, same calls -> same outputs, bitwise same params
-        again = Coordinator(self.job, seed=self.seed, dataset=digits())
+        again = build_core(self.job, seed=self.seed, dataset=digits())
         outs: list[ev.Output] = []
         for method, args in self.calls:
             outs += getattr(again, method)(*args)

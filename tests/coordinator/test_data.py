@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core
 from coordinator.core.config import parse_job
 from coordinator.core.data import DataCatalog, load_job_data
-from coordinator.core.machine import Coordinator
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from protocol.shardfile import decode_shard, sha256_hex
@@ -111,7 +111,7 @@ def _user_job(tmp_path: Path, **data: object):
 
 def test_a_file_job_refuses_clients_that_do_not_fetch(tmp_path: Path) -> None:
     job = _user_job(tmp_path, shards=2)
-    core = Coordinator(job, dataset=load_job_data(job))
+    core = build_core(job, dataset=load_job_data(job))
     out = core.connect("old", hello("old"), 0.0)
     (err,) = sent(out, "old", m.Error)
     assert err.code == int(ErrorCode.BAD_FIELD) and "hello.data" in err.message

@@ -13,6 +13,7 @@ import pytest
 from client.compute import ComputeOutput
 from client.session import Capabilities
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.config import JobConfigError, parse_job
 from coordinator.core.data import DataCatalog
 from coordinator.core.layersplit import (
@@ -23,7 +24,6 @@ from coordinator.core.layersplit import (
     Boundaries,
     SplitBlocks,
 )
-from coordinator.core.machine import Coordinator
 from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from nn.layersplit import boundary_of, join_params, split_spec
 from protocol import messages as m
@@ -60,7 +60,7 @@ def tasks_sent(lb: Loopback) -> dict[str, list[m.Task]]:
 
 
 def run(job: dict, clients: dict[str, Capabilities], *, seed: int = 1) -> tuple:
-    core = Coordinator(parse_job(job), seed=seed, dataset=digits())
+    core = build_core(parse_job(job), seed=seed, dataset=digits())
     lb = Loopback(core)
     for name, caps in clients.items():
         lb.add_client(name, caps=caps)
@@ -116,7 +116,7 @@ def test_a_lower_result_whose_boundary_is_garbage_is_refused_and_its_sender_clos
 ) -> None:
     """A lower result's boundary trains the upper block: held to a norm check of
     its own, as updates are (the coordinator seeds it with version 0's)."""
-    core = Coordinator(parse_job(split_job(stop={"max_versions": 60})), seed=2, dataset=digits())
+    core = build_core(parse_job(split_job(stop={"max_versions": 60})), seed=2, dataset=digits())
     lb = Loopback(core)
     lb.add_client("good", caps=Capabilities(flops=1e8))
     lb.add_client("bad", caps=Capabilities(flops=1e8, data=False))  # lower tasks only
@@ -142,7 +142,7 @@ def test_the_aux_head_and_block_versions_survive_a_stored_checkpoint(tmp_path: P
     with CheckpointStore.open(tmp_path / "split.db") as store:
         store.save(to_checkpoint(job, core.state_dict(), created_at=0.0))
         state = from_checkpoint(store.load_latest())
-    again = Coordinator.restore(job, state, seed=1, dataset=digits())
+    again = restore_core(job, state, seed=1, dataset=digits())
     assert again.params.array_equal(core.params)
     assert again.split is not None and core.split is not None
     assert np.array_equal(again.split.aux, core.split.aux)

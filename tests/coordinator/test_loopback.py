@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core
 from coordinator.core.config import parse_job
 from coordinator.core.machine import Coordinator
 from testkit.loopback import Loopback
@@ -36,7 +37,7 @@ def run_digits(
             "stop": {"target_accuracy": 0.95, "max_versions": max_versions},
         }
     )
-    core = Coordinator(job, seed=seed, dataset=digits())
+    core = build_core(job, seed=seed, dataset=digits())
     lb = Loopback(core)
     for i in range(4):
         lb.add_client(f"c{i}", flops=1e8 * (i + 1))

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.config import parse_job
-from coordinator.core.machine import Coordinator
 from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from nn.data import load_dataset
 from nn.spec import ModelSpec
@@ -28,7 +28,7 @@ def test_state_round_trips_through_the_store(strategy: str, tmp_path: Path) -> N
         }
     )
     data = load_dataset("digits", seed=0)
-    core = Coordinator(job, seed=1, dataset=data)
+    core = build_core(job, seed=1, dataset=data)
     lb = Loopback(core)
     for i in range(3):
         lb.add_client(f"c{i}")
@@ -39,7 +39,7 @@ def test_state_round_trips_through_the_store(strategy: str, tmp_path: Path) -> N
         back = from_checkpoint(store.load_latest())
     assert set(back) == set(state)
     np.testing.assert_array_equal(back["params"], state["params"])
-    restored = Coordinator.restore(job, back, 1, dataset=data)
+    restored = restore_core(job, back, 1, dataset=data)
     assert restored.version == core.version
     assert restored.params.array_equal(core.params)
     assert restored.state_dict()["strategy"].keys() == state["strategy"].keys()

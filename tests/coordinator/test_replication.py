@@ -14,6 +14,7 @@ from hypothesis.stateful import initialize, invariant
 
 from client.compute import ComputeOutput, run_task
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.config import JobConfigError
 from coordinator.core.machine import Coordinator
 from coordinator.core.replication import agree
@@ -201,7 +202,7 @@ def test_a_held_result_survives_a_checkpoint() -> None:
     assert core.version == 1
     state = from_checkpoint(to_checkpoint(core.job, core.state_dict(), created_at=0.0))
     assert int(t_b.task_id) in state["accepted_tasks"]
-    restored = Coordinator.restore(core.job, state, seed=0, dataset=digits())
+    restored = restore_core(core.job, state, seed=0, dataset=digits())
     expected = core.params.data + np.float32(core.job.strategy.alpha) * u
     out = restored.tick(10.0)  # the twin's lease died with the old process: unchecked
     assert [o.version for o in only(out, ev.ModelUpdated)] == [2]
@@ -231,7 +232,7 @@ def _crowd(seed: int = 1, n: int = 4, **replication: object) -> tuple[Coordinato
         stop={"max_versions": 100_000},
         eval={"every_versions": 100_000},
     )
-    core = Coordinator(job, seed=seed, dataset=digits())
+    core = build_core(job, seed=seed, dataset=digits())
     lb = Loopback(core)
     for i in range(n):
         lb.add_client(f"c{i}", flops=1e9 * (1 + 0.3 * i))
@@ -360,7 +361,7 @@ class ReplicatedMachine(CoreMachine):
             replication={**ON, "trust_after": 2, "base_rate": 0.7},
         )
         self.seed = seed
-        self.core = Coordinator(self.job, seed=seed, dataset=digits())
+        self.core = build_core(self.job, seed=seed, dataset=digits())
 
     @invariant()
     def accepted_results_are_counted(self) -> None:

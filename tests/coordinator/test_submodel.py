@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.config import JobConfigError, SubmodelSection
 from coordinator.core.machine import Coordinator
 from coordinator.core.submodel import SubmodelPlanner, encoded_bytes
@@ -131,7 +132,7 @@ def test_jobs_that_cannot_take_sub_model_tasks_say_why(sections: dict, says: str
 
 def core(name: str = "decentral-async", **sections: Any) -> Coordinator:
     job = make_job(name, model=WIDE, submodel={"mode": "random", "fraction": 0.25}, **sections)
-    return Coordinator(job, seed=1, dataset=digits())
+    return build_core(job, seed=1, dataset=digits())
 
 
 def test_a_sub_model_task_carries_only_its_slice_and_its_delta_lands_there() -> None:
@@ -194,7 +195,7 @@ def test_a_slice_result_the_sender_does_not_hold_is_answered_not_closed() -> Non
     assert "b" in c.conns and not [o for o in out if isinstance(o, ev.Close)]
     assert c.model.version == 0
     # after a restart that never saw a's task, a's result is stale, not a bad chunk
-    restored = Coordinator.restore(c.job, c.state_dict(), seed=1, dataset=digits())
+    restored = restore_core(c.job, c.state_dict(), seed=1, dataset=digits())
     restored.connect("a", hello("a"), 2.0)
     out = deliver(restored, "a", result_messages(ta, update), 2.0)
     assert acks(out, "a") == [(ta.task_id, False, "stale")] and "a" in restored.conns
@@ -242,7 +243,7 @@ def run_digits(
     }
     if mode != "off":
         sections["submodel"] = {"mode": mode, "fraction": 0.25}
-    c = Coordinator(make_job(name, **sections), seed=seed, dataset=digits())
+    c = build_core(make_job(name, **sections), seed=seed, dataset=digits())
     lb = Loopback(c)
     for i in range(4):
         lb.add_client(f"c{i}", flops=1e8 * (i + 1))
@@ -280,14 +281,14 @@ def test_a_sync_round_with_subnets_survives_a_restart() -> None:
     the restored round closes to the same model as the uninterrupted one."""
     job = make_job("decentral-sync", model=WIDE, submodel={"mode": "ist", "fraction": 0.5},
                    strategy={"clients_per_round": 2})  # fmt: skip
-    a = Coordinator(job, seed=2, dataset=digits())
+    a = build_core(job, seed=2, dataset=digits())
     t1 = task_of(a.connect("x", hello("x"), 0.0), "x")
     t2 = task_of(a.connect("y", hello("y"), 0.0), "y")
     rng = np.random.default_rng(0)
     u1 = rng.standard_normal(t1.spec.num_params).astype(np.float32) * 1e-3
     u2 = rng.standard_normal(t2.spec.num_params).astype(np.float32) * 1e-3
     deliver(a, "x", result_messages(t1, u1), 1.0)
-    b = Coordinator.restore(job, a.state_dict(), seed=2, dataset=digits())
+    b = restore_core(job, a.state_dict(), seed=2, dataset=digits())
     assert set(b.strategy.subnets) == {int(t1.task_id)}
     # the restored core lost the open tasks: close its round with the same result
     b.strategy.results[int(t2.task_id)] = a.book.tasks[int(t2.task_id)].subnet.expand(u2)

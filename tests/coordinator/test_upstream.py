@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from coordinator.core import events as ev
+from coordinator.core.assembly import restore_core
 from coordinator.core.machine import Coordinator
 from coordinator.core.upstream import UpstreamState, rebase, sync
 from coordinator.runtime.persist import from_checkpoint, to_checkpoint
@@ -113,7 +114,7 @@ def test_upstream_state_survives_a_checkpoint() -> None:
     sync(core, "t9")
     crowd.train(0.01, 3.0)
     state = from_checkpoint(to_checkpoint(core.job, core.state_dict(), created_at=0.0))
-    back = Coordinator.restore(core.job, state, dataset=digits())
+    back = restore_core(core.job, state, dataset=digits())
     assert back.upstream is not None and core.upstream is not None
     assert back.upstream.root_version == 3 and back.upstream.syncs == 1
     assert np.array_equal(back.upstream.base, core.upstream.base)

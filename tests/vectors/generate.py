@@ -490,8 +490,8 @@ def exchange_resume() -> tuple[dict[str, Any], dict[str, bytes]]:
     from client.compute import run_task
     from client.session import ClientSession, ComputeRequest, Send
     from coordinator.core import events as ev
+    from coordinator.core.assembly import build_core
     from coordinator.core.config import parse_job
-    from coordinator.core.machine import Coordinator
     from protocol.messages import decode
 
     job = parse_job(
@@ -504,7 +504,7 @@ def exchange_resume() -> tuple[dict[str, Any], dict[str, bytes]]:
             "link": {"profile": "lan"},
         }
     )
-    core = Coordinator(job, seed=0, dataset=_vector_dataset())
+    core = build_core(job, seed=0, dataset=_vector_dataset())
     session = ClientSession("vector-client/1", _caps())
     rec = _Recorder("exchange_resume")
     pending: list[tuple[str, bytes]] = []  # frames on their way: ("up"|"down", frame)

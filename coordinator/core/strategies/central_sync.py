@@ -8,11 +8,11 @@ the only optimizer state.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from coordinator.core.config import DataSection, StrategySection
 from coordinator.core.strategies.aggregate import OuterOptimizer
+from coordinator.core.strategies.base import ModelState
 from coordinator.core.strategies.rounds import RoundStrategy
 from nn.subnet import Subnet
 
@@ -21,10 +21,17 @@ class CentralSync(RoundStrategy):
     name = "central-sync"
     task_kind = "gradient"
 
-    def __init__(self, **kwargs: Any) -> None:
-        c = kwargs["config"]
+    def __init__(
+        self,
+        *,
+        model: ModelState,
+        config: StrategySection,
+        data: DataSection,
+        rng: np.random.Generator,
+    ) -> None:
+        c = config
         outer = OuterOptimizer(kind=c.outer_optimizer, lr=c.lr, momentum=c.outer_momentum)
-        super().__init__(outer=outer, **kwargs)
+        super().__init__(outer=outer, model=model, config=config, data=data, rng=rng)
 
     def direction(
         self, updates: list[np.ndarray], weights: list[float], subnets: list[Subnet | None]

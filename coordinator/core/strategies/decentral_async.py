@@ -31,10 +31,12 @@ from coordinator.core.config import (
     WINDOW_AUTO_BYTES,
     WINDOW_AUTO_CLIENTS_PER_DELTA,
     WINDOW_AUTO_MIN,
+    DataSection,
+    StrategySection,
 )
 from coordinator.core.leases import Task, TaskPlan
 from coordinator.core.strategies.aggregate import OuterOptimizer
-from coordinator.core.strategies.base import ClientView, Outcome, Strategy
+from coordinator.core.strategies.base import ClientView, ModelState, Outcome, Strategy
 from coordinator.core.strategies.overlap import OverlapClock
 from coordinator.core.strategies.robust import SlidingWindow
 from nn.subnet import Subnet
@@ -47,8 +49,15 @@ class DecentralAsync(Strategy):
     task_kind = "local"
     pipelined = True
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        model: ModelState,
+        config: StrategySection,
+        data: DataSection,
+        rng: np.random.Generator,
+    ) -> None:
+        super().__init__(model=model, config=config, data=data, rng=rng)
         c = self.config
         self.outer = OuterOptimizer(
             kind=c.outer_optimizer, lr=c.outer_lr, momentum=c.outer_momentum

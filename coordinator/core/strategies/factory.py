@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from coordinator.core.config import DataSection, JobConfig, StrategySection
+from coordinator.core.layersplit import Boundaries, SplitBlocks
 from coordinator.core.strategies.base import ModelState, Strategy
 from coordinator.core.strategies.central_async import CentralAsync
 from coordinator.core.strategies.central_sync import CentralSync
 from coordinator.core.strategies.decentral_async import DecentralAsync
 from coordinator.core.strategies.decentral_sync import DecentralSync
+from coordinator.core.strategies.layer_split import LayerSplit
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (CentralSync, CentralAsync, DecentralSync, DecentralAsync)
@@ -24,8 +26,20 @@ def serves_prefetch(job: JobConfig) -> bool:
 
 
 def make_strategy(
-    *, model: ModelState, config: StrategySection, data: DataSection, rng: np.random.Generator
+    *,
+    model: ModelState,
+    config: StrategySection,
+    data: DataSection,
+    rng: np.random.Generator,
+    split: tuple[SplitBlocks, Boundaries] | None = None,
 ) -> Strategy:
+    """The job's strategy; ``split``: a layer-split job's blocks and boundary shards,
+    scheduled by LayerSplit (FedAsync per block) whatever ``config.name`` says."""
+    if split is not None:
+        blocks, boundaries = split
+        return LayerSplit(
+            blocks=blocks, boundaries=boundaries, model=model, config=config, data=data, rng=rng
+        )
     try:
         cls = STRATEGIES[config.name]
     except KeyError:

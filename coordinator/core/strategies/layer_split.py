@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.core.config import DataSection, StrategySection
 from coordinator.core.layersplit import LOWER, UPPER, Boundaries, SplitBlocks
 from coordinator.core.leases import Task, TaskPlan
-from coordinator.core.strategies.base import ClientView, Outcome, Strategy
+from coordinator.core.strategies.base import ClientView, ModelState, Outcome, Strategy
 
 
 class LayerSplit(Strategy):
@@ -24,8 +25,17 @@ class LayerSplit(Strategy):
     task_kind = "local"
     pipelined = True
 
-    def __init__(self, *, blocks: SplitBlocks, boundaries: Boundaries, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        blocks: SplitBlocks,
+        boundaries: Boundaries,
+        model: ModelState,
+        config: StrategySection,
+        data: DataSection,
+        rng: np.random.Generator,
+    ) -> None:
+        super().__init__(model=model, config=config, data=data, rng=rng)
         self.blocks = blocks
         self.boundaries = boundaries
         #: steps taken by each block (a result's staleness counts its own block's)

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.core.config import DataSection, StrategySection
 from coordinator.core.leases import Task, TaskPlan, TaskState
 from coordinator.core.strategies.aggregate import OuterOptimizer
-from coordinator.core.strategies.base import ClientView, Outcome, StepReport, Strategy
+from coordinator.core.strategies.base import ClientView, ModelState, Outcome, StepReport, Strategy
 from nn.subnet import Subnet
 from protocol.states import checked_move
 
@@ -52,8 +53,16 @@ ROUND_TRANSITIONS: dict[RoundPhase, frozenset[RoundPhase]] = {
 class RoundStrategy(Strategy):
     """Round bookkeeping; subclasses say how results combine into a direction."""
 
-    def __init__(self, *, outer: OuterOptimizer, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        outer: OuterOptimizer,
+        model: ModelState,
+        config: StrategySection,
+        data: DataSection,
+        rng: np.random.Generator,
+    ) -> None:
+        super().__init__(model=model, config=config, data=data, rng=rng)
         self.outer = outer
         self.phase = RoundPhase.IDLE
         self.round = 0
