@@ -18,6 +18,7 @@ from coordinator.core.data import DataCatalog, load_job_data
 from coordinator.core.downloads import ModelDistribution
 from coordinator.core.evaluation import Evaluator
 from coordinator.core.handshake import server_limits
+from coordinator.core.issuing import TaskIssuer
 from coordinator.core.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBlocks
 from coordinator.core.leases import LeaseBook
 from coordinator.core.machine import Coordinator
@@ -172,6 +173,23 @@ def build_core(
         block_validators=block_validators,
         marks=refusal_marks,
     )
+    issuer = TaskIssuer(
+        job=job,
+        spec=spec,
+        model=model,
+        book=book,
+        data=data,
+        strategy=strategy,
+        submodels=submodels,
+        split=split,
+        verifier=verifier,
+        orphans=orphans,
+        downloads=downloads,
+        tasks=tasks,
+        connections=connections,
+        flops_per_sample=flops_per_sample,
+        v0_crc=v0_crc,
+    )
     return Coordinator(
         job=job,
         spec=spec,
@@ -197,6 +215,7 @@ def build_core(
         orphans=orphans,
         refusal_marks=refusal_marks,
         results=results,
+        issuer=issuer,
         flops_per_sample=flops_per_sample,
         reference_seq=submodel_seq,
         prefetch=serves_prefetch(job),

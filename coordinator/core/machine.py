@@ -1,52 +1,21 @@
 """The coordinator core: a sans-IO state machine driven by connect/receive/disconnect/tick.
 
-Theory of operation. A driver (the websocket server, the simulator, a test)
-owns the sockets and the clock; it feeds the core decoded protocol messages and
-the current time, and carries out the actions the core returns: ``Send`` a
-frame, ``Close`` a connection, write a ``Checkpoint``. Metric events are mixed
-into the same list in the order they happened. The core never reads a clock,
-never does IO and draws randomness only from a generator seeded by ``seed``, so
-the same seed and the same calls give bitwise the same model.
-
-Call-order contract: ``now`` never decreases across calls. ``connect`` once per
-connection, with its already decoded ``hello``; then any number of ``receive``;
-then ``disconnect`` (a no-op for a client the core closed itself). Call
-``tick(now)`` at least at ``next_wakeup()``: it releases paced frames, expires
-leases and heartbeats, and closes sync rounds at their deadline.
-
-The core is the dispatcher; what it dispatches to has a module of its own
-(docs/coordinator.md, "Where each concern lives"): connection phases and
-outboxes (connections.py), the hello (handshake.py), uploads (uploads.py), a
-client's answers to its tasks (results.py), tasks that lost their lease
-(orphans.py), task messages (taskwriter.py) and model downloads (downloads.py).
-
-Rules that protect the model (docs/coordinator.md):
-
-- one live lease per client, plus at most one queued behind it once the client
-  asked to prefetch (decentral-async only); a lease is resolved exactly once
-  (leases.py);
-- the first valid result for an OPEN task is taken; a duplicate, or a late one
-  for a task already taken or dropped, is acknowledged ``accepted=False`` with
-  reason ``duplicate`` / ``stale`` and never applied;
-- a client whose lease expired, or was cancelled because another copy of its
-  task won, is simply given its next task; the client session lets a new task
-  supersede the old one (there is no cancel message);
-- a client that cannot do a task declines it (``decline``, protocol §3.13): the
-  lease ends at once, the strategy reissues or drops the task, and the client
-  gets no task for a back-off that doubles with each decline in a row;
-- every update passes validation (validation.py) before the strategy sees it;
-  a client over ``max_rejections`` refused updates is closed;
-- peer misbehaviour becomes an ``error`` frame plus a Close; only the caller's
-  own misuse (an unknown client id, time going backwards) raises.
-
-Why long: the dispatcher. Each concern has its own module (coordinator.md's
-table); what stays is the routing of every message and timer, and the
-checkpoint round trip, which must see all of them.
+A driver (the websocket server, the simulator, a test) owns the sockets and the
+clock; it feeds the core decoded messages and the time, with ``now`` never
+decreasing, and carries out the actions returned (``Send``, ``Close``,
+``Checkpoint``), metric events mixed in in the order they happened. ``connect``
+once per connection with its decoded ``hello``, then ``receive`` any number of
+times, then ``disconnect`` (a no-op for a client the core closed); ``tick(now)``
+at least at ``next_wakeup()``. No clock, no IO, randomness only from ``seed``:
+the same calls give bitwise the same model. Peer misbehaviour becomes an
+``error`` frame and a Close; only the caller's own misuse raises. The core
+dispatches; each concern has its own module and the rules that protect the model
+are in docs/coordinator.md ("Where each concern lives", "Rules that protect the
+model").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Iterable
@@ -63,14 +32,12 @@ from coordinator.core.data import DataCatalog
 from coordinator.core.downloads import ModelDistribution
 from coordinator.core.evaluation import Evaluator
 from coordinator.core.handshake import check_hello, open_conn, welcome
+from coordinator.core.issuing import TaskIssuer
 from coordinator.core.layersplit import LOWER, SplitBlocks
 from coordinator.core.leases import (
     LeaseBook,
     LeaseState,
-    TaskPlan,
     TaskState,
-    lease_seconds,
-    task_steps,
 )
 from coordinator.core.orphans import Orphans
 from coordinator.core.reference import job_reference_norms
@@ -145,6 +112,8 @@ class Coordinator:
     refusal_marks: RefusalMarks
     #: a client's answers to its tasks: results and declines (results.py)
     results: ResultPath
+    #: giving a client a task: sized, its download, its lease (issuing.py)
+    issuer: TaskIssuer
     flops_per_sample: float
     #: the stream the norm check's sub-model reference tasks are drawn from
     reference_seq: np.random.SeedSequence
@@ -331,28 +300,6 @@ class Coordinator:
         """Apply logged merges again after ``restore`` (checkpoint.replay)."""
         return checkpoint.replay(self, merges, rows_as_of=rows_as_of)
 
-    def _sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
-        """A new local task's plan with this client's own number of local steps
-        (``tau = "auto"``) and the lr multiplier the strategy sets now."""
-        st = self.job.strategy
-        lr_scale = self.strategy.lr_scale()
-        if st.tau != "auto":
-            return plan if lr_scale == 1.0 else dataclasses.replace(plan, lr_scale=lr_scale)
-        steps = task_steps(
-            flops_per_step=self.flops_per_sample * plan.batch,
-            flops_per_s=rec.rate(),
-            transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
-            bytes_per_s=conn.limits.bytes_per_s,
-            rows=rows,
-            batch=plan.batch,
-            task_seconds=st.task_seconds,
-            transfer_ratio=st.transfer_ratio,
-            max_epochs=st.max_epochs,
-            tau_min=st.tau_min,
-            tau_max=st.tau_max,
-        )
-        return dataclasses.replace(plan, steps=steps, lr_scale=lr_scale)
-
     def _reference_norms(self) -> list[float]:
         """The norm check's yardstick: a few updates computed here (reference.py)."""
         return job_reference_norms(
@@ -497,121 +444,9 @@ class Coordinator:
             plan = self.verifier.twin_for(rec.resume_id) or self.strategy.task_for(view, now)
             if plan is None:
                 continue  # this client waits; another may still get work (a reissue)
-            self._lease(conn, rec, plan, now, out, queued=conn.state is ConnState.PREFETCH)
+            queued = conn.state is ConnState.PREFETCH
+            out.append(self.issuer.lease(conn, rec, plan, now, queued=queued))
             self.connections.leased(conn)
-
-    def _lease(
-        self,
-        conn: Conn,
-        rec: ClientRecord,
-        plan: TaskPlan,
-        now: float,
-        out: list[ev.Output],
-        *,
-        queued: bool = False,
-    ) -> None:
-        """Lease a task to the client and queue its frames; ``queued``: behind the
-        task it still computes (a prefetch)."""
-        if plan.reissue is not None:
-            task = self.book.tasks[plan.reissue]
-            if task.version != self.model.version:
-                raise RuntimeError(f"strategy reissued task {task.task_id} of an old version")
-        else:
-            v = self.model.version if plan.version is None else plan.version
-            rows = self.data.shard(plan.shard).rows  # a mean's weight (FedAvg)
-            if plan.kind == "local" and plan.block is None and plan.version is None:
-                plan = self._sized(plan, conn, rec, rows)  # (a twin keeps its primary's)
-            task = self.book.new_task(plan, version=v, now=now, rows=rows)
-            if self.submodels is not None:
-                task.subnet = self.submodels.choose(
-                    bytes_per_s=conn.limits.bytes_per_s,
-                    flops_per_s=rec.rate(),
-                    samples=task.steps * task.batch,
-                    round=task.round,
-                )
-            self.strategy.on_task_created(task)
-        replica = self.verifier.leased(task, plan, rec, len(self.conns))
-        self.orphans.discard(task.task_id)
-        # A client that builds version 0 from the init seed gets no model at all.
-        sub = task.subnet
-        part = None if self.split is None or task.block is None else self.split.spec_of(task.block)
-        seeded = conn.seeded_init and rec.version_held is None and task.version == 0
-        if sub is not None:  # its slice, whatever the client holds
-            seeded = False
-            dl, conn.delta_chain = self.downloads.subnet(task, conn.limits, conn.spans), 0
-        elif part is not None:  # a layer-split block, the same
-            assert self.split is not None and task.block is not None
-            seeded = False
-            block = self.split.slice(task.block, self.model.params)
-            dl, conn.delta_chain = self.downloads.part(task, block, conn.limits, conn.spans), 0
-        else:
-            dl, conn.delta_chain = self.downloads.plan(
-                task_version=task.version,
-                held=rec.version_held,
-                seeded=seeded,
-                wants_deltas=conn.deltas,
-                chain=conn.delta_chain,
-                limits=conn.limits,
-                spans=conn.spans,
-            )
-        model_bytes = dl.nbytes
-        shard = self.data.shard(task.shard)
-        # The first task naming a shard may wait for its transfer (a cold cache).
-        data_bytes = 0
-        if conn.data and shard.sha256 not in conn.shards_named:
-            if task.shard < len(self.data.shards):  # a boundary shard is named once anyway
-                conn.shards_named.add(shard.sha256)
-            data_bytes = len(shard.blob)
-        trained = part or (self.spec if sub is None else sub.sub)
-        per_sample = self.flops_per_sample if trained is self.spec else trained.flops_per_sample()
-        flops = per_sample * task.steps * task.batch
-        # A queued task starts when the one in front is done: about one task later.
-        compute_s = flops / rec.rate() * (2 if queued else 1)
-        lease_s = lease_seconds(
-            compute_s=compute_s,
-            nbytes=model_bytes + data_bytes + trained.nbytes,
-            bytes_per_s=conn.limits.bytes_per_s,
-            min_s=self.job.lease.min_s,
-            slack=self.job.lease.slack,
-        )
-        lease = self.book.lease(
-            task,
-            conn.client_id,
-            now=now,
-            deadline=now + lease_s,
-            queued=queued,
-            holder=rec.resume_id,
-        )
-        msg = self.tasks.message(
-            task,
-            dl,
-            deadline=float(lease_s),
-            shards=conn.data,
-            seeded=seeded,
-            init_crc=self.v0_crc,
-            part=part,
-            boundary=self.split.cut if part is not None and task.block == LOWER else None,
-        )
-        task_bytes = self.connections.queue(conn, msg)
-        self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))
-        rec.version_sent = dl.version
-        rec.version_held = dl.version if trained is self.spec else None  # a slice is none
-        out.append(
-            ev.TaskLeased(
-                client_id=conn.client_id,
-                task_id=task.task_id,
-                lease_id=lease.lease_id,
-                version=dl.version,
-                shard=task.shard,
-                deadline=lease.deadline,
-                now=now,
-                download=dl.kind,
-                download_bytes=model_bytes,
-                task_bytes=task_bytes,
-                queued=queued,
-                replica=replica,
-            )
-        )
 
     # -- model steps, evaluation, stop ---------------------------------------------
 

@@ -1,0 +1,181 @@
+"""Giving a client a task: the plan sized to the client, its download, its lease.
+
+``TaskIssuer.lease`` turns a strategy's plan (or a replica's) into a task with a
+lease whose deadline covers the client's measured compute and its link, queues
+the task message and its model frames behind whatever the client has queued, and
+returns the ``TaskLeased`` event. A plan sized ``tau = "auto"`` computes for the
+job's ``task_seconds`` and ``transfer_ratio`` times its transfer at the client's
+measured speed (leases.task_steps), its lr scaled as the strategy says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from coordinator.core import events as ev
+from coordinator.core.config import JobConfig
+from coordinator.core.connections import Conn, Connections
+from coordinator.core.data import DataCatalog
+from coordinator.core.downloads import ModelDistribution
+from coordinator.core.layersplit import LOWER, SplitBlocks
+from coordinator.core.leases import LeaseBook, TaskPlan, lease_seconds, task_steps
+from coordinator.core.orphans import Orphans
+from coordinator.core.registry import ClientRecord
+from coordinator.core.replication import Replicator
+from coordinator.core.strategies import ModelState, Strategy
+from coordinator.core.submodel import SubmodelPlanner
+from coordinator.core.taskwriter import TaskWriter
+from nn.spec import ModelSpec
+
+
+@dataclasses.dataclass(eq=False)
+class TaskIssuer:
+    """The core's task-giving half; its collaborators are the core's own parts."""
+
+    job: JobConfig
+    spec: ModelSpec
+    model: ModelState
+    book: LeaseBook
+    data: DataCatalog
+    strategy: Strategy
+    submodels: SubmodelPlanner | None
+    split: SplitBlocks | None
+    verifier: Replicator
+    orphans: Orphans
+    downloads: ModelDistribution
+    tasks: TaskWriter
+    connections: Connections
+    flops_per_sample: float
+    v0_crc: int | None
+
+    def sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
+        """A new local task's plan with this client's own number of local steps
+        (``tau = "auto"``) and the lr multiplier the strategy sets now."""
+        st = self.job.strategy
+        lr_scale = self.strategy.lr_scale()
+        if st.tau != "auto":
+            return plan if lr_scale == 1.0 else dataclasses.replace(plan, lr_scale=lr_scale)
+        steps = task_steps(
+            flops_per_step=self.flops_per_sample * plan.batch,
+            flops_per_s=rec.rate(),
+            transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
+            bytes_per_s=conn.limits.bytes_per_s,
+            rows=rows,
+            batch=plan.batch,
+            task_seconds=st.task_seconds,
+            transfer_ratio=st.transfer_ratio,
+            max_epochs=st.max_epochs,
+            tau_min=st.tau_min,
+            tau_max=st.tau_max,
+        )
+        return dataclasses.replace(plan, steps=steps, lr_scale=lr_scale)
+
+    def lease(
+        self,
+        conn: Conn,
+        rec: ClientRecord,
+        plan: TaskPlan,
+        now: float,
+        *,
+        queued: bool = False,
+    ) -> ev.TaskLeased:
+        """Lease a task to the client and queue its frames; ``queued``: behind the
+        task it still computes (a prefetch)."""
+        if plan.reissue is not None:
+            task = self.book.tasks[plan.reissue]
+            if task.version != self.model.version:
+                raise RuntimeError(f"strategy reissued task {task.task_id} of an old version")
+        else:
+            v = self.model.version if plan.version is None else plan.version
+            rows = self.data.shard(plan.shard).rows  # a mean's weight (FedAvg)
+            if plan.kind == "local" and plan.block is None and plan.version is None:
+                plan = self.sized(plan, conn, rec, rows)  # (a twin keeps its primary's)
+            task = self.book.new_task(plan, version=v, now=now, rows=rows)
+            if self.submodels is not None:
+                task.subnet = self.submodels.choose(
+                    bytes_per_s=conn.limits.bytes_per_s,
+                    flops_per_s=rec.rate(),
+                    samples=task.steps * task.batch,
+                    round=task.round,
+                )
+            self.strategy.on_task_created(task)
+        replica = self.verifier.leased(task, plan, rec, len(self.connections.by_id))
+        self.orphans.discard(task.task_id)
+        # A client that builds version 0 from the init seed gets no model at all.
+        sub = task.subnet
+        part = None if self.split is None or task.block is None else self.split.spec_of(task.block)
+        seeded = conn.seeded_init and rec.version_held is None and task.version == 0
+        if sub is not None:  # its slice, whatever the client holds
+            seeded = False
+            dl, conn.delta_chain = self.downloads.subnet(task, conn.limits, conn.spans), 0
+        elif part is not None:  # a layer-split block, the same
+            assert self.split is not None and task.block is not None
+            seeded = False
+            block = self.split.slice(task.block, self.model.params)
+            dl, conn.delta_chain = self.downloads.part(task, block, conn.limits, conn.spans), 0
+        else:
+            dl, conn.delta_chain = self.downloads.plan(
+                task_version=task.version,
+                held=rec.version_held,
+                seeded=seeded,
+                wants_deltas=conn.deltas,
+                chain=conn.delta_chain,
+                limits=conn.limits,
+                spans=conn.spans,
+            )
+        model_bytes = dl.nbytes
+        shard = self.data.shard(task.shard)
+        # The first task naming a shard may wait for its transfer (a cold cache).
+        data_bytes = 0
+        if conn.data and shard.sha256 not in conn.shards_named:
+            if task.shard < len(self.data.shards):  # a boundary shard is named once anyway
+                conn.shards_named.add(shard.sha256)
+            data_bytes = len(shard.blob)
+        trained = part or (self.spec if sub is None else sub.sub)
+        per_sample = self.flops_per_sample if trained is self.spec else trained.flops_per_sample()
+        flops = per_sample * task.steps * task.batch
+        # A queued task starts when the one in front is done: about one task later.
+        compute_s = flops / rec.rate() * (2 if queued else 1)
+        lease_s = lease_seconds(
+            compute_s=compute_s,
+            nbytes=model_bytes + data_bytes + trained.nbytes,
+            bytes_per_s=conn.limits.bytes_per_s,
+            min_s=self.job.lease.min_s,
+            slack=self.job.lease.slack,
+        )
+        lease = self.book.lease(
+            task,
+            conn.client_id,
+            now=now,
+            deadline=now + lease_s,
+            queued=queued,
+            holder=rec.resume_id,
+        )
+        msg = self.tasks.message(
+            task,
+            dl,
+            deadline=float(lease_s),
+            shards=conn.data,
+            seeded=seeded,
+            init_crc=self.v0_crc,
+            part=part,
+            boundary=self.split.cut if part is not None and task.block == LOWER else None,
+        )
+        task_bytes = self.connections.queue(conn, msg)
+        self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))
+        rec.version_sent = dl.version
+        rec.version_held = dl.version if trained is self.spec else None  # a slice is none
+        return ev.TaskLeased(
+            client_id=conn.client_id,
+            task_id=task.task_id,
+            lease_id=lease.lease_id,
+            version=dl.version,
+            shard=task.shard,
+            deadline=lease.deadline,
+            now=now,
+            download=dl.kind,
+            download_bytes=model_bytes,
+            task_bytes=task_bytes,
+            queued=queued,
+            replica=replica,
+        )
