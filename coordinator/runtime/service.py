@@ -76,6 +76,7 @@ from coordinator.core.checkpoint import RESTORE_TASK_ID_GAP
 from coordinator.core.config import JobConfig
 from coordinator.core.machine import Coordinator
 from coordinator.core.strategies.layer_split import LayerSplit
+from coordinator.runtime.ackgate import AckGate, GateState
 from coordinator.runtime.history import History
 from coordinator.runtime.journal import Journal
 from coordinator.runtime.persist import from_checkpoint, to_checkpoint
@@ -238,17 +239,11 @@ class CoreService:
         self._gate = threading.Lock()
         self.ack_durable = store is not None if ack_durable is None else ack_durable
         self.durable_interval = durable_interval
-        # Held acks as (sequence number, Send); a snapshot covers every seq up to
-        # the one current when it was taken. Only the core thread touches these.
-        self._held: deque[tuple[int, ev.Send]] = deque()
-        self._seq = 0
+        #: acks held until durable (ackgate.py); only the core thread touches it
+        self.acks = AckGate()
         self._inflight = 0  # snapshots handed to the writer, not yet reported back
         self._written_version = -1  # newest version handed to the writer
-        self._committed: frozenset[int] = frozenset()  # task ids of the newest commit
         self._last_snapshot = -float("inf")
-        # The job's final outputs (bye, close) while acks held before them wait
-        # for their snapshot: (the last held seq they follow, outputs).
-        self._tail: tuple[int, list[ev.Output]] | None = None
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -481,7 +476,7 @@ class CoreService:
         self.stats.restored_from = ckpt.version
         self.history.load(ckpt.metadata.get("history"))
         self._written_version = ckpt.version
-        self._committed = frozenset(int(t) for t in ckpt.applied_results if t.isdigit())
+        self.acks.committed = frozenset(int(t) for t in ckpt.applied_results if t.isdigit())
         log.info("restored checkpoint v%d from %s", ckpt.version, self._store_path)
         return core
 
@@ -640,28 +635,23 @@ class CoreService:
             self._journal.observe(outputs)
             st.journal = self._journal.summary()
         if self.ack_durable:
-            outputs = [o for o in outputs if not self._hold(o)]
-            st.acks_held = len(self._held)
+            outputs = self.acks.admit(outputs, durable=self._journaled)
+            st.acks_held = len(self.acks)
         if self._journal is not None:
             inbox = self._inbox
-            self._journal.sealed(self._seq, lambda cover, ok: inbox.put(("logged", cover, ok)))
+            self._journal.sealed(self.acks.seq, lambda cover, ok: inbox.put(("logged", cover, ok)))
         if checkpoint:  # after holding: the snapshot is of now, so it covers their acks
             self._checkpoint(core)
-        end = next((i for i, o in enumerate(outputs) if isinstance(o, ev.JobFinished)), None)
-        if end is not None and self._held:
-            # The job just ended with acks still held: its byes and closes wait for
-            # them, and one snapshot, taken now, makes them all durable.
-            self._tail = (self._seq, outputs[end + 1 :])
-            outputs = outputs[: end + 1]
-            if not checkpoint:
+        if any(isinstance(o, ev.JobFinished) for o in outputs):
+            outputs = self.acks.end(outputs)
+            if self.acks.state is GateState.ENDING and not checkpoint:
+                # The job just ended with acks still held: its byes and closes wait
+                # for them, and one snapshot, taken now, makes them all durable.
                 self._checkpoint(core)
-        self._dispatch(outputs)
-        if st.finished is not None and self._tail is None:
-            self._flush_out()  # the bye frames leave before anyone waiting on done acts
-            self.done.set()
+        self._release(outputs)
 
-    def _dispatch(self, outputs: list[ev.Output]) -> None:
-        self._out += outputs
+    def _journaled(self, task_id: int) -> bool:
+        return self._journal is not None and task_id in self._journal.durable
 
     def _flush_out(self) -> None:
         """Hand the gathered outputs to every sink (one call each, in order)."""
@@ -672,34 +662,13 @@ class CoreService:
 
     # -- acknowledge after durable -------------------------------------------------
 
-    def _hold(self, o: ev.Output) -> bool:
-        """Hold ``o`` if it is an ack that promises a result is in the model and no
-        committed checkpoint holds that result yet."""
-        if not isinstance(o, ev.Send) or not isinstance(o.message, m.Ack):
-            return False
-        ack = o.message
-        if not ack.accepted and ack.reason != "duplicate":
-            return False  # a refusal promises nothing
-        if (
-            ack.reason == "duplicate"
-            and ack.task_id.isdigit()
-            and (
-                int(ack.task_id) in self._committed
-                or (self._journal is not None and int(ack.task_id) in self._journal.durable)
-            )
-        ):
-            return False
-        self._seq += 1
-        self._held.append((self._seq, o))
-        return True
-
     def _maybe_durable(self, core: Coordinator, now: float) -> None:
         """Group commit: one snapshot for all acks held, at most every interval
         (with a journal, only while it has a gap: otherwise the log releases them)."""
         if self._journal is not None and self._journal.gap is None:
             return
         if (
-            self._held
+            len(self.acks)
             and not self._inflight
             and core.version > self._written_version
             and now >= self._last_snapshot + self.durable_interval
@@ -715,28 +684,12 @@ class CoreService:
         if outcome in ("failed", "no-base"):  # write it again once the interval has passed
             self._written_version = min(self._written_version, version - 1)
             return
-        released: list[ev.Output] = []
         if outcome == "exists":  # an older copy of this version: wait for the next one
-            tail = self._tail
-            if tail is None or cover < tail[0]:
-                return
-            # The job is over: no next version will come. Results taken since that
-            # copy (a sync buffer never merged) are not durable: not taken after all,
-            # and answered so (§6: every result not taken gets ack accepted=false).
-            while self._held and self._held[0][0] <= tail[0]:
-                send = self._held.popleft()[1]
-                task_id = send.message.task_id
-                log.info("job finished: result %s is in no checkpoint; acked stale", task_id)
-                refusal = m.Ack(task_id=task_id, accepted=False, reason="stale")
-                released.append(ev.Send(client_id=send.client_id, message=refusal,
-                                        frame=m.encode(refusal)))  # fmt: skip
-        else:
-            self._committed = tasks
-            if self._journal is not None:
-                self._journal.committed(version, tasks)
-            while self._held and self._held[0][0] <= cover:
-                released.append(self._held.popleft()[1])
-        self._release(released)
+            self._release(self.acks.superseded(cover))
+            return
+        if self._journal is not None:
+            self._journal.committed(version, tasks)
+        self._release(self.acks.committed_upto(cover, tasks))
 
     def _logged(self, cover: int, ok: bool) -> None:
         """The journal reports on the merges of the batch whose acks went up to ``cover``."""
@@ -748,21 +701,16 @@ class CoreService:
             return
         if journal.gap is not None:
             return  # a checkpoint after the gap releases them
-        released: list[ev.Output] = []
-        while self._held and self._held[0][0] <= cover:
-            released.append(self._held.popleft()[1])
-        self._release(released)
+        self._release(self.acks.released_upto(cover))
 
-    def _release(self, released: list[ev.Output]) -> None:
-        """Send acks that became durable; the job's last frames follow the last of them."""
-        self.stats.acks_held = len(self._held)
-        if self._tail is None or (self._held and self._held[0][0] <= self._tail[0]):
-            self._dispatch(released)
-            return
-        self._dispatch(released + self._tail[1])  # every ack before the byes: they go now
-        self._tail = None
-        self._flush_out()
-        self.done.set()
+    def _release(self, outputs: list[ev.Output]) -> None:
+        """Queue outputs for the sinks; once the gate has let the job's last frames
+        go, they leave before anyone waiting on ``done`` acts."""
+        self.stats.acks_held = len(self.acks)
+        self._out += outputs
+        if self.acks.state is GateState.ENDED:
+            self._flush_out()
+            self.done.set()
 
     def _checkpoint(self, core: Coordinator) -> int | None:
         """Snapshot now, write on the writer thread (a whole mapped model: on this
@@ -784,7 +732,7 @@ class CoreService:
             self.job, state, created_at=time.time(), history=self.history.to_json(), params=params
         )
         store, keep, inbox, journal = self.store, self._keep, self._inbox, self._journal
-        cover, tasks = self._seq, frozenset(int(t) for t in state["accepted_tasks"])
+        cover, tasks = self.acks.seq, frozenset(int(t) for t in state["accepted_tasks"])
         self._inflight += 1
         self._written_version = max(self._written_version, ckpt.version)
         self._last_snapshot = time.monotonic()

@@ -104,6 +104,10 @@ def _sent(sink: Sink, kind: type) -> list:
     ]
 
 
+def _never(task_id: int) -> bool:
+    return False
+
+
 def test_acks_of_results_no_checkpoint_holds_at_the_end_become_stale_refusals(tmp_path) -> None:
     """Issue 34 / §6: at the end of a job, results a sync buffer took but never
     merged are in no checkpoint; their held acks were dropped silently. Each is
@@ -112,10 +116,12 @@ def test_acks_of_results_no_checkpoint_holds_at_the_end_become_stale_refusals(tm
     sent: list[ev.Output] = []
     service.add_sink(sent.extend)
     ack = m.Ack(task_id="7", accepted=True)
-    service._held.append((1, ev.Send(client_id="c1", message=ack, frame=m.encode(ack))))
-    service._seq = 1
+    held = service.acks.admit([ev.Send(client_id="c1", message=ack, frame=m.encode(ack))], _never)
+    assert held == []
     bye = m.Bye(reason="finished")
-    service._tail = (1, [ev.Send(client_id="c1", message=bye, frame=m.encode(bye))])
+    finished = ev.JobFinished(version=3, reason="max_versions", accuracy=0.5, now=1.0)
+    tail = [ev.Send(client_id="c1", message=bye, frame=m.encode(bye))]
+    assert service.acks.end([finished, *tail]) == [finished]
     service._inflight = 1
     service._written(1, 3, "exists", frozenset())  # that version's copy was older
     assert [(type(o.message), o.message) for o in sent if isinstance(o, ev.Send)] == [
