@@ -38,8 +38,10 @@ SANS_IO = [
     ),
     ROOT / "coordinator/replication.py",
     *sorted((ROOT / "coordinator/strategies").glob("*.py")),
-    ROOT / "client/session.py",
-    ROOT / "client/compute.py",
+    *(
+        ROOT / "client" / f"{name}.py"
+        for name in ("session", "actions", "model", "shards", "results", "compute")
+    ),
 ]
 FORBIDDEN = {"asyncio", "websockets", "uvicorn", "time", "random", "socket", "threading"}
 
