@@ -57,7 +57,8 @@ from coordinator.core.submodel import encoded_bytes  # noqa: E402
 from nn.data import load_dataset  # noqa: E402
 from nn.subnet import sub_spec  # noqa: E402
 from nn.threads import set_threads  # noqa: E402
-from simulations.driver import Simulation, linear_evaluations  # noqa: E402
+from simulations.driver import Simulation  # noqa: E402
+from simulations.linear import linear_evaluations  # noqa: E402
 from simulations.scenario import load_raw, parse_scenario, resolve  # noqa: E402
 from testkit.loopback import Loopback  # noqa: E402
 

@@ -3,7 +3,7 @@ first accepted result, cold and warm, phase by phase.
 
 A real coordinator (the default job: digits, [64, 128, 10], shards served by the
 coordinator) runs in this process and is ready before the clock starts; then one
-real ``python -m client.desktop URL`` process is launched with the client's own
+real ``crowdgrad client URL`` process is launched with the client's own
 defaults (it measures its FLOP/s, no ``--flops``). The clock starts just before
 the launch. Time stamps, all on the machine's monotonic clock (shared by both
 processes):
@@ -23,9 +23,10 @@ processes):
 Where the core's events cannot say it (the first three and the compute), the
 client process is launched as ``python -c`` with a few lines that stamp the time,
 wrap ``measure_flops`` and ``run_task`` to stamp their ends, then run
-``client.desktop`` as ``__main__`` exactly as ``python -m client.desktop`` does
-(``--entry cli``: ``crowdgrad.cli.main``, as ``crowdgrad client URL`` does; the
-imports of its parser then fall in the ``flops`` phase).
+``crowdgrad.cli.main`` as ``crowdgrad client URL`` does (the imports of its
+parser fall in the ``flops`` phase). ``--entry module`` runs ``client.desktop``
+as ``__main__`` instead, as ``python -m client.desktop`` did: for a
+``--client-root`` checkout from before the command line left ``client/``.
 
 - ``cold``: an empty ``NUMBA_CACHE_DIR`` (every kernel the client uses compiles,
   as on the first run after an install) and an empty cache folder (shards, the
@@ -68,7 +69,7 @@ from coordinator.runtime.service import CoreService  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("interpreter", "imports", "flops", "hello", "task", "computing", "computed", "accepted")
 
-#: The client process: stamps around ``python -m client.desktop``'s own work.
+#: The client process: stamps around ``crowdgrad client``'s own work.
 _CLIENT = """
 import time; _t0 = time.monotonic()
 import os, runpy, sys
@@ -214,8 +215,8 @@ def main() -> None:
     ap.add_argument(
         "--entry",
         choices=("module", "cli"),
-        default="module",
-        help="python -m client.desktop (default) or crowdgrad client",
+        default="cli",
+        help="crowdgrad client (default) or python -m client.desktop (an older --client-root)",
     )
     args = ap.parse_args()
     load_before = os.getloadavg()

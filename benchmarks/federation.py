@@ -28,7 +28,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 from nn.threads import set_threads  # noqa: E402
-from simulations.driver import run_scenario  # noqa: E402
+from simulations.runner import run_scenario  # noqa: E402
 from simulations.scenario import load_raw, parse_scenario, resolve  # noqa: E402
 
 SCENARIO = "federation-8x64"

@@ -89,7 +89,7 @@ def one_run(profile: str, mode: str, cache: Path) -> dict:
                 disk.put(s.sha256, s.blob)
         extra = ["--no-data-fetch"] if mode == "own data" else ["--cache-dir", str(cache)]
         env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        cmd = [sys.executable, "-m", "client.desktop", bg.url, "--flops", "1e9", *extra]
+        cmd = [sys.executable, "-m", "crowdgrad", "client", bg.url, "--flops", "1e9", *extra]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
         try:
             if not clock.done.wait(120):

@@ -46,7 +46,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 from nn.threads import set_threads  # noqa: E402
-from simulations.driver import Simulation, linear_evaluations  # noqa: E402
+from simulations.driver import Simulation  # noqa: E402
+from simulations.linear import linear_evaluations  # noqa: E402
 from simulations.scenario import load_raw, parse_scenario, resolve  # noqa: E402
 
 HOUR = 3600.0

@@ -71,7 +71,7 @@ class ComputeOutput:
 
 
 #: The task seed's generator stream for batch sampling (docs/protocol.md §12.1;
-#: stream 1 is stochastic rounding, ``client.session.ROUNDING_STREAM``).
+#: stream 1 is stochastic rounding, ``client.results.ROUNDING_STREAM``).
 SAMPLING_STREAM = 0
 
 

@@ -1,57 +1,25 @@
 """The desktop client: asyncio + websockets driving a ClientSession, compute on a worker thread.
 
-Theory of operation. The event loop owns the socket and the session: every
-session call happens on it, with ``now = time.monotonic()``. A ComputeRequest
-runs on a one-thread executor (the numba kernels release the GIL), so
-heartbeats keep flowing while a task computes; its result comes back to the
-loop through the future's callback. The compute thread runs at idle priority
-(``--priority idle``, the default: client.priority), so it takes only CPU that
-nothing else wants and a game beside it keeps its frames; the IO thread stays
-at normal priority, so heartbeats keep flowing. With ``cpu_share < 1`` a train
-task also runs in slices of about ``slice_s`` seconds with a sleep of
-``(1 - S) / S`` × the slice between them, for people who want their fans quiet.
-
-The connection is retried with exponential backoff and full jitter (AWS
-architecture blog, "Exponential Backoff And Jitter"); the session keeps its
-resume token, its cached model and any unacknowledged result across
-reconnects, and the coordinator applies that result at most once. Close codes
-that retrying cannot fix (join token refused, version or codecs not served)
-end the client with exit code 2; a ``bye`` saying the job is ``finished`` ends it
-with exit code 0, without reconnecting. A task whose compute raises is declined
-(the coordinator gives it to another client at once). A frame from the
-coordinator that does not decode is answered with ``error`` and a close with
-4000 + its error code (docs/protocol.md §7).
-
-Stopping (Ctrl-C, SIGTERM): the task in hand is finished if that takes at most
-``stop_grace`` seconds, else abandoned; then ``bye`` and close 1000; exit 0.
-
-What the person sees goes through a reporter (client.report): a sentence when it
-joins, a progress line, a sentence for each connection problem (fatal ones, which
-retrying cannot fix, end the client with exit code 2) and a summary when it
-leaves. Failures retried with backoff are said when they change, and every tenth
-attempt.
-
-Why long: one process's IO around the sans-IO session: connect and backoff,
-the compute thread, priority, data and cache, the console report and the
-CLI; each part is a few small methods over the same connection state.
+The event loop owns the socket and the session: every session call happens on
+it, with ``now = time.monotonic()``. A ComputeRequest runs on a one-thread
+executor at idle priority (client.priority; the numba kernels release the GIL),
+so heartbeats keep flowing while a task computes; below ``cpu_share`` 1 a train
+task runs in slices with sleeps between them. Reconnects, close codes and the
+join token are client.base's. ``run()`` returns the exit code: 0 the job finished
+or the client was stopped (the task in hand finished within ``stop_grace``, else
+abandoned; then ``bye``), 1 gave up (``max_attempts``), 2 refused. What the
+person sees goes to a reporter (client.report); more in docs/client.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import platform
-import random
-import signal
 import socket
-import ssl
-import sys
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -63,6 +31,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from client import priority as prio
+from client.actions import Close, ComputeRequest, Send
+from client.base import FATAL_CLOSE_CODES, MAX_FRAME_BYTES, ClientBase
 from client.compute import ComputeOutput, SlicedTask, run_task
 from client.datacache import DiskCache, MemoryCache, ShardCache, default_cache_dir
 from client.flops import cached_flops, measure_flops
@@ -78,31 +48,15 @@ from client.report import (
     progress_line,
     summary,
 )
-from client.session import Capabilities, ClientSession, Close, ComputeRequest, Finished, Send
-from compression import codecs
+from client.session import ClientSession
 from nn.data import Dataset
-from nn.spec import INIT_SCHEME, ModelSpec
+from nn.spec import ModelSpec
 from protocol import messages as m
-from protocol.errors import CLOSE_CODES, ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
 
 #: the FLOP/s measurement's file in the cache folder, beside the shards
 FLOPS_FILE = "flops.json"
-
-#: Close codes after which reconnecting cannot help (after ``REPLACED`` the
-#: session lives on in a newer connection; reconnecting would take it back).
-FATAL_CLOSE_CODES = frozenset(
-    CLOSE_CODES[c]
-    for c in (
-        ErrorCode.AUTH_FAILED,
-        ErrorCode.UNSUPPORTED_VERSION,
-        ErrorCode.BAD_FIELD,
-        ErrorCode.REPLACED,
-    )
-)
-#: Largest frame accepted from a coordinator (the "unlimited" profile + envelope).
-MAX_FRAME_BYTES = 256 * 1024 * 1024 + 64 * 1024
 
 
 class FatalClose(Exception):
@@ -118,7 +72,7 @@ class ClientStats:
     last_close: tuple[int, str] | None = None
 
 
-class DesktopClient:
+class DesktopClient(ClientBase):
     """One volunteer: ``await DesktopClient(url).run()`` returns an exit code."""
 
     def __init__(
@@ -154,13 +108,18 @@ class DesktopClient:
         person go (default: the log, client.report.LogReporter)."""
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
-        if not backoff_base > 0 or backoff_cap < backoff_base:
-            raise ValueError(
-                f"backoff: need 0 < base <= cap, got base {backoff_base!r}, cap {backoff_cap!r}"
-            )
-        self.url = url
+        self.seed = seed if seed is not None else os.getpid()
+        super().__init__(
+            url,
+            token=token,
+            seed=self.seed,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            max_attempts=max_attempts,
+            ca=ca,
+            clock=time.monotonic,
+        )
         self.name = name or f"{socket.gethostname()[:40]}-{os.getpid()}"
-        self.token = token
         self.cpu_share = float(cpu_share)
         try:
             self.priority = prio.Priority(priority)
@@ -171,10 +130,6 @@ class DesktopClient:
         self.platform_name = platform_name
         self.data = data
         self.flops = flops
-        self.seed = seed if seed is not None else os.getpid()
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self.max_attempts = max_attempts
         self.stop_grace = stop_grace
         self.slice_s = slice_s
         self.seeded_init = seeded_init
@@ -185,16 +140,6 @@ class DesktopClient:
         #: where the FLOP/s measurement is kept between runs (None: measured each run)
         self.flops_file: Path | None = folder / FLOPS_FILE if cache else None
         self.fetch_data = fetch_data
-        #: wss:// trusts these certificates (a self-signed coordinator's) instead of
-        #: the system's store
-        self.ssl: ssl.SSLContext | None = None
-        if ca is not None:
-            if not url.startswith("wss://"):
-                raise ValueError(f"--ca: {url} is not a wss:// URL")
-            try:
-                self.ssl = ssl.create_default_context(cafile=os.fspath(ca))
-            except (OSError, ssl.SSLError) as exc:
-                raise ValueError(f"--ca {ca}: {exc}") from None
         self.stats = ClientStats()
         self.reporter: Reporter = reporter if reporter is not None else LogReporter()
         self.tally = Tally(started=time.monotonic())
@@ -202,8 +147,6 @@ class DesktopClient:
         self.left: str | None = None
         self._last_problem: str | None = None
         self._spec: ModelSpec | None = None
-        self.session: ClientSession | None = None
-        self._jitter = random.Random(self.seed)
         self._pool = ThreadPoolExecutor(
             1,
             thread_name_prefix="crowdgrad-compute",
@@ -245,13 +188,11 @@ class DesktopClient:
         try:
             if self.flops is None:
                 self.flops = await self._loop.run_in_executor(self._pool, self._measure_flops)
-            caps = Capabilities(
+            caps = self._capabilities(
                 flops=float(self.flops),
                 cores=max(1, min(4096, os.cpu_count() or 1)),
-                platform=(self.platform_name or platform.platform())[:64],
-                codecs=tuple(n for n in codecs.names() if len(n) <= 32)[:32],
+                platform=self.platform_name or platform.platform(),
                 seeded_init=self.seeded_init,
-                init_schemes=(INIT_SCHEME,) if self.seeded_init else (),
                 prefetch=self.prefetch,
                 data=self.fetch_data,
             )
@@ -307,12 +248,11 @@ class DesktopClient:
 
     async def _connect_loop(self) -> int:
         assert self._stop is not None
-        attempt = 0
         while not self._stop.is_set():
             welcomed_before = self.stats.welcomed
             failure: Failure | None = None
             try:
-                tls = {} if self.ssl is None else {"ssl": self.ssl}  # wss: system store
+                tls = {} if self.tls is None else {"ssl": self.tls}  # wss: system store
                 async with connect(
                     self.url, max_size=MAX_FRAME_BYTES, compression=None, open_timeout=10, **tls
                 ) as ws:
@@ -327,27 +267,20 @@ class DesktopClient:
                 failure = connect_failure(exc, self.url, joined=self.stats.welcomed > 0)
             finally:
                 self._ws = None
-                if self.session is not None and self.session.phase.value in (
-                    "hello_sent",
-                    "ready",
-                ):
-                    self.session.connection_lost(time.monotonic())
+                self._lost()
             if self._finished:
                 return 0
             if failure is not None and failure.fatal:
                 self.left = failure.text
                 self._problem(failure, 0)
                 return 2
-            if self.stats.welcomed > welcomed_before:
-                attempt = 0
-            attempt += 1
-            if self.max_attempts is not None and attempt > self.max_attempts:
+            delay = self.backoff.next(joined=self.stats.welcomed > welcomed_before)
+            if delay is None:
                 last = f" ({failure.text})" if failure is not None else ""
-                self.left = f"gave up after {attempt} attempts{last}"
+                self.left = f"gave up after {self.backoff.attempt} attempts{last}"
                 return 1
-            delay = self._jitter.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
             if failure is not None and not self._stop.is_set():
-                self._problem(failure, attempt, delay)
+                self._problem(failure, self.backoff.attempt, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
         return 0
@@ -377,27 +310,21 @@ class DesktopClient:
 
     async def _read(self, ws: ClientConnection) -> None:
         async for frame in ws:
-            session = self.session
-            assert session is not None
             self.tally.bytes_down += len(frame)
-            try:
-                if isinstance(frame, str):
-                    raise ProtocolError(ErrorCode.MALFORMED, "a text frame (binary only)")
-                msg = m.decode(frame)
-            except ProtocolError as exc:
-                log.warning("bad frame from the coordinator: %s", exc)
-                for a in session.refuse(exc, time.monotonic()):
+            if not self.connected:
+                return
+            msg, actions = self._frame_in(frame, time.monotonic())
+            if msg is None:  # refused: the error, then the close, before this connection ends
+                for a in actions:
                     with contextlib.suppress(ConnectionClosed):
                         if isinstance(a, Send):
                             await ws.send(a.frame)
                         elif isinstance(a, Close):
                             await ws.close(a.code, a.reason)
                 return
-            if session.phase.value not in ("hello_sent", "ready"):
-                return
             if isinstance(msg, m.Welcome):
                 self.stats.welcomed += 1
-            self._do(session.receive(msg, time.monotonic()))
+            self._do(actions)
             self._note(msg)
             if self._finished:
                 await ws.close(1000, "job finished")
@@ -450,45 +377,38 @@ class DesktopClient:
             time.monotonic() < deadline
         ):
             await asyncio.sleep(0.05)
-        if session.computing is not None or session.pending is not None:
+        if self.busy:
             self.stats.abandoned += 1
-            log.info("stopping: task abandoned")
-        session.computing = None  # a slice in progress sees this and stops
+        bye = self._leave()
         with contextlib.suppress(ConnectionClosed):
-            await ws.send(m.encode(m.Bye(reason="client stopping")))
+            await ws.send(bye)
             await ws.close(1000, "bye")
         self._finished = True
 
     # -- session actions -----------------------------------------------------------
 
-    def _do(self, actions: list[Any]) -> None:
-        for a in actions:
-            match a:
-                case Send():
-                    ws = self._ws
-                    if ws is not None:
-                        self._spawn(self._send(ws, self._with_token(a)))
-                case ComputeRequest():
-                    self._start_compute(a)
-                case Finished():
-                    log.info("job finished: %s", a.reason)
-                    self._finished = True
-                    if self.session is not None and self.session.bye is not None:
-                        self.left = f"the job finished ({a.reason})"
-                    else:
-                        self.left = f"this client cannot take part: {a.reason}"
-                case Close():
-                    ws = self._ws
-                    if ws is not None:
-                        self._spawn(ws.close(a.code, a.reason))
+    # -- the session's actions (client.base) ---------------------------------------------
+
+    def _send_frame(self, frame: bytes) -> None:
+        ws = self._ws
+        if ws is not None:
+            self._spawn(self._send(ws, frame))
+
+    def _job_finished(self, reason: str) -> None:
+        self._finished = True
+        if self.session is not None and self.session.bye is not None:
+            self.left = f"the job finished ({reason})"
+        else:
+            self.left = f"this client cannot take part: {reason}"
+
+    def _close_link(self, code: int, reason: str) -> None:
+        ws = self._ws
+        if ws is not None:
+            self._spawn(ws.close(code, reason))
+
+    def _acted(self) -> None:
         if self._kick is not None:
             self._kick.set()
-
-    def _with_token(self, send: Send) -> bytes:
-        # The session's Capabilities carry no join token yet; add it to hello here.
-        if self.token is not None and isinstance(send.message, m.Hello):
-            return m.encode(dataclasses.replace(send.message, token=self.token))
-        return send.frame
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -518,29 +438,14 @@ class DesktopClient:
                 return
             exc = f.exception()
             if exc is not None:
-                log.error("task %s failed: %s", req.task.task_id, exc)
-                word = "memory" if isinstance(exc, MemoryError) else "compute"
-                reason = f"{word}: {type(exc).__name__}: {exc}"
-                self._do(session.compute_failed(req.request_id, reason, time.monotonic()))
+                self._compute_raised(req, exc)
                 return
             out = f.result()
             if out is None:  # superseded while sliced
                 return
             self.stats.computed += 1
             self.tally.tasks += 1
-            self._do(
-                session.compute_done(
-                    req.request_id,
-                    out.update,
-                    time.monotonic(),
-                    loss=out.loss,
-                    samples=out.samples,
-                    steps=out.steps,
-                    compute_seconds=time.monotonic() - started,
-                    metrics=out.metrics,
-                    boundary=out.boundary,
-                )
-            )
+            self._computed(req, out, time.monotonic() - started)
 
         fut.add_done_callback(done)
 
@@ -574,137 +479,3 @@ class DesktopClient:
             sliced.run(k)
             time.sleep((time.perf_counter() - t0) * pause)
         return sliced.output()
-
-
-# -- command line ----------------------------------------------------------------------
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="the coordinator's websocket URL (ws://host:port/ws)")
-    p.add_argument("--name", help="shown on the coordinator (default: host-pid)")
-    p.add_argument("--token", default=os.environ.get("CROWDGRAD_JOIN_TOKEN"), help="join token")
-    p.add_argument(
-        "--cpu-share",
-        type=float,
-        default=1.0,
-        help="fraction of one core to use, in (0, 1] (default 1: as fast as possible)",
-    )
-    p.add_argument(
-        "--priority",
-        choices=[p.value for p in prio.Priority],
-        default=prio.Priority.IDLE.value,
-        help="of the compute threads: idle (default: SCHED_IDLE on Linux, the lowest "
-        "class elsewhere; only CPU nothing else wants) or normal",
-    )
-    p.add_argument(
-        "--flops",
-        type=float,
-        help="report this training FLOP/s instead of the start-up measurement (kept "
-        "in the cache folder for a day)",
-    )
-    p.add_argument("--seed", type=int, help="seeds update codecs and jitter (default: pid)")
-    p.add_argument("--max-attempts", type=int, help="give up after this many failed connects")
-    p.add_argument("--stop-grace", type=float, default=3.0, help="seconds to finish a task")
-    p.add_argument(
-        "--no-seeded-init",
-        dest="seeded_init",
-        action="store_false",
-        help="download version 0 instead of building it from the job's init seed "
-        "(announces no init scheme, docs/protocol.md §12.3)",
-    )
-    p.add_argument(
-        "--no-prefetch",
-        dest="prefetch",
-        action="store_false",
-        help="wait for each task instead of fetching the next one while computing",
-    )
-    p.add_argument(
-        "--cache-dir",
-        help="where fetched data shards are kept, one file per sha256, and the FLOP/s "
-        "measurement (default: $CROWDGRAD_CACHE_DIR, else $XDG_CACHE_HOME/crowdgrad/data, "
-        "else ~/.cache/crowdgrad/data)",
-    )
-    p.add_argument(
-        "--no-cache",
-        dest="cache",
-        action="store_false",
-        help="keep fetched shards in memory only (fetch them again next run) and "
-        "measure FLOP/s at every start",
-    )
-    p.add_argument(
-        "--ca",
-        metavar="PEM",
-        help="for wss:// URLs: trust these CA certificates (e.g. a self-signed "
-        "coordinator's) instead of the system's",
-    )
-    p.add_argument(
-        "-q",
-        "--quiet",
-        action="store_true",
-        help="say only what went wrong (no join, progress or summary lines)",
-    )
-    p.add_argument(
-        "--progress-interval",
-        type=float,
-        metavar="SECONDS",
-        help="seconds between progress lines (default: 1 on a terminal, where the line "
-        "updates in place, else 30; 0: none)",
-    )
-    p.add_argument(
-        "--no-data-fetch",
-        dest="fetch_data",
-        action="store_false",
-        help="load the job's built-in dataset on this machine instead of fetching shards "
-        "(refused by jobs whose data is a file)",
-    )
-
-
-def client_from_args(args: argparse.Namespace, reporter: Reporter | None = None) -> DesktopClient:
-    return DesktopClient(
-        args.url,
-        name=args.name,
-        token=args.token,
-        cpu_share=args.cpu_share,
-        flops=args.flops,
-        seed=args.seed,
-        max_attempts=args.max_attempts,
-        stop_grace=args.stop_grace,
-        seeded_init=args.seeded_init,
-        prefetch=args.prefetch,
-        cache_dir=args.cache_dir,
-        cache=args.cache,
-        fetch_data=args.fetch_data,
-        ca=args.ca,
-        priority=args.priority,
-        lower_pools=True,
-        reporter=reporter,
-    )
-
-
-async def run_until_signal(client: DesktopClient) -> int:
-    """Run ``client`` with SIGINT/SIGTERM wired to a graceful stop."""
-    loop = asyncio.get_running_loop()
-    for sig, why in ((signal.SIGINT, "stopped (Ctrl-C)"), (signal.SIGTERM, "stopped (SIGTERM)")):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, client.request_stop, why)
-    return await client.run()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m client.desktop", description=__doc__)
-    add_arguments(p)
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    args = p.parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from crowdgrad.commands.client import run  # the CLI's console (rich)
-
-    try:
-        return run(args)
-    except ValueError as exc:
-        log.error("client: %s", exc)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,9 @@
-"""How fast this machine trains, measured once at start and reported in hello.
+"""How fast this machine trains, as hello reports it: measured with the real kernels.
 
-The coordinator sizes leases from it (deadline = slack × predicted time), so a
-number measured with the real kernels on a real-sized layer beats a guess.
-
-The measurement costs 0.2 s of CPU at every start, a quarter of a client's
-start-up (docs/performance.md, "Client start"), for a figure that changes only
-with the machine. So the desktop client keeps it beside its shards
-(``cached_flops``) for a day, keyed by the CPU, its core count and the numba and
-crowdgrad versions; the coordinator refines it from each result's compute time
-anyway (``ClientRecord.observe_speed``).
+``measure_flops`` times training steps of a probe model for ``budget_s``;
+``cached_flops`` keeps a measurement in a file for a day, for the machine it
+was taken on (CPU, core count, numba and crowdgrad versions). Why it is kept:
+docs/client.md, "FLOP/s".
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +68,6 @@ def probe_key() -> str:
     the kernels that ran (numba's and crowdgrad's versions)."""
     import numba
 
-    from crowdgrad import __version__
-
     cpu = platform.processor() or "?"
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -83,8 +77,16 @@ def probe_key() -> str:
         pass
     return (
         f"{platform.machine()} | {cpu} | {os.cpu_count()} cores | numba {numba.__version__} "
-        f"| crowdgrad {__version__} | {PROBE_WIDTHS}"
+        f"| crowdgrad {installed_version()} | {PROBE_WIDTHS}"
     )
+
+
+def installed_version() -> str:
+    """The installed crowdgrad's version (what ``crowdgrad.__version__`` says)."""
+    try:
+        return version("crowdgrad")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "0.0.0+local"
 
 
 def cached_flops(

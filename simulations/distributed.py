@@ -38,7 +38,7 @@ def run_point(
     """One grid point with its thread counts pinned (``threads``, default
     ``$CROWDGRAD_THREADS`` or 1); the sequential path and every Ray task call this."""
     from nn.threads import set_threads
-    from simulations.driver import run_scenario
+    from simulations.runner import run_scenario
 
     set_threads(threads)
     return run_scenario(scenario, label=label, point=point, progress=progress)

@@ -39,9 +39,10 @@ from nn.data import Dataset
 from protocol import messages as m
 from simulations.churn import ChurnModel
 from simulations.distributions import Fixed
-from simulations.driver import Player, Simulation, tuned_runtime
+from simulations.driver import Simulation, tuned_runtime
 from simulations.engine import Engine, Event, Priority, stream_seed
 from simulations.network import Link
+from simulations.player import Player
 from simulations.report import RunResult, Sample, run_summary
 from simulations.scenario import ClientsSection, FederationSection, Scenario
 

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import time
 from typing import IO, TYPE_CHECKING, Any
 
-from client.desktop import add_arguments, client_from_args, run_until_signal
+from client.desktop import DesktopClient
+from client.priority import Priority
+from client.report import Reporter
+from crowdgrad.cli import UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -119,6 +124,133 @@ class ConsoleReporter:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="the coordinator's websocket URL (ws://host:port/ws)")
+    p.add_argument("--name", help="shown on the coordinator (default: host-pid)")
+    p.add_argument("--token", default=os.environ.get("CROWDGRAD_JOIN_TOKEN"), help="join token")
+    p.add_argument(
+        "--cpu-share",
+        type=float,
+        default=1.0,
+        help="fraction of one core to use, in (0, 1] (default 1: as fast as possible)",
+    )
+    p.add_argument(
+        "--priority",
+        choices=[p.value for p in Priority],
+        default=Priority.IDLE.value,
+        help="of the compute threads: idle (default: SCHED_IDLE on Linux, the lowest "
+        "class elsewhere; only CPU nothing else wants) or normal",
+    )
+    p.add_argument(
+        "--flops",
+        type=float,
+        help="report this training FLOP/s instead of the start-up measurement (kept "
+        "in the cache folder for a day)",
+    )
+    p.add_argument("--seed", type=int, help="seeds update codecs and jitter (default: pid)")
+    p.add_argument("--max-attempts", type=int, help="give up after this many failed connects")
+    p.add_argument("--stop-grace", type=float, default=3.0, help="seconds to finish a task")
+    p.add_argument(
+        "--no-seeded-init",
+        dest="seeded_init",
+        action="store_false",
+        help="download version 0 instead of building it from the job's init seed "
+        "(announces no init scheme, docs/protocol.md §12.3)",
+    )
+    p.add_argument(
+        "--no-prefetch",
+        dest="prefetch",
+        action="store_false",
+        help="wait for each task instead of fetching the next one while computing",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="where fetched data shards are kept, one file per sha256, and the FLOP/s "
+        "measurement (default: $CROWDGRAD_CACHE_DIR, else $XDG_CACHE_HOME/crowdgrad/data, "
+        "else ~/.cache/crowdgrad/data)",
+    )
+    p.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="keep fetched shards in memory only (fetch them again next run) and "
+        "measure FLOP/s at every start",
+    )
+    p.add_argument(
+        "--ca",
+        metavar="PEM",
+        help="for wss:// URLs: trust these CA certificates (e.g. a self-signed "
+        "coordinator's) instead of the system's",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="say only what went wrong (no join, progress or summary lines)",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between progress lines (default: 1 on a terminal, where the line "
+        "updates in place, else 30; 0: none)",
+    )
+    p.add_argument(
+        "--no-data-fetch",
+        dest="fetch_data",
+        action="store_false",
+        help="load the job's built-in dataset on this machine instead of fetching shards "
+        "(refused by jobs whose data is a file)",
+    )
+
+
+#: The option each DesktopClient argument comes from, to name it in an error.
+OPTION_OF = {"cpu_share": "--cpu-share", "priority": "--priority", "ca": "--ca"}
+
+
+def client_from_args(args: argparse.Namespace, reporter: Reporter | None = None) -> DesktopClient:
+    """The client ``args`` describe; a bad value raises UsageError naming its option."""
+    try:
+        return _client(args, reporter)
+    except ValueError as exc:
+        name, sep, rest = str(exc).partition(":")
+        word = name.split()[0] if name else ""
+        if sep and word in OPTION_OF:
+            raise UsageError(f"{OPTION_OF[word]}{name[len(word) :]}:{rest}") from None
+        raise
+
+
+def _client(args: argparse.Namespace, reporter: Reporter | None) -> DesktopClient:
+    return DesktopClient(
+        args.url,
+        name=args.name,
+        token=args.token,
+        cpu_share=args.cpu_share,
+        flops=args.flops,
+        seed=args.seed,
+        max_attempts=args.max_attempts,
+        stop_grace=args.stop_grace,
+        seeded_init=args.seeded_init,
+        prefetch=args.prefetch,
+        cache_dir=args.cache_dir,
+        cache=args.cache,
+        fetch_data=args.fetch_data,
+        ca=args.ca,
+        priority=args.priority,
+        lower_pools=True,
+        reporter=reporter,
+    )
+
+
+async def run_until_signal(client: DesktopClient) -> int:
+    """Run ``client`` with SIGINT/SIGTERM wired to a graceful stop."""
+    loop = asyncio.get_running_loop()
+    for sig, why in ((signal.SIGINT, "stopped (Ctrl-C)"), (signal.SIGTERM, "stopped (SIGTERM)")):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, client.request_stop, why)
+    return await client.run()
 
 
 def register(sub: argparse._SubParsersAction) -> None:

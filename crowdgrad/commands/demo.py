@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _spawn(url: str, i: int, cpu_share: float, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "client.desktop", url, "--name", f"demo{i}"]
+    cmd = [sys.executable, "-m", "crowdgrad", "client", url, "--name", f"demo{i}"]
     cmd += ["--cpu-share", str(cpu_share), "--seed", str(i)]
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     # stderr to a file, not a pipe nobody reads until the end: a chatty client

@@ -24,8 +24,8 @@ from coordinator.core.strategies import serves_prefetch
 from crowdgrad.cli import UsageError
 from nn.spec import ModelSpec, parse_widths
 from protocol.limits import PROFILES, profile
-from simulations.driver import run_scenario
 from simulations.plan import PlanInputs, estimate, inputs_from_model
+from simulations.runner import run_scenario
 from simulations.scenario import (
     MACHINE_FLOPS,
     PLAYER_FLOPS,

@@ -107,7 +107,7 @@ def test_the_flops_measurement_is_kept_for_this_machine_for_a_day(tmp_path, monk
 def test_seeded_init_flag_reaches_hello() -> None:
     import argparse
 
-    from client.desktop import add_arguments, client_from_args
+    from crowdgrad.commands.client import add_arguments, client_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -118,7 +118,7 @@ def test_seeded_init_flag_reaches_hello() -> None:
 def test_prefetch_flag_reaches_the_session() -> None:
     import argparse
 
-    from client.desktop import add_arguments, client_from_args
+    from crowdgrad.commands.client import add_arguments, client_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -134,8 +134,8 @@ def test_priority_flag_defaults_to_idle_and_reaches_the_compute_thread(
     import sys
 
     from client import priority
-    from client.desktop import add_arguments, client_from_args
     from client.priority import Priority
+    from crowdgrad.commands.client import add_arguments, client_from_args
 
     pools: list[bool] = []
     monkeypatch.setattr(priority, "lower_native_pools", lambda: pools.append(True) or [])

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from client import compute
-from client.ingame import InGameClient, LinkState
+from client.ingame import InGameClient
+from client.link import LinkState
 from coordinator.core import events as ev
 from coordinator.core.assembly import build_core
 from protocol import messages as m

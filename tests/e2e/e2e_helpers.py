@@ -95,8 +95,9 @@ def running(
 
 def spawn_client(url: str, name: str, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "crowdgrad", "client", url, "--name", name, "--flops", "1e9"]
     return subprocess.Popen(
-        [sys.executable, "-m", "client.desktop", url, "--name", name, "--flops", "1e9", *extra],
+        [*cmd, *extra],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -61,7 +61,7 @@ def test_wss_with_a_self_signed_certificate(cert: tuple[Path, Path]) -> None:
             assert service.done.wait(HANG_GUARD_S)
             assert procs["trusting"].wait(60) == 0
         untrusting = subprocess.run(
-            [sys.executable, "-m", "client.desktop", bg.url, "--flops", "1e9",
+            [sys.executable, "-m", "crowdgrad", "client", bg.url, "--flops", "1e9",
              "--max-attempts", "1"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -76,7 +76,7 @@ def test_ca_for_a_plain_url_or_a_bad_file_is_a_usage_error(tmp_path: Path) -> No
     for args in (["ws://127.0.0.1:1/ws", "--ca", "x.pem"],
                  ["wss://127.0.0.1:1/ws", "--ca", str(tmp_path / "none.pem")]):  # fmt: skip
         res = subprocess.run(
-            [sys.executable, "-m", "client.desktop", *args, "--flops", "1e9"],
+            [sys.executable, "-m", "crowdgrad", "client", *args, "--flops", "1e9"],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert res.returncode == 2 and "--ca" in res.stderr

@@ -7,7 +7,8 @@ import pytest
 from coordinator.core import events as ev
 from coordinator.core.leases import TaskState
 from nn.data import load_dataset
-from simulations.driver import Simulation, linear_evaluations
+from simulations.driver import Simulation
+from simulations.linear import linear_evaluations
 from simulations.report import write_report
 from simulations.scenario import parse_scenario
 

@@ -12,7 +12,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from simulations.driver import Simulation, linear_evaluations
+from simulations.driver import Simulation
+from simulations.linear import linear_evaluations
 from simulations.scenario import parse_scenario
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "simulations.py"

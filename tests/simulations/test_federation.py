@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from nn.data import load_dataset
-from simulations.driver import Simulation, run_scenario
+from simulations.driver import Simulation
 from simulations.federation import Federation, run_federation
 from simulations.report import write_report
+from simulations.runner import run_scenario
 from simulations.scenario import ScenarioError, load_raw, parse_scenario, resolve
 
 SMOKE = "federation-smoke"
