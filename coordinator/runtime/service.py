@@ -1,57 +1,17 @@
-"""The simulation thread: owns the Coordinator core, fed by a queue, ticked at a fixed rate.
+"""The core thread: owns the Coordinator core, fed by a queue, ticked at a fixed rate.
 
-Theory of operation (game-server style). The asyncio network thread only
-decodes frames and moves bytes; it ``submit``s facts (connected, received,
-disconnected, admin commands) to a ``queue.SimpleQueue``. This thread takes them one
-by one, calls the core with ``now = time.monotonic()`` and hands every output
-list to ``sink`` (the server forwards frames to its connections with
-``loop.call_soon_threadsafe``). Between inputs it calls ``tick(now)`` at
-``tick_hz`` or earlier at ``next_wakeup()``. Merging a large update therefore
-delays other updates, never the network thread's reads, writes and closes.
+The network thread ``submit``s facts (connected, received, disconnected, admin
+calls) to a ``queue.SimpleQueue``; this thread takes them one by one, calls the
+core with ``now = time.monotonic()`` and hands the outputs to its sinks in
+batches (up to ``MAX_BATCH`` inputs while more are queued, at once when the inbox
+is empty), in order. Between inputs it calls ``tick`` at ``tick_hz`` or earlier at
+``next_wakeup()``. A slow merge delays other updates, never the network thread.
 
-Outputs are handed to the sinks in batches: while more input is queued the
-thread keeps going (up to ``MAX_BATCH`` inputs) and calls each sink once with
-everything produced, in order. Under load this is what keeps the hand-over
-cheap — the server wakes its event loop once per batch, not once per frame —
-and when the inbox is empty a lone input's outputs go out at once.
-
-Checkpoints: the core asks for one (``Checkpoint`` action) every N versions
-and when the job finishes; the service also writes one on ``stop``. The
-state is snapshot on this thread (``state_dict`` copies) and written by a
-single writer thread, so a slow disk never stalls a tick. On start the newest
-valid checkpoint of the store is restored.
-
-Checkpoints after the first are incremental where they can be: a snapshot copies
-only the neuron groups that changed since the last committed checkpoint
-(coordinator/runtime/snapshots.py). A model over ``MAP_ABOVE_PARAMS`` parameters (or any
-with ``mapped=True``) lives in a memory-mapped file beside the store, so it is
-never held twice: a whole checkpoint of it is written from the file (while the
-model trains, when a journal can complete it; else with the core waiting), and a
-restart restores the newest checkpoint into the file.
-
-Acknowledge after durable (``ack_durable``, on by default with a store): the
-``Ack`` frames that tell a client its result is in (accepted, or a duplicate of
-one accepted) are held back until a checkpoint snapshot taken after them has
-been committed by the store, so a crash never loses a result a client saw
-acknowledged. While acks are held, a checkpoint is taken at most every
-``durable_interval`` seconds (group commit: all acks held by then share one
-write) once the model version has moved past the last one written; the store
-refuses a second checkpoint of the same version, so results buffered by a sync
-strategy wait for the version that folds them in. Other frames are not held:
-the client matches an ack by task id, so their order does not matter to it.
-Except at the end of the job: the core's ``bye`` and closes wait until the acks
-held before them are released (a final snapshot is taken at once), so every
-result a client was told is in gets its ack before the ``bye``; the service is
-``done`` only then.
-
-With a journal (coordinator/runtime/journal.py: every result an in-place sub-model
-merge) the held acks are released when the journal reports their merges logged,
-and snapshots are taken only when the job asks (every N versions, the end).
-
-Why long: the core's thread, its inbox and the durable-ack machinery (group
-commit, held acks released by checkpoints or by the journal, the final
-snapshot) share one lock-free loop; split, the ordering guarantees above would
-span modules. What a snapshot copies is in coordinator/runtime/snapshots.py.
+With a store it restores the newest valid checkpoint on start, writes one when
+the core asks and on ``stop`` (runtime/writer.py, on a writer thread), and holds
+each ack that promises a result until a write holds it (runtime/ackgate.py); the
+job's ``bye`` waits behind them and ``done`` is set once it went out. The theory
+and the measurements: docs/operations.md, "Acknowledge after durable".
 """
 
 from __future__ import annotations
@@ -63,8 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +38,16 @@ from coordinator.core.strategies.layer_split import LayerSplit
 from coordinator.runtime.ackgate import AckGate, GateState
 from coordinator.runtime.history import History
 from coordinator.runtime.journal import Journal
-from coordinator.runtime.persist import from_checkpoint, to_checkpoint
+from coordinator.runtime.persist import from_checkpoint
 from coordinator.runtime.snapshots import MappedModel, Snapshots
+from coordinator.runtime.stats import Stats
+from coordinator.runtime.stores import open_store
+from coordinator.runtime.writer import CheckpointWriter
 from nn.data import Dataset
 from nn.mapped import MAP_ABOVE_PARAMS
-from nn.params import Params
 from protocol import messages as m
-from storage.errors import CheckpointExists, NoCheckpoint, StorageError
-from storage.layout import Checkpoint, LiveParams, ParamsPatch
+from storage.layout import Checkpoint
 from storage.limits import StoreLimits
-from storage.retention import RetentionPolicy
 from storage.store import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -97,68 +56,6 @@ Sink = Callable[[list[ev.Output]], None]
 
 #: Most inputs handled before the outputs gathered so far go to the sinks.
 MAX_BATCH = 64
-
-
-@dataclass(slots=True)
-class Stats:
-    """What /api/status shows; written by the core thread, read by anyone (GIL-atomic)."""
-
-    version: int = 0
-    clients: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    leases_expired: int = 0
-    #: tasks clients declined (``decline``: the lease ended before its deadline)
-    declined: int = 0
-    #: tasks leased behind a running one at a client's prefetch
-    tasks_prefetched: int = 0
-    #: shard fetches over the websocket, and the shard bytes they carried
-    data_fetches: int = 0
-    data_bytes: int = 0
-    #: shard downloads by HTTP (GET /data/{sha256}) and their bytes
-    data_http_fetches: int = 0
-    data_http_bytes: int = 0
-    joined: int = 0
-    left: int = 0
-    last_eval: dict[str, float] | None = None
-    finished: dict[str, Any] | None = None
-    checkpoints: int = 0
-    last_checkpoint: int | None = None
-    #: seconds the last checkpoint took to write (snapshot handed over to commit)
-    last_checkpoint_s: float | None = None
-    #: bytes the last checkpoint wrote, and the version it was incremental on
-    last_checkpoint_bytes: int | None = None
-    last_checkpoint_base: int | None = None
-    #: the journal of in-place merges, when the job has one: merges logged, merges
-    #: replayed at start, and whether acks wait for a checkpoint (a gap)
-    journal: dict[str, Any] | None = None
-    restored_from: int | None = None
-    paused: bool = False
-    #: clients (connection ids) with a result held while paused, until it resumes
-    held_results: set[str] = field(default_factory=set)
-    #: acks waiting for a durable checkpoint now, and snapshots taken for them
-    acks_held: int = 0
-    durable_checkpoints: int = 0
-    #: adaptive replication's counters (``Replicator.summary``), when the job has it on
-    replication: dict[str, Any] | None = None
-    #: an edge's standing against its root (coordinator/core/upstream.py), when it is one
-    upstream: dict[str, Any] | None = None
-    #: a layer-split job's blocks: steps of each, boundary shards waiting and leased
-    split: dict[str, Any] | None = None
-    started: float = field(default_factory=time.monotonic)
-    #: (monotonic time, accepted count) samples for the results/s window
-    window: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
-
-    def throughput(self) -> float:
-        """Accepted results per second over the last few seconds."""
-        if len(self.window) < 2:
-            return 0.0
-        (t0, a0), (t1, a1) = self.window[0], self.window[-1]
-        return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
-
-
-class FreshStartRefused(RuntimeError):
-    """The store holds checkpoints and none of them verifies (see ``prepare``)."""
 
 
 class ServiceStopped(RuntimeError):
@@ -205,7 +102,6 @@ class CoreService:
         if mapped is None:
             mapped = job.spec.num_params > MAP_ABOVE_PARAMS
         self._mapped = MappedModel(job.spec, self._store_path) if mapped else None
-        self._snapshots: Snapshots | None = None
         #: the log of in-place merges acks wait for instead of checkpoints, when the
         #: job's results are all in-place merges (coordinator/runtime/journal.py)
         self._journal: Journal | None = None
@@ -219,7 +115,7 @@ class CoreService:
         # SimpleQueue, not Queue: its put takes no Python-level lock, so the network
         # thread never blocks on (and hands the GIL over to) this thread's get.
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._sinks: list[Sink] = []
+        self._sinks: list[Sink] = [self._count]
         #: called on the writer thread with each checkpoint's write time (metrics)
         self.checkpoint_observers: list[Callable[[float], None]] = []
         #: evaluations and throughput over time (GET /api/history), in checkpoints
@@ -228,8 +124,8 @@ class CoreService:
         self.traffic: Callable[[], tuple[int, int]] | None = None
         self._out: list[ev.Output] = []  # outputs not yet handed to the sinks
         self._thread: threading.Thread | None = None
-        self._writer: ThreadPoolExecutor | None = None
-        self._pending_writes: list[Future[Any]] = []
+        #: snapshots and the writer thread that commits them (writer.py), with a store
+        self._writer: CheckpointWriter | None = None
         self.done = threading.Event()
         self.stopped = threading.Event()
         # Set (under ``_gate``) once the core thread takes no more requests: a
@@ -259,11 +155,22 @@ class CoreService:
         if self._mapped is not None:  # the writer thread may copy it as merges go on
             core.model.lock = threading.Lock()
         if self.store is not None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="crowdgrad-ckpt")
-            self._snapshots = Snapshots(core.spec, self.store.param_groups(core.spec))
+            inbox = self._inbox
+            self._writer = writer = CheckpointWriter(
+                self.store,
+                Snapshots(core.spec, self.store.param_groups(core.spec)),
+                job=self.job,
+                mapped=self._mapped is not None,
+                keep=self._keep,
+                stats=self.stats,
+                history=self.history,
+                report=lambda *written: inbox.put(("written", *written)),
+                observers=self.checkpoint_observers,
+            )
             if self._resume is not None:  # before a replay moves the model on from it
-                self._snapshots.restored(self._resume.version, core.model.changed)
+                writer.snapshots.restored(self._resume.version, core.model.changed)
             self._open_journal(core)
+            writer.journal = self._journal
             # Past every id an earlier run may have issued, then reserve this run's.
             floor = self.store.task_ids_reserved()
             if core.book.next_task_id < floor:
@@ -284,7 +191,7 @@ class CoreService:
         self._inbox.put(("stop",))
         self._thread.join(timeout)
         if self._writer is not None:
-            self._writer.shutdown(wait=True)
+            self._writer.close()
             self._writer = None
         if self.store is not None:
             self.store.close()
@@ -380,10 +287,7 @@ class CoreService:
         if wait or self._writer is None:
             store.reserve_task_ids(self._ids_reserved)
             return
-        fut = self._writer.submit(store.reserve_task_ids, self._ids_reserved)
-        fut.add_done_callback(
-            lambda f: f.exception() and log.error("reserving task ids: %s", f.exception())
-        )
+        self._writer.reserve_task_ids(self._ids_reserved)
 
     def _build_core(self) -> Coordinator:
         core = self._make_core()
@@ -394,52 +298,15 @@ class CoreService:
 
     def prepare(self) -> None:
         """Open the store and find the checkpoint to resume from (idempotent; ``start``
-        calls it). Raises FreshStartRefused when the store has checkpoints and none
-        verifies: starting from version 0 would silently drop every acknowledged
-        result, so only ``allow_fresh_start`` may do it."""
+        calls it); raises FreshStartRefused as ``open_store`` does."""
         if self._store_path is None or self.store is not None:
             return
-        store = CheckpointStore.open(self._store_path, limits=self._store_limits)
-        try:
-            into = None if self._mapped is None else self._mapped.blank()
-            self._resume = store.load_latest(into=into)
-        except NoCheckpoint:
-            self._resume = None
-            damaged = [r.version for r in store.backend.records()]
-            if damaged and not self.allow_fresh_start:
-                store.close()
-                raise FreshStartRefused(
-                    f"store {self._store_path}: {len(damaged)} checkpoint(s) "
-                    f"(versions {damaged[0]}..{damaged[-1]}) and none verifies; starting "
-                    "from version 0 would lose every acknowledged result. Inspect it with "
-                    "'crowdgrad checkpoint verify', or pass --allow-fresh-start."
-                ) from None
-            if damaged:
-                kept = self._keep_damaged(store)
-                log.warning(
-                    "store %s: no checkpoint verifies; starting from version 0 as allowed; "
-                    "the damaged checkpoints (versions %d..%d) are kept in %s",
-                    self._store_path, damaged[0], damaged[-1], kept,
-                )  # fmt: skip
-        self.store = store
-
-    def _keep_damaged(self, store: CheckpointStore) -> Path:
-        """Copy a store none of whose checkpoints verifies beside it, before a fresh
-        start writes over them: the fresh run's checkpoints take their version
-        numbers (a quarantined number is free again), and the operator may still
-        want to inspect or salvage them (``crowdgrad checkpoint verify --store``)."""
-        assert self._store_path is not None
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        for n in range(1000):
-            suffix = f".damaged-{stamp}" + (f"-{n}" if n else "")
-            kept = self._store_path.with_name(self._store_path.name + suffix)
-            if not kept.exists():
-                break
-        backup = getattr(store.backend, "backup", None)
-        if backup is None:
-            raise StorageError(f"store {self._store_path}: cannot copy its damaged checkpoints")
-        backup(kept)
-        return kept
+        self.store, self._resume = open_store(
+            self._store_path,
+            limits=self._store_limits,
+            into=None if self._mapped is None else self._mapped.blank(),
+            allow_fresh_start=self.allow_fresh_start,
+        )
 
     @property
     def resume_version(self) -> int | None:
@@ -589,54 +456,14 @@ class CoreService:
         if not outputs:
             return
         self.history.observe(outputs, time.time())
-        st = self.stats
         core = self.core
         assert core is not None
-        checkpoint = False
-        for o in outputs:
-            match o:
-                case ev.Checkpoint():
-                    checkpoint = True
-                case ev.TaskDeclined():
-                    st.declined += 1
-                case ev.ResultAccepted():
-                    st.accepted += 1
-                case ev.ResultRejected():
-                    st.rejected += 1
-                case ev.LeaseExpired():
-                    st.leases_expired += 1
-                case ev.TaskLeased(queued=True):
-                    st.tasks_prefetched += 1
-                case ev.DataServed():
-                    st.data_fetches += 1
-                    st.data_bytes += o.nbytes
-                case ev.ClientJoined():
-                    st.joined += 1
-                case ev.ClientLeft():
-                    st.left += 1
-                case ev.Evaluated():
-                    st.last_eval = {"version": o.version, "accuracy": o.accuracy, "loss": o.loss}
-                    log.info("v%d: accuracy %.4f loss %.4f", o.version, o.accuracy, o.loss)
-                case ev.JobFinished():
-                    st.finished = {"version": o.version, "reason": o.reason, "accuracy": o.accuracy}
-                    log.info("job finished: %s at v%d", o.reason, o.version)
-                case _:
-                    pass
-        st.version = core.version
-        st.clients = len(core.conns)
+        checkpoint = any(isinstance(o, ev.Checkpoint) for o in outputs)
         self._reserve_task_ids(core)
-        if core.verifier.enabled:
-            st.replication = core.verifier.summary()
-        if core.upstream is not None:
-            st.upstream = core.upstream.summary()
-        if isinstance(core.strategy, LayerSplit):
-            st.split = core.strategy.summary()
         if self._journal is not None:
             self._journal.observe(outputs)
-            st.journal = self._journal.summary()
         if self.ack_durable:
             outputs = self.acks.admit(outputs, durable=self._journaled)
-            st.acks_held = len(self.acks)
         if self._journal is not None:
             inbox = self._inbox
             self._journal.sealed(self.acks.seq, lambda cover, ok: inbox.put(("logged", cover, ok)))
@@ -652,6 +479,24 @@ class CoreService:
 
     def _journaled(self, task_id: int) -> bool:
         return self._journal is not None and task_id in self._journal.durable
+
+    def _count(self, outputs: list[ev.Output]) -> None:
+        """The first sink: the counters, and what /api/status reads off the core."""
+        st, core = self.stats, self.core
+        st.count(outputs)
+        st.acks_held = len(self.acks)
+        if core is None:  # not started
+            return
+        st.version = core.version
+        st.clients = len(core.conns)
+        if core.verifier.enabled:
+            st.replication = core.verifier.summary()
+        if core.upstream is not None:
+            st.upstream = core.upstream.summary()
+        if isinstance(core.strategy, LayerSplit):
+            st.split = core.strategy.summary()
+        if self._journal is not None:
+            st.journal = self._journal.summary()
 
     def _flush_out(self) -> None:
         """Hand the gathered outputs to every sink (one call each, in order)."""
@@ -679,8 +524,8 @@ class CoreService:
     def _written(self, cover: int, version: int, outcome: str, tasks: frozenset[int]) -> None:
         """The writer reports on the snapshot that covered held acks up to ``cover``."""
         self._inflight -= 1
-        if self._snapshots is not None:
-            self._snapshots.written(version, outcome)
+        if self._writer is not None:
+            self._writer.snapshots.written(version, outcome)
         if outcome in ("failed", "no-base"):  # write it again once the interval has passed
             self._written_version = min(self._written_version, version - 1)
             return
@@ -713,92 +558,14 @@ class CoreService:
             self.done.set()
 
     def _checkpoint(self, core: Coordinator) -> int | None:
-        """Snapshot now, write on the writer thread (a whole mapped model: on this
-        one, from its file); returns the version or None."""
-        if self.store is None or self._writer is None or self._snapshots is None:
+        """Snapshot now and write (writer.py); returns the version or None."""
+        if self.store is None or self._writer is None:
             return None
-        patch, inline = self._snapshots.take(
-            core.version, core.params, core.model.changed, mapped=self._mapped is not None
-        )
-        state = core.state_dict(params=patch is None and not inline)
-        params: Params | ParamsPatch | LiveParams | None = patch
-        if inline and self._journal is not None and self._journal.gap is None:
-            # Fuzzy: copied group by group on the writer thread while merges go on;
-            # the journal redoes on each group what came after its copy.
-            params, inline = self._live(core, patch), False
-        elif inline and patch is None:
-            params = core.params
-        ckpt = to_checkpoint(
-            self.job, state, created_at=time.time(), history=self.history.to_json(), params=params
-        )
-        store, keep, inbox, journal = self.store, self._keep, self._inbox, self._journal
-        cover, tasks = self.acks.seq, frozenset(int(t) for t in state["accepted_tasks"])
+        version = self._writer.take(core, cover=self.acks.seq)
         self._inflight += 1
-        self._written_version = max(self._written_version, ckpt.version)
+        self._written_version = max(self._written_version, version)
         self._last_snapshot = time.monotonic()
-
-        def write() -> None:
-            outcome = "failed"
-            t0 = time.monotonic()
-            try:
-                info = store.save(ckpt)
-                outcome = "ok"
-                took = time.monotonic() - t0
-                st = self.stats
-                st.last_checkpoint_s, st.last_checkpoint_bytes = took, info.nbytes
-                st.last_checkpoint_base = info.base
-                st.checkpoints += 1
-                st.last_checkpoint = ckpt.version
-                for observe in self.checkpoint_observers:
-                    observe(took)
-            except CheckpointExists:  # same version again (e.g. every-N, then stop)
-                outcome = "exists"
-                return
-            except NoCheckpoint:  # the patch's base was deleted meanwhile
-                log.exception("checkpoint v%d: write failed; acks stay held", ckpt.version)
-                outcome = "no-base"
-                return
-            except Exception:  # a future nobody waits on would swallow it: log here
-                log.exception("checkpoint v%d: write failed; acks stay held", ckpt.version)
-                return
-            finally:
-                inbox.put(("written", cover, ckpt.version, outcome, tasks))
-            if journal is not None:
-                try:
-                    journal.truncate(ckpt.version)
-                except StorageError:
-                    log.exception("checkpoint v%d: journal truncate failed", ckpt.version)
-            if keep:
-                try:
-                    store.prune(RetentionPolicy(keep_last=keep))
-                except StorageError:
-                    log.exception("checkpoint v%d: prune failed", ckpt.version)
-
-        self._pending_writes = [f for f in self._pending_writes if not f.done()]
-        if inline:  # after the writes before it: the store commits versions in order
-            for f in self._pending_writes:
-                f.result()
-            write()
-        else:
-            self._pending_writes.append(self._writer.submit(write))
-        return ckpt.version
-
-    @staticmethod
-    def _live(core: Coordinator, patch: ParamsPatch | None) -> LiveParams:
-        model, whole = core.model, core.model.whole_steps
-
-        def guard() -> None:  # under the model's lock, before each group's copy
-            if model.whole_steps != whole:
-                raise StorageError("a step the journal cannot redo came during the save")
-
-        return LiveParams(
-            params=model.params,
-            lock=model.lock,
-            version=lambda: model.version,
-            base=None if patch is None else patch.base,
-            groups=None if patch is None else frozenset(patch.groups),
-            guard=guard,
-        )
+        return version
 
     def _final_checkpoint(self, core: Coordinator) -> None:
         journal = self._journal
@@ -809,8 +576,8 @@ class CoreService:
                 log.info("stop: v%d is in the journal; no final checkpoint", core.version)
             else:
                 self._checkpoint(core)
-            for f in self._pending_writes:
-                f.result()
+            if self._writer is not None:
+                self._writer.drain()
         except Exception:
             log.exception("final checkpoint failed")
         while True:  # acks the final checkpoint made durable still go out

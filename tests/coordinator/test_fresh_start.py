@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.runtime.service import CoreService, FreshStartRefused
+from coordinator.runtime.service import CoreService
+from coordinator.runtime.stores import FreshStartRefused
 from storage.errors import NoCheckpoint
 from storage.store import CheckpointStore
 from tests.coordinator.coord_helpers import digits, make_job
