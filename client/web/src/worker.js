@@ -54,6 +54,8 @@ class Volunteer {
     this.steps = 0;
     this.busyS = 0;
     this.connects = 0;
+    /** Connections lost and retried: a count, where `status` is only a moment. */
+    this.drops = 0;
     this.status = "idle";
     this.lastError = "";
   }
@@ -140,7 +142,9 @@ class Volunteer {
     const base = BACKOFF_S[Math.min(this.attempt, BACKOFF_S.length - 1)];
     this.attempt += 1;
     const delay = base * (0.5 + Math.random()); // jitter: tabs closed together do not return together
+    this.drops += 1;
     this.status = `offline: retrying in ${delay.toFixed(1)} s (close ${ev.code})`;
+    this.log("info", `connection lost (close ${ev.code}): retry ${this.attempt} in ${delay.toFixed(1)} s`);
     this.report();
     setTimeout(() => this.connect(), delay * 1000);
   }
@@ -365,6 +369,7 @@ class Volunteer {
       steps: this.steps,
       busySeconds: this.busyS,
       connects: this.connects,
+      drops: this.drops,
       rtt: s.rtt,
       finished: this.finished,
       widths: this.spec?.widths ?? null,
