@@ -31,7 +31,9 @@ test: system $(STAMP) web-check web-test
 
 # The browser client (client/web): npm packages from package-lock.json, its
 # bundle and kernels.wasm built into client/web/static (committed: a pip
-# install needs no node). web-check rebuilds both and fails on a difference.
+# install needs no node). web-check type-checks the sources (tsc on their JSDoc
+# types, tsconfig.json and tsconfig.worker.json), rebuilds both and fails on a
+# difference.
 $(WEB_DEPS): $(WEB)/package.json $(WEB)/package-lock.json | system
 	cd $(WEB) && npm ci --no-audit --no-fund --loglevel=error
 	touch $(WEB_DEPS)
@@ -41,6 +43,7 @@ web: system $(WEB_DEPS)
 	cd $(WEB) && node build.mjs
 
 web-check: system $(WEB_DEPS)
+	cd $(WEB) && npm run --silent typecheck
 	sh $(WEB)/wasm/build.sh --check
 	cd $(WEB) && node build.mjs --check
 

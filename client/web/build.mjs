@@ -39,6 +39,9 @@ for (const [name, entry] of Object.entries(BUNDLES)) {
     minify: true,
     legalComments: "none",
     logLevel: "warning",
+    // The sources are type-checked by tsconfig.json (tsc); the bundle depends on
+    // none of its options (its "strict" would make esbuild add "use strict").
+    tsconfigRaw: {},
     banner: { js: "// crowdgrad volunteer client: built by client/web/build.mjs from client/web/src; do not edit." },
   });
 }

@@ -190,12 +190,16 @@ def test_a_checkpoint_taken_while_merges_go_on_restores_with_the_journal(
     from storage import LiveParams, StoreLimits
 
     read = LiveParams.read
+    first_copied, merged = threading.Event(), threading.Event()
 
-    def slow(self, g):  # a slow disk: merges land between the copies
-        time.sleep(0.003)
-        return read(self, g)
+    def held(self, g):  # the writer waits after its first copy until a merge lands
+        copy = read(self, g)
+        if not first_copied.is_set():
+            first_copied.set()
+            assert merged.wait(30), "no merge landed while the checkpoint was copied"
+        return copy
 
-    monkeypatch.setattr(LiveParams, "read", slow)
+    monkeypatch.setattr(LiveParams, "read", held)
     monkeypatch.setattr(snapshots, "COPY_MAX_BYTES", 0)  # every patch copied live too
     job = parse_job({**JOB, "checkpoint": {"every_versions": 0}})
     store, limits = tmp_path / "job.db", StoreLimits(max_chunk_bytes=1 << 14)
@@ -211,6 +215,9 @@ def test_a_checkpoint_taken_while_merges_go_on_restores_with_the_journal(
                 service.submit_receive("a", msg, len(m.encode(msg)))
             if n == 5:
                 service.checkpoint_now()  # not waited for: results keep coming
+                assert first_copied.wait(30)
+            if n == 7:  # task 7 was leased after result 6, sent after the first copy, merged
+                merged.set()
         final = service.call(lambda c: c.params.data.copy()).result(30)
     with CheckpointStore.open(store, readonly=True) as s:
         newest = s.load(s.versions()[-1])
@@ -236,18 +243,21 @@ def test_no_ack_leaves_before_its_merge_is_in_the_log(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(DeltaLog, "append", held)
     service, sink, acks = _journaled_service(tmp_path / "job.db")
+    acked = threading.Event()  # set by the sink after the one that gathers acks
+    service.add_sink(lambda outs: acks and acked.set())
     with service:
         service.submit_connect("a", m.Hello(client="a", codecs=("fp32", "int8")))
         task = sink.next(1)
         for msg in result_messages(task, codec=task.upload_codec):
             service.submit_receive("a", msg, len(m.encode(msg)))
         assert entered.wait(10)
-        assert service.call(lambda c: c.version).result(10) == 1  # merged...
-        time.sleep(0.2)
-        assert acks == []  # ...but not acknowledged while the log holds it back
+        # On the core thread, after the result's frames: merged, and its ack held
+        # by the service. Only the log's report (which waits on the held append)
+        # or a checkpoint (none: the job takes none) releases a held ack.
+        state = service.call(lambda c: (c.version, service.stats.acks_held)).result(10)
+        assert state == (1, 1)  # merged, and the ack held back...
+        assert acks == [] and service.stats.checkpoints == 0  # ...not sent
         gate.set()
-        deadline = time.monotonic() + 10
-        while not acks and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert [a.accepted for a in acks] == [True]
+        assert acked.wait(10)
+        assert [a.accepted for a in acks] == [True] and service.stats.acks_held == 0
         assert service.stats.checkpoints == 0

@@ -234,11 +234,11 @@ def _differs(params: Params, before: np.ndarray, g) -> bool:
 def test_a_live_save_copies_each_group_as_of_one_version_while_the_model_moves(
     tmp_path: Path,
 ) -> None:
-    """A fuzzy checkpoint (LiveParams): another thread keeps adding 1 to whole
-    groups under the lock, one version each; every stored group equals the model
-    at the ``as_of`` recorded for it, and a patch on it inherits those."""
+    """A fuzzy checkpoint (LiveParams): another thread adds 1 to whole groups
+    under the lock, one version each, and takes a turn (one to three steps)
+    before every group's copy; every stored group equals the model at the
+    ``as_of`` recorded for it, and a patch on it inherits those."""
     import threading
-    import time
 
     from storage import LiveParams
 
@@ -250,23 +250,34 @@ def test_a_live_save_copies_each_group_as_of_one_version_while_the_model_moves(
     with _store(tmp_path / "s.db") as store:
         plan = store.param_groups(SPEC)
         history: list[tuple[int, int]] = []  # (version, group) of each step
-        stop = threading.Event()
+        # Turns handed over explicitly, so the interleaving is the same on every
+        # run: the saver asks for a turn before each copy and waits until the
+        # trainer has stepped; no scheduling decides how far the model moved.
+        turn, stepped, stop = threading.Semaphore(0), threading.Semaphore(0), threading.Event()
 
         def train() -> None:
-            while not stop.is_set():
-                g = int(rng.integers(len(plan)))
-                with lock:
-                    ws, bs = live.group_slices(plan[g])
-                    live.data[ws] += 1.0
-                    live.data[bs] += 1.0
-                    state["version"] += 1
-                    history.append((state["version"], g))
-                time.sleep(0)
+            while True:
+                turn.acquire()
+                if stop.is_set():
+                    return
+                for _ in range(int(rng.integers(1, 4))):
+                    g = int(rng.integers(len(plan)))
+                    with lock:
+                        ws, bs = live.group_slices(plan[g])
+                        live.data[ws] += 1.0
+                        live.data[bs] += 1.0
+                        state["version"] += 1
+                        history.append((state["version"], g))
+                stepped.release()
 
-        class SlowLock:  # the saver waits a little per group: training interleaves
+        class Turns:  # the model moves by a turn before each group's copy
+            copies = 0
+
             def __enter__(self) -> None:
-                time.sleep(0.002)
+                turn.release()
+                assert stepped.acquire(timeout=30), "the trainer did not take its turn"
                 lock.acquire()
+                Turns.copies += 1
 
             def __exit__(self, *exc: object) -> None:
                 lock.release()
@@ -274,13 +285,18 @@ def test_a_live_save_copies_each_group_as_of_one_version_while_the_model_moves(
         t = threading.Thread(target=train)
         t.start()
         try:
-            params = LiveParams(params=live, lock=SlowLock(), version=lambda: state["version"])
+            params = LiveParams(params=live, lock=Turns(), version=lambda: state["version"])
             store.save(Checkpoint(version=0, created_at=0.0, params=params))
         finally:
             stop.set()
+            turn.release()
             t.join()
         back = store.load(0)
-        assert len(set(back.as_of)) > 3  # the groups were copied at different versions
+        # The model moved before every copy: each group was copied at a version of
+        # its own, and the last one after every step.
+        assert Turns.copies == len(plan) > 3
+        assert len(set(back.as_of)) == len(plan)
+        assert max(back.as_of) == state["version"] == len(history)
         for i, g in enumerate(plan):
             steps = sum(1 for v, h in history if h == i and v <= back.as_of[i])
             for span in live.group_slices(g):

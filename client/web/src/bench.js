@@ -8,15 +8,17 @@
 import { jsKernels, loadWasmKernels } from "./kernels.js";
 import { measureSteps } from "./stepsbench.js";
 
+/** @param {string} which */
 async function kernelsFor(which) {
   if (which === "js") return jsKernels;
   return loadWasmKernels(fetch(new URL("kernels.wasm", self.location.href)));
 }
 
+/** @param {MessageEvent<Parameters<typeof measureSteps>[0] & {kernels: string}>} ev */
 self.onmessage = async (ev) => {
   try {
     postMessage(measureSteps(ev.data, await kernelsFor(ev.data.kernels)));
   } catch (err) {
-    postMessage({ error: String(err?.message ?? err) });
+    postMessage({ error: err instanceof Error ? err.message : String(err) });
   }
 };

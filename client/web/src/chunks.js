@@ -16,6 +16,13 @@ import { encodePiece, decodePiece, encodedSize, isKnownWireId, parseCodec, piece
 import { ErrorCode, ProtocolError } from "./errors.js";
 import { encodeRaw, MAX_CHUNK_BLOCKS } from "./wire.js";
 
+/** @typedef {import("./spec.js").Block} Block */
+/** @typedef {import("./codecs.js").Codec} Codec */
+/** @typedef {import("./codecs.js").WordSource} WordSource */
+/** @typedef {import("./wire.js").Chunk} Chunk */
+/** A chunk's piece of one block: rows [rowStart, rowEnd).
+ *  @typedef {{block: Block, rowStart: number, rowEnd: number}} Piece */
+
 /** Most chunks one transfer may have (chunk.total, §3.5). */
 export const MAX_CHUNKS = 1 << 24;
 /** Smallest preferred frame (§8): below it the envelope starts to dominate. */
@@ -23,6 +30,7 @@ export const MIN_FRAME_BYTES = 4096;
 
 /** The frame size a chunk sender aims for on a link (§8): one burst of it,
  *  within the frame limit; the whole limit when the rate is unlimited (null). */
+/** @param {{bytes_per_s: number | null, max_message_bytes: number, burst?: number}} limits */
 export function frameBytes(limits) {
   const { bytes_per_s: bps, max_message_bytes: max, burst = 1 } = limits;
   if (bps === null || bps === Infinity) return max;
@@ -30,6 +38,7 @@ export function frameBytes(limits) {
 }
 
 /** A layout for named arrays [{name, rows, cols}] (§5.2): block i is (i, name). */
+/** @param {{name: string, rows: number, cols?: number}[]} arrays @returns {Block[]} */
 export function namedLayout(arrays) {
   let offset = 0;
   return arrays.map(({ name, rows, cols = 0 }, i) => {
@@ -41,22 +50,26 @@ export function namedLayout(arrays) {
 }
 
 /** The codec's view of rows [r0, r1) of a block: rows = 1 for a 1-D piece. */
+/** @param {Block} block @param {number} r0 @param {number} r1 */
 function pieceDims(block, r0, r1) {
   const w = block.cols || 1;
   return { rows: block.cols ? r1 - r0 : 1, n: (r1 - r0) * w, offset: block.offset + r0 * w };
 }
 
+/** @param {Codec} codec @param {Block} block @param {number} r0 @param {number} r1 */
 function sizeOf(codec, block, r0, r1) {
   const { rows, n } = pieceDims(block, r0, r1);
   return encodedSize(codec, rows, n);
 }
 
+/** @type {Map<string, number>} */
 const OVERHEAD = new Map();
 const utf8 = new TextEncoder();
 
 /** Worst-case frame bytes of a chunk besides its payload: every int at its
  *  maximum, the `blocks` key when the chunk spans, and a bin32 header. Only the
  *  lengths of `transfer` and `part` matter (msgpack sizes a str by its length). */
+/** @param {number} transferBytes @param {string} part @param {boolean} spans */
 function overhead(transferBytes, part, spans) {
   const key = `${transferBytes}\u0000${part}\u0000${spans}`;
   let size = OVERHEAD.get(key);
@@ -82,6 +95,7 @@ function overhead(transferBytes, part, spans) {
 }
 
 /** The most rows of `block` from r0 whose encoding fits `budget` (may be 0). */
+/** @param {Codec} codec @param {Block} block @param {number} r0 @param {number} budget */
 function rowsFitting(codec, block, r0, budget) {
   let lo = 0;
   let hi = block.rows - r0;
@@ -100,7 +114,13 @@ function rowsFitting(codec, block, r0, budget) {
  *  envelope included; with `spans` a chunk with room left goes on into the next
  *  blocks. `transfer` is the transfer id (its length is part of the envelope).
  *  Throws RangeError when one row of a block cannot fit `maxMessageBytes`: a
- *  configuration error to report before anything is sent (§5.3 rule 2). */
+ *  configuration error to report before anything is sent (§5.3 rule 2).
+ *  @param {Block[]} layout
+ *  @param {string | Codec} codec
+ *  @param {number | null | undefined} frameBytes
+ *  @param {number} maxMessageBytes
+ *  @param {{spans?: boolean, transfer?: string}} [options]
+ *  @returns {Piece[][]} */
 export function planChunks(layout, codec, frameBytes, maxMessageBytes, { spans = false, transfer } = {}) {
   const c = typeof codec === "string" ? parseCodec(codec) : codec;
   if (typeof transfer !== "string") throw new TypeError("planChunks: {transfer} (the transfer id) is required");
@@ -118,6 +138,7 @@ export function planChunks(layout, codec, frameBytes, maxMessageBytes, { spans =
       );
     }
   });
+  /** @type {Piece[][]} */
   const plan = [];
   let i = 0;
   let r0 = 0;
@@ -160,10 +181,15 @@ export function planChunks(layout, codec, frameBytes, maxMessageBytes, { spans =
  *  maxMessageBytes). With `residuals` (a codecs.Residuals; one bound to another
  *  codec starts afresh with this one) every piece goes through error feedback, keyed by its (layer, part, rowStart,
  *  rowEnd). `rand` ({nextU32()}, the task's G(seed, 1)) feeds the -sr codecs, one
- *  word per value in chunk seq order, then piece order (§11.1). */
+ *  word per value in chunk seq order, then piece order (§11.1).
+ *  @param {Float32Array} flat
+ *  @param {Block[]} layout
+ *  @param {{transfer: string, codec?: string | Codec, frameBytes?: number | null, maxMessageBytes: number,
+ *    spans?: boolean, residuals?: Residuals | null, rand?: WordSource | null}} options
+ *  @returns {Chunk[]} */
 export function encodeTransfer(flat, layout, {
   transfer, codec = "fp32", frameBytes: fb = null, maxMessageBytes, spans = false, residuals = null, rand = null,
-} = {}) {
+}) {
   const c = typeof codec === "string" ? parseCodec(codec) : codec;
   if (residuals !== null) residuals.useCodec(c);
   const last = layout[layout.length - 1];
@@ -198,6 +224,7 @@ export function encodeTransfer(flat, layout, {
   });
 }
 
+/** @param {number} layer @param {string} part */
 function blockKey(layer, part) {
   return `${layer}\u0000${part}`;
 }
@@ -206,49 +233,62 @@ function blockKey(layer, part) {
  *  accept() refuses, with the §5.3 table's ProtocolError, any chunk that does
  *  not fit, and leaves the transfer exactly as it was when it does. */
 export class Reassembler {
-  /** @param layout paramsLayout(widths) or namedLayout(...)
-   *  @param transfer the announced transfer id (task.model_transfer, or task_id)
-   *  @param total the announced chunk count (num_chunks); null: the first chunk's
-   *  @param expectCodec the wire id every chunk must carry (a result's upload
-   *  codec), or null for any known codec
-   *  @param out a Float32Array to fill in place (rows not yet received keep
-   *  their values); default a fresh zeroed one */
-  constructor(layout, { transfer, total = null, expectCodec = null, out = null } = {}) {
+  /** Block index by (layer, part). @type {Map<string, number>} */
+  #index;
+  /** Per block, 1 for each row received. @type {Uint8Array[]} */
+  #have;
+  /** Seqs accepted. @type {Set<number>} */
+  #seqs = new Set();
+  #rowsTotal;
+  #rowsLeft;
+  /** The values, filled in place. @type {Float32Array} */
+  #out;
+
+  /** @param {Block[]} layout paramsLayout(widths) or namedLayout(...)
+   *  @param {{transfer: string, total?: number | null, expectCodec?: number | null, out?: Float32Array | null}} options
+   *  transfer: the announced transfer id (task.model_transfer, or task_id);
+   *  total: the announced chunk count (num_chunks), null: the first chunk's;
+   *  expectCodec: the wire id every chunk must carry (a result's upload
+   *  codec), or null for any known codec;
+   *  out: a Float32Array to fill in place (rows not yet received keep
+   *  their values), default a fresh zeroed one */
+  constructor(layout, { transfer, total = null, expectCodec = null, out = null }) {
     this.layout = layout;
     this.transfer = transfer;
     this.total = total;
     this.expectCodec = expectCodec;
-    this._index = new Map(layout.map((b, i) => [blockKey(b.layer, b.part), i]));
-    this._have = layout.map((b) => new Uint8Array(b.rows)); // 1 = row received
-    this._seqs = new Set();
-    this._rowsTotal = layout.reduce((s, b) => s + b.rows, 0);
-    this._rowsLeft = this._rowsTotal;
+    this.#index = new Map(layout.map((b, i) => [blockKey(b.layer, b.part), i]));
+    this.#have = layout.map((b) => new Uint8Array(b.rows)); // 1 = row received
+    this.#rowsTotal = layout.reduce((s, b) => s + b.rows, 0);
+    this.#rowsLeft = this.#rowsTotal;
     const size = layout.length ? layout[layout.length - 1].offset + layout[layout.length - 1].size : 0;
     if (out !== null && out.length !== size) throw new TypeError(`Reassembler: out must hold ${size} values`);
-    this._out = out ?? new Float32Array(size);
-    if (total !== null && !(Number.isInteger(total) && total >= 1 && total <= this._rowsTotal)) {
+    this.#out = out ?? new Float32Array(size);
+    if (total !== null && !(Number.isInteger(total) && total >= 1 && total <= this.#rowsTotal)) {
       // `total` comes from the peer's task or result: its fault. Every chunk
       // carries at least one row, so more chunks than rows cannot be right.
-      throw new ProtocolError(ErrorCode.BAD_FIELD, `num_chunks: ${total} outside 1..${this._rowsTotal} (rows of the layout)`);
+      throw new ProtocolError(ErrorCode.BAD_FIELD, `num_chunks: ${total} outside 1..${this.#rowsTotal} (rows of the layout)`);
     }
   }
 
-  /** Validate and place one chunk message (as decodeFrame returns it). */
+  /** Validate and place one chunk message (as decodeFrame returns it).
+   *  @param {Chunk} chunk */
   accept(chunk) {
     const where = `chunk ${chunk.seq} of '${chunk.transfer}'`;
+    /** @param {number} code @param {string} why */
     const refuse = (code, why) => new ProtocolError(code, `${where}: ${why}`);
     if (chunk.transfer !== this.transfer) {
       throw new ProtocolError(ErrorCode.UNKNOWN_TASK, `${where}: expected transfer '${this.transfer}'`);
     }
     const total = this.total ?? chunk.total;
-    if (chunk.total !== total || total > this._rowsTotal) {
-      throw refuse(ErrorCode.BAD_CHUNK, `total ${chunk.total}, expected ${this.total ?? `<= ${this._rowsTotal}`}`);
+    if (chunk.total !== total || total > this.#rowsTotal) {
+      throw refuse(ErrorCode.BAD_CHUNK, `total ${chunk.total}, expected ${this.total ?? `<= ${this.#rowsTotal}`}`);
     }
     if (!(Number.isInteger(chunk.seq) && chunk.seq >= 0 && chunk.seq < total)) {
       throw refuse(ErrorCode.BAD_CHUNK, `seq outside 0..${total - 1}`);
     }
-    if (this._seqs.has(chunk.seq)) throw new ProtocolError(ErrorCode.DUPLICATE, `${where}: seq received twice`);
-    const first = this._index.get(blockKey(chunk.layer, chunk.part));
+    if (this.#seqs.has(chunk.seq)) throw new ProtocolError(ErrorCode.DUPLICATE, `${where}: seq received twice`);
+    const first = this.#index.get(blockKey(chunk.layer, chunk.part));
     if (first === undefined) throw refuse(ErrorCode.BAD_CHUNK, `no block (layer ${chunk.layer}, '${chunk.part}')`);
     const k = chunk.blocks ?? 1;
     if (!(Number.isInteger(k) && k >= 1 && first + k <= this.layout.length)) {
@@ -268,7 +308,7 @@ export class Reassembler {
           `rows [${r0}, ${r1}) out of range for block (${block.layer}, '${block.part}') with ${block.rows} rows`,
         );
       }
-      if (this._have[first + j].subarray(r0, r1).includes(1)) {
+      if (this.#have[first + j].subarray(r0, r1).includes(1)) {
         throw new ProtocolError(
           ErrorCode.CONFLICT,
           `${where}: rows [${r0}, ${r1}) of block (${block.layer}, '${block.part}') overlap rows already received`,
@@ -310,29 +350,30 @@ export class Reassembler {
     }
     // Everything checked: only now does the transfer change.
     pieces.forEach((p, j) => {
-      this._out.set(values[j], p.offset);
-      this._have[p.index].fill(1, p.r0, p.r1);
-      this._rowsLeft -= p.r1 - p.r0;
+      this.#out.set(values[j], p.offset);
+      this.#have[p.index].fill(1, p.r0, p.r1);
+      this.#rowsLeft -= p.r1 - p.r0;
     });
-    this._seqs.add(chunk.seq);
+    this.#seqs.add(chunk.seq);
     this.total = total;
   }
 
   /** Chunks accepted so far. */
   get received() {
-    return this._seqs.size;
+    return this.#seqs.size;
   }
 
   /** All `total` chunks arrived and every row is covered. */
   get complete() {
-    return this._rowsLeft === 0 && this.total !== null && this._seqs.size === this.total;
+    return this.#rowsLeft === 0 && this.total !== null && this.#seqs.size === this.total;
   }
 
   /** Row ranges not yet received: [{layer, part, rowStart, rowEnd}]. */
   missing() {
+    /** @type {{layer: number, part: string, rowStart: number, rowEnd: number}[]} */
     const out = [];
     this.layout.forEach((b, i) => {
-      const have = this._have[i];
+      const have = this.#have[i];
       let r = 0;
       while (r < b.rows) {
         const start = have.indexOf(0, r);
@@ -349,7 +390,7 @@ export class Reassembler {
   /** Sequence numbers not yet received (empty while `total` is unknown). */
   missingSeqs() {
     const out = [];
-    for (let s = 0; this.total !== null && s < this.total; s++) if (!this._seqs.has(s)) out.push(s);
+    for (let s = 0; this.total !== null && s < this.total; s++) if (!this.#seqs.has(s)) out.push(s);
     return out;
   }
 
@@ -361,6 +402,6 @@ export class Reassembler {
           `seqs ${this.missingSeqs().slice(0, 5)}`,
       );
     }
-    return this._out;
+    return this.#out;
   }
 }

@@ -28,6 +28,7 @@ export const CodecId = Object.freeze({
 /** A codec name that does not parse, or an input an encoder refuses (NaN, inf,
  *  |x| > 1e38): the caller's problem, never sent to the peer as-is. */
 export class CodecError extends Error {
+  /** @param {string} message */
   constructor(message) {
     super(message);
     this.name = "CodecError";
@@ -42,6 +43,13 @@ const MAX_MAGNITUDE = 1e38;
 const TOPK_SLACK = 2 ** -20;
 const U24 = 2 ** -24;
 
+/** A parsed codec (parseCodec): what the encoder does; only `id` travels.
+ *  @typedef {Readonly<{name: string, id: number, kind: "fp32" | "fp16" | "int" | "topk", bits: number, levels: number, perRow: boolean, fraction: number, quantized: boolean, stochastic: boolean, lossless: boolean}>} Codec */
+/** @typedef {{id: number, kind: Codec["kind"], bits?: number, perRow?: boolean, lossless?: boolean}} CodecBase */
+/** A source of 32-bit words for stochastic rounding (rng.js's Generator).
+ *  @typedef {{nextU32(): number}} WordSource */
+
+/** @type {Record<string, CodecBase>} */
 const FIXED = {
   fp32: { id: 0, kind: "fp32", lossless: true },
   fp16: { id: 1, kind: "fp16" },
@@ -53,6 +61,8 @@ const FIXED = {
 const UNIFORM_SR = /^(int8|int4|int8-chunk|int4-chunk)-sr$/;
 const TOPK_NAME = /^topk:([0-9.eE+-]+?)(\+int8)?(-sr)?$/;
 
+/** @param {string} name @param {CodecBase} base @param {Partial<Codec>} extra
+ *  @returns {Codec} */
 function describe(name, base, extra = {}) {
   const d = {
     name,
@@ -70,12 +80,15 @@ function describe(name, base, extra = {}) {
   return Object.freeze(d);
 }
 
+/** @type {Map<string, Codec>} */
 const PARSED = new Map();
 
 /** The codec named `name` (§11: fp32, fp16, int8, int4, int8-chunk, int4-chunk,
  *  topk:<frac>, topk:<frac>+int8, and the -sr variants of the integer ones), as a
  *  frozen descriptor {name, id, kind, bits, levels, perRow, fraction, quantized,
- *  stochastic, lossless}. Throws CodecError for a name it does not know. */
+ *  stochastic, lossless}. Throws CodecError for a name it does not know.
+ *  @param {unknown} name
+ *  @returns {Codec} */
 export function parseCodec(name) {
   if (typeof name !== "string") throw new CodecError(`codec name must be a string, got ${typeof name}`);
   let c = PARSED.get(name);
@@ -114,27 +127,32 @@ const BY_ID = [
 ].map(parseCodec);
 
 /** Whether `id` is a codec wire id this client decodes. */
+/** @param {unknown} id @returns {id is number} */
 export function isKnownWireId(id) {
-  return Number.isInteger(id) && id >= 0 && id < BY_ID.length;
+  return typeof id === "number" && Number.isInteger(id) && id >= 0 && id < BY_ID.length;
 }
 
+/** @param {string | Codec} codec */
 function resolve(codec) {
   return typeof codec === "string" ? parseCodec(codec) : codec;
 }
 
 /** Top-k's count for n values: ceil(fraction·n − 2^-20) in float64, clamped to
  *  [1, n] (0 for n = 0), so that 7 % of 100 is 7, not 8 (§11.1). */
+/** @param {number} n @param {number} fraction */
 export function topkCount(n, fraction) {
   if (n === 0) return 0;
   return Math.min(n, Math.max(1, Math.ceil(fraction * n - TOPK_SLACK)));
 }
 
+/** @param {boolean} quantized @param {number} k */
 function topkBytes(quantized, k) {
   return quantized ? 8 + 5 * k : 4 + 8 * k;
 }
 
 /** Exact payload bytes `codec` (name or descriptor) produces for a piece of `n`
  *  values in `rows` rows. */
+/** @param {string | Codec} codec @param {number} rows @param {number} n @returns {number} */
 export function encodedSize(codec, rows, n) {
   const c = resolve(codec);
   switch (c.kind) {
@@ -151,6 +169,7 @@ export function encodedSize(codec, rows, n) {
 
 // -- encoding ---------------------------------------------------------------------
 
+/** @param {Float32Array} x @param {string} name */
 function checkFinite(x, name) {
   for (let i = 0; i < x.length; i++) {
     if (!(Math.abs(x[i]) <= MAX_MAGNITUDE)) {
@@ -160,11 +179,13 @@ function checkFinite(x, name) {
 }
 
 /** Round to nearest, ties to even (what IEEE rounding and NumPy's rint do). */
+/** @param {number} y */
 function rint(y) {
   const r = Math.round(y); // ties toward +inf
   return r - y === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
+/** @param {Codec} c @param {WordSource | null} rand */
 function wordSource(c, rand) {
   if (!c.stochastic) return null;
   if (!rand || typeof rand.nextU32 !== "function") {
@@ -174,6 +195,8 @@ function wordSource(c, rand) {
 }
 
 /** Quantise x[from, to) with one scale into q[from, to); returns the scale. */
+/** @param {Float32Array} x @param {number} from @param {number} to @param {number} levels
+ *  @param {Int8Array} q @param {WordSource | null} rand */
 function quantizeRun(x, from, to, levels, q, rand) {
   let m = 0;
   for (let i = from; i < to; i++) {
@@ -196,10 +219,12 @@ function quantizeRun(x, from, to, levels, q, rand) {
   return s;
 }
 
+/** @param {Int8Array} q @param {Uint8Array} out @param {number} at */
 function packNibbles(q, out, at) {
   for (let i = 0; i < q.length; i++) out[at + (i >> 1)] |= (q[i] + 8) << ((i & 1) * 4);
 }
 
+/** @param {Codec} c @param {Float32Array} x @param {number} rows @param {WordSource | null} rand */
 function encodeUniform(c, x, rows, rand) {
   const n = x.length;
   const ns = c.perRow ? rows : 1;
@@ -219,6 +244,7 @@ function encodeUniform(c, x, rows, rand) {
 
 /** k-th largest of `a` (1-based), reordering `a`: quickselect with a three-way
  *  partition, because updates hold long runs of equal magnitudes (zeros). */
+/** @param {Float32Array} a @param {number} k */
 function kthLargest(a, k) {
   const target = a.length - k; // its index in ascending order
   let lo = 0;
@@ -246,6 +272,7 @@ function kthLargest(a, k) {
 
 /** Increasing flat indices of the k largest |x|; equal magnitudes go to the lower
  *  index (a partial sort's choice among ties would differ between clients). */
+/** @param {Float32Array} x @param {number} k */
 export function topIndices(x, k) {
   const n = x.length;
   if (k >= n) return Uint32Array.from({ length: n }, (_, i) => i);
@@ -269,6 +296,7 @@ export function topIndices(x, k) {
   return out;
 }
 
+/** @param {Codec} c @param {Float32Array} x @param {WordSource | null} rand */
 function encodeTopk(c, x, rand) {
   const n = x.length;
   const k = topkCount(n, c.fraction);
@@ -295,6 +323,9 @@ function encodeTopk(c, x, rand) {
  *  §11.1. `rand` ({nextU32()}: the task's G(seed, 1), §12.1) is required by the
  *  -sr codecs; one word is drawn per value (per kept value for top-k). Throws
  *  CodecError for NaN, ±inf or |x| > 1e38 in a lossy codec's input. */
+/** @param {string | Codec} codec @param {Float32Array} x @param {number} rows
+ *  @param {{rand?: WordSource | null}} [options]
+ *  @returns {Uint8Array} */
 export function encodePiece(codec, x, rows, { rand = null } = {}) {
   const c = resolve(codec);
   if (!(x instanceof Float32Array)) throw new TypeError(`${c.name}: a piece must be a Float32Array`);
@@ -315,10 +346,12 @@ export function encodePiece(codec, x, rows, { rand = null } = {}) {
 
 // -- decoding ---------------------------------------------------------------------
 
+/** @param {string} message */
 function refuse(message) {
   return new ProtocolError(ErrorCode.BAD_CHUNK, message);
 }
 
+/** @param {unknown} wireId */
 function codecOf(wireId) {
   if (!isKnownWireId(wireId)) throw refuse(`unknown codec id ${wireId}`);
   return BY_ID[wireId];
@@ -327,6 +360,7 @@ function codecOf(wireId) {
 /** How many leading bytes of `data` encode a piece of n values in `rows` rows:
  *  how a spanning chunk's payload is split (§5.3). Fixed by the shape, except
  *  top-k's, which its count header gives. Throws ProtocolError(BAD_CHUNK). */
+/** @param {number} wireId @param {Uint8Array} data @param {number} rows @param {number} n */
 export function pieceSize(wireId, data, rows, n) {
   const c = codecOf(wireId);
   if (c.kind !== "topk") return encodedSize(c, rows, n);
@@ -334,6 +368,7 @@ export function pieceSize(wireId, data, rows, n) {
   return topkBytes(c.quantized, new DataView(data.buffer, data.byteOffset, 4).getUint32(0, true));
 }
 
+/** @param {ArrayLike<number>} scales @param {number} levels @param {string} name */
 function checkScales(scales, levels, name) {
   const max = F32_MAX / levels;
   for (let i = 0; i < scales.length; i++) {
@@ -342,6 +377,7 @@ function checkScales(scales, levels, name) {
   }
 }
 
+/** @param {Codec} c @param {Uint8Array} p @param {number} rows @param {number} n */
 function decodeUniform(c, p, rows, n) {
   const ns = c.perRow ? rows : 1;
   const scales = readLE(Float32Array, p, 0, ns);
@@ -372,6 +408,7 @@ function decodeUniform(c, p, rows, n) {
   return out;
 }
 
+/** @param {Codec} c @param {Uint8Array} p @param {number} n */
 function decodeTopk(c, p, n) {
   if (p.length < 4) throw refuse(`${c.name}: payload of ${p.length} bytes has no count`);
   const view = new DataView(p.buffer, p.byteOffset, p.byteLength);
@@ -410,6 +447,8 @@ function decodeTopk(c, p, n) {
  *  (a Uint8Array at any offset) encoded with wire id `wireId`. A value is q·scale
  *  in float32, the stored float, or the half widened (§11 "Decoding"). Throws
  *  ProtocolError(BAD_CHUNK) for every payload §11 says a receiver rejects. */
+/** @param {number} wireId @param {ArrayBufferLike | ArrayBufferView} payload
+ *  @param {number} rows @param {number} n @returns {Float32Array} */
 export function decodePiece(wireId, payload, rows, n) {
   const c = codecOf(wireId);
   if (!(Number.isInteger(rows) && rows >= 1 && Number.isInteger(n) && n >= 0 && n % rows === 0)) {
@@ -440,18 +479,23 @@ export function decodePiece(wireId, payload, rows, n) {
  *  upload codec: start a new one when task.upload_codec changes. */
 export class Residuals {
   /** @param codec name or descriptor of the upload codec; or null, to be bound
-   *  by the first useCodec() (encodeTransfer calls it) */
+   *  by the first useCodec() (encodeTransfer calls it)
+   *  @param {string | Codec | null} codec */
   constructor(codec = null) {
+    /** @type {Codec | null} */
     this.codec = codec === null ? null : resolve(codec);
-    this._r = new Map();
   }
+
+  /** Residuals by piece key. @type {Map<string, Float32Array>} */
+  #r = new Map();
 
   /** Encode with `codec` from now on. Another codec than before starts afresh:
    *  residuals of one codec mean nothing to another (§11.2). */
+  /** @param {string | Codec} codec */
   useCodec(codec) {
     const c = resolve(codec);
     if (this.codec === null || this.codec.name !== c.name) {
-      this._r.clear();
+      this.#r.clear();
       this.codec = c;
     }
     return this;
@@ -459,15 +503,18 @@ export class Residuals {
 
   /** The key of a piece: rows [rowStart, rowEnd) of block (layer, part), the rows
    *  one chunk carries of one block, so the same keys recur in every result. */
+  /** @param {number} layer @param {string} part @param {number} rowStart @param {number} rowEnd */
   static key(layer, part, rowStart, rowEnd) {
     return `${layer}\u0000${part}\u0000${rowStart}\u0000${rowEnd}`;
   }
 
   /** Encode piece `x` (+ its residual) and keep what the receiver will not see.
    *  The returned payload must be what is sent. */
+  /** @param {string} key @param {Float32Array} x @param {number} rows
+   *  @param {{rand?: WordSource | null}} [options] */
   encode(key, x, rows, { rand = null } = {}) {
     if (this.codec === null) throw new TypeError("Residuals: no codec yet (pass one, or call useCodec)");
-    const r = this._r.get(key);
+    const r = this.#r.get(key);
     if (r !== undefined && r.length !== x.length) {
       throw new CodecError(`error feedback: piece ${JSON.stringify(key)} changed size ${r.length} -> ${x.length}`);
     }
@@ -477,28 +524,34 @@ export class Residuals {
     if (r !== undefined) for (let i = 0; i < c.length; i++) c[i] += r[i];
     const payload = encodePiece(this.codec, c, rows, { rand });
     if (this.codec.lossless) {
-      this._r.delete(key);
+      this.#r.delete(key);
     } else {
       const d = decodePiece(this.codec.id, payload, rows, c.length);
       for (let i = 0; i < c.length; i++) c[i] -= d[i];
-      this._r.set(key, c);
+      this.#r.set(key, c);
     }
     return payload;
   }
 
   /** What is still owed for `key` (a copy), or null. */
+  /** @param {string} key */
   residual(key) {
-    const r = this._r.get(key);
+    const r = this.#r.get(key);
     return r === undefined ? null : Float32Array.from(r);
   }
 
-  /** Forget one piece's residual, or all of them. */
+  /** The keys of the pieces that have a residual, in the order first kept. */
+  keys() {
+    return [...this.#r.keys()];
+  }
+
+  /** Forget one piece's residual, or all of them. @param {string} [key] */
   reset(key) {
-    if (key === undefined) this._r.clear();
-    else this._r.delete(key);
+    if (key === undefined) this.#r.clear();
+    else this.#r.delete(key);
   }
 
   get size() {
-    return this._r.size;
+    return this.#r.size;
   }
 }

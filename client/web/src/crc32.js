@@ -24,6 +24,7 @@ for (let n = 0; n < 256; n++) {
 /** CRC-32 of `data` (Uint8Array or any ArrayBufferView, e.g. a Float32Array's
  *  bytes in platform order: little-endian everywhere a browser runs), continuing
  *  from `prev`, the CRC of the bytes before it (0 to start). Returns a uint32. */
+/** @param {ArrayBufferLike | ArrayBufferView} data @returns {number} */
 export function crc32(data, prev = 0) {
   const b = asBytes(data);
   const n = b.length;

@@ -7,14 +7,55 @@
 
 import uPlot from "uplot";
 
-const $ = (id) => document.getElementById(id);
+/** A table of the stream's history: rows of numbers, named by `fields`.
+ *  @typedef {{fields: string[], rows: number[][]}} Table */
+/** /api/status, the part the dashboard shows.
+ *  @typedef {{job: {name: string, strategy: string, widths: number[]}, version: number,
+ *    last_evaluation?: {accuracy?: number | null} | null, clients: number, throughput: {results_per_s: number},
+ *    accepted_results: number, rejected_results: number,
+ *    checkpoints: {written: number, last: number | null, restored_from: number | null},
+ *    finished: {reason: string} | null, paused: boolean}} Status */
+/** @typedef {{seconds: number | null, by: string}} Left */
+/** A client's row (coordinator/http/dashboard.py).
+ *  @typedef {{client_id: number | string, name: string, kind: string, flops: number | null, tasks: number,
+ *    accepted: number, rejected: Record<string, number>, declined: number, expired: number, bytes_down: number,
+ *    bytes_up: number, bytes_per_hour: number | null, mean_staleness: number | null, connected: boolean,
+ *    left_reason: string | null}} ClientRow */
+/** @typedef {{t: number, kind: string, text: string}} Event */
+/** One server-sent update.
+ *  @typedef {{status: Status, left: Left, clients: ClientRow[], events: Event[],
+ *    history: {evaluations: Table, throughput: Table}}} Update */
+
+/** The element `#id` of dashboard.html, of class `Type` (a missing one is our bug).
+ *  @template {HTMLElement} T
+ *  @param {string} id @param {new () => T} Type @returns {T} */
+function element(id, Type) {
+  const el = document.getElementById(id);
+  if (!(el instanceof Type)) throw new Error(`dashboard: #${id} is not a ${Type.name}`);
+  return el;
+}
+/** @param {string} id */
+const $ = (id) => element(id, HTMLElement);
 const TOKEN_KEY = "crowdgrad-admin-token";
 
 /** What tests (and the curious) can read. */
-const state = { updates: 0, status: null, left: null, clients: [], events: [], connected: false };
-globalThis.dashboard = state;
+const state = {
+  updates: 0,
+  /** @type {Status | null} */
+  status: null,
+  /** @type {Left | null} */
+  left: null,
+  /** @type {ClientRow[]} */
+  clients: [],
+  /** @type {Event[]} */
+  events: [],
+  connected: false,
+};
+Object.assign(globalThis, { dashboard: state });
 
+/** @type {{t: number[], version: number[], accuracy: number[], loss: number[]}} */
 const evals = { t: [], version: [], accuracy: [], loss: [] };
+/** @type {{t: number[], rps: number[], bytesIn: number[], bytesOut: number[], inRate: number[], outRate: number[]}} */
 const thru = { t: [], rps: [], bytesIn: [], bytesOut: [], inRate: [], outRate: [] };
 
 function token() {
@@ -26,10 +67,14 @@ function token() {
 // -- charts ---------------------------------------------------------------------
 
 /** Axis labels for byte rates: 12 kB/s, not 12,000 cut to fit. */
+/** @type {uPlot.Axis.DynamicValues} */
 const rateValues = (u, vals) => vals.map((v) => (v == null ? "" : `${bytes(Math.round(v))}/s`));
 
+/** @param {HTMLElement} el @param {string} title @param {uPlot.Series[]} series @param {uPlot.Scales} scales
+ *  @param {uPlot.Axis.Values} [values] */
 function chart(el, title, series, scales, xTime = true, values = undefined) {
   const width = Math.max(320, el.clientWidth || 560);
+  /** @type {uPlot.Options} */
   const opts = {
     title,
     width,
@@ -68,6 +113,7 @@ function redraw() {
   charts.bytes.setData([thru.t, thru.outRate, thru.inRate]);
 }
 
+/** @param {Update["history"]} h */
 function addHistory(h) {
   const ef = h.evaluations.fields;
   for (const r of h.evaluations.rows) {
@@ -94,6 +140,7 @@ function addHistory(h) {
 
 // -- numbers, table, events ---------------------------------------------------------
 
+/** @param {number} n */
 function bytes(n) {
   if (n < 1024) return `${n} B`;
   if (n < 1 << 20) return `${(n / 1024).toFixed(1)} kB`;
@@ -101,6 +148,7 @@ function bytes(n) {
   return `${(n / (1 << 30)).toFixed(2)} GB`;
 }
 
+/** @param {number | null | undefined} s */
 function duration(s) {
   if (s == null) return "unknown";
   if (s < 90) return `${Math.round(s)} s`;
@@ -108,18 +156,20 @@ function duration(s) {
   return `${(s / 3600).toFixed(1)} h`;
 }
 
+/** @param {string | number} text */
 function cell(text) {
   const td = document.createElement("td");
-  td.textContent = text;
+  td.textContent = String(text);
   return td;
 }
 
+/** @param {Status} st @param {Left} left */
 function showStatus(st, left) {
   $("job").textContent = `${st.job.name} · ${st.job.strategy} · ${st.job.widths.join("·")}`;
-  $("version").textContent = st.version;
+  $("version").textContent = String(st.version);
   const acc = st.last_evaluation?.accuracy;
   $("accuracy").textContent = acc == null ? "no evaluation yet" : `${(100 * acc).toFixed(2)}%`;
-  $("clients").textContent = st.clients;
+  $("clients").textContent = String(st.clients);
   $("rps").textContent = st.throughput.results_per_s.toFixed(1);
   $("results").textContent = `${st.accepted_results} · ${st.rejected_results}`;
   const ck = st.checkpoints;
@@ -135,8 +185,9 @@ function showStatus(st, left) {
   }
 }
 
+/** @param {ClientRow[]} rows */
 function showClients(rows) {
-  const body = $("clients-table").tBodies[0];
+  const body = element("clients-table", HTMLTableElement).tBodies[0];
   body.replaceChildren(
     ...rows
       .slice()
@@ -160,6 +211,7 @@ function showClients(rows) {
   );
 }
 
+/** @param {Event[]} events */
 function showEvents(events) {
   const list = $("events");
   for (const e of events) {
@@ -168,9 +220,12 @@ function showEvents(events) {
     li.textContent = `${new Date(e.t * 1000).toLocaleTimeString()} ${e.text}`;
     list.prepend(li);
   }
-  while (list.children.length > 200) list.lastChild.remove();
+  for (let last = list.lastElementChild; last !== null && list.children.length > 200; last = list.lastElementChild) {
+    last.remove();
+  }
 }
 
+/** @param {Update} u */
 function onUpdate(u) {
   state.updates += 1;
   state.status = u.status;
@@ -187,6 +242,7 @@ function onUpdate(u) {
 // -- the stream -----------------------------------------------------------------------
 
 async function stream() {
+  /** @type {Record<string, string>} */
   const headers = {};
   const t = token();
   if (t) headers.Authorization = `Bearer ${t}`;
@@ -194,7 +250,7 @@ async function stream() {
   try {
     res = await fetch(new URL("api/dashboard/stream", location.href), { headers, cache: "no-store" });
   } catch (err) {
-    return retry(`coordinator unreachable (${err.message})`);
+    return retry(`coordinator unreachable (${err instanceof Error ? err.message : err})`);
   }
   if (res.status === 401 || res.status === 403) {
     $("auth").hidden = false;
@@ -206,10 +262,12 @@ async function stream() {
   $("auth").hidden = true;
   state.connected = true;
   $("conn").textContent = "live";
+  if (res.body === null) return retry("a response without a body");
   const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = "";
   for (;;) {
-    const { value, done } = await reader.read().catch(() => ({ done: true }));
+    /** @type {ReadableStreamReadResult<string>} */
+    const { value, done } = await reader.read().catch(() => ({ done: true, value: undefined }));
     if (done) break;
     buf += value;
     let cut;
@@ -228,6 +286,7 @@ async function stream() {
   retry("stream ended");
 }
 
+/** @param {string} why */
 function retry(why) {
   state.connected = false;
   $("conn").textContent = `${why}: retrying in 3 s`;
@@ -238,10 +297,15 @@ function retry(why) {
 
 $("auth").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  sessionStorage.setItem(TOKEN_KEY, $("token").value);
+  sessionStorage.setItem(TOKEN_KEY, element("token", HTMLInputElement).value);
   stream();
 });
 addEventListener("resize", () => {
-  for (const c of Object.values(charts)) c.setSize({ width: Math.max(320, c.root.parentElement.clientWidth - 12), height: 220 });
+  for (const c of Object.values(charts)) {
+    c.setSize({ width: Math.max(320, (c.root.parentElement?.clientWidth ?? 0) - 12), height: 220 });
+  }
 });
 stream();
+
+// A module (bundled into a script by build.mjs): its names stay its own.
+export {};

@@ -30,10 +30,12 @@ export const ErrorCode = Object.freeze({
 /** The same table under the name session.js imports. */
 export const ERROR_CODES = ErrorCode;
 
+/** @type {Map<number, string>} */
 const NAMES = new Map(Object.entries(ErrorCode).map(([name, code]) => [code, name]));
 
 /** The name of a code, or null for a code this version does not know (a newer
  *  peer's: it is kept as a number, §9). */
+/** @param {number} code */
 export function errorName(code) {
   return NAMES.get(code) ?? null;
 }
@@ -44,6 +46,7 @@ export const CLOSE_NORMAL = 1000;
 /** Close code a client uses when it closes for error `code`: 4000 + code, because
  *  a browser's WebSocket.close() accepts only 1000 and 3000–4999 (§7), so the
  *  server's 1xxx codes (1007, 1009, ...) are not available to it. */
+/** @param {number} code */
 export function clientCloseCode(code) {
   return 4000 + code;
 }

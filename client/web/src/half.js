@@ -10,6 +10,7 @@ const u32 = new Uint32Array(f32.buffer);
 /** The binary16 bits nearest to float32 `x` (ties to even): beyond the half range
  *  is ±inf, NaN a quiet NaN. A float64 argument is first rounded to float32, so
  *  pass float32 values (every caller does) to avoid double rounding. */
+/** @param {number} x @returns {number} */
 export function f32ToF16(x) {
   f32[0] = x;
   const b = u32[0];
@@ -37,9 +38,11 @@ export function f32ToF16(x) {
   return sign | q;
 }
 
+/** @type {Float32Array | null} */
 let TABLE = null;
 
 /** The float32 value of binary16 bits `h` (exact: every half is a float32). */
+/** @param {number} h @returns {number} */
 export function f16ToF32(h) {
   if (TABLE === null) {
     // 256 KiB once, then decoding a large fp16 payload is one lookup per value.

@@ -46,6 +46,7 @@ const POW2_16 = Float64Array.from({ length: 16 }, (_, i) => 2 ** (i / 16));
  * |r| <= ln2/32, e^r by Taylor to r^6 (the next term is below 2^-50), times
  * 2^(i/16) and 2^e from tables.
  */
+/** @param {number} x */
 export function expd(x) {
   if (!(x > -745.2)) return x !== x ? x : 0;
   if (x > 709.782712893384) return Infinity; // ln(MAX_VALUE)
@@ -66,20 +67,52 @@ export const ACT = Object.freeze({ identity: 0, relu: 1, tanh: 2, sigmoid: 3 });
 
 const RELU = 1, TANH = 2, SIGMOID = 3;
 
-/** The named products, in terms of gemm (the same for both sets). */
+/** One allocation of zeroed Float32Arrays (see `workspace` above).
+ *  @typedef {{views(): Float32Array[], free(): void}} Workspace */
+/** The members a kernel set implements (see above); the named products follow.
+ *  @typedef {object} BaseKernels
+ *  @property {string} name
+ *  @property {(sizes: number[]) => Workspace} workspace
+ *  @property {(M: number, N: number, K: number, A: Float32Array, a0: number, sam: number, sak: number,
+ *    B: Float32Array, b0: number, ldb: number, C: Float32Array, c0: number, ldc: number, acc: boolean) => void} gemm
+ *  @property {(rows: number, cols: number, Z: Float32Array, z0: number, b: Float32Array, b0: number, act: number) => void} biasAct
+ *  @property {(n: number, D: Float32Array, d0: number, A: Float32Array, a0: number, act: number) => void} actGrad
+ *  @property {(rows: number, cols: number, D: Float32Array, d0: number, out: Float32Array, o0: number, acc: boolean) => void} rowSums
+ *  @property {(K: number, nb: number, Z: Float32Array, z0: number, D: Float32Array, d0: number, scale: number,
+ *    S: Float32Array, s0: number) => void} softmax
+ *  @property {(rows: number, cols: number, S: Float32Array, s0: number, T: Float32Array, t0: number) => void} transpose
+ *  @property {(n: number, p: Float32Array, g: Float32Array, lr: number) => void} sgd
+ *  @property {(n: number, p: Float32Array, g: Float32Array, vel: Float32Array, lr: number, mu: number,
+ *    nesterov: boolean) => void} momentum
+ *  @property {(n: number, p: Float32Array, g: Float32Array, m1: Float32Array, m2: Float32Array, b1: number,
+ *    b2: number, eps: number, step: number, bc2: number) => void} adam
+ */
+/** @typedef {(o: number, i: number, nb: number, W: Float32Array, w0: number, X: Float32Array, x0: number,
+ *    Z: Float32Array, z0: number) => void} Product */
+/** A kernel set: nn.js's arithmetic.
+ *  @typedef {BaseKernels & {forwardGemm: Product, backwardGemm: Product,
+ *    weightGemm: (o: number, i: number, nb: number, D: Float32Array, d0: number, X: Float32Array, x0: number,
+ *      G: Float32Array, g0: number, acc: boolean) => void}} Kernels */
+
+/** The named products, in terms of gemm (the same for both sets).
+ *  @template {BaseKernels} K
+ *  @param {K} k
+ *  @returns {K & Kernels} */
 function addGemmVariants(k) {
-  k.forwardGemm = (o, i, nb, W, w0, X, x0, Z, z0) =>
-    k.gemm(o, nb, i, W, w0, i, 1, X, x0, nb, Z, z0, nb, false);
-  k.backwardGemm = (o, i, nb, W, w0, D, d0, G, g0) =>
-    k.gemm(i, nb, o, W, w0, 1, i, D, d0, nb, G, g0, nb, false);
-  k.weightGemm = (o, i, nb, D, d0, X, x0, G, g0, acc) =>
-    k.gemm(o, i, nb, D, d0, nb, 1, X, x0, i, G, g0, i, acc);
-  return k;
+  return Object.assign(k, {
+    /** @type {Product} */
+    forwardGemm: (o, i, nb, W, w0, X, x0, Z, z0) => k.gemm(o, nb, i, W, w0, i, 1, X, x0, nb, Z, z0, nb, false),
+    /** @type {Product} */
+    backwardGemm: (o, i, nb, W, w0, D, d0, G, g0) => k.gemm(i, nb, o, W, w0, 1, i, D, d0, nb, G, g0, nb, false),
+    /** @type {Kernels["weightGemm"]} */
+    weightGemm: (o, i, nb, D, d0, X, x0, G, g0, acc) => k.gemm(o, i, nb, D, d0, nb, 1, X, x0, i, G, g0, i, acc),
+  });
 }
 
 // -- plain JavaScript ------------------------------------------------------------------
 
-function jsGemm(M, N, K, A, a0, sam, sak, B, b0, ldb, C, c0, ldc, acc) {
+/** @type {BaseKernels["gemm"]} */
+const jsGemm = (M, N, K, A, a0, sam, sak, B, b0, ldb, C, c0, ldc, acc) => {
   // Two rows by four columns per pass, summed in eight float64 locals that the
   // JIT keeps in registers (1.6× the speed of one row; three rows spill); the
   // B loads are contiguous. Then an odd last row, and N's last N mod 4 columns.
@@ -141,8 +174,9 @@ function jsGemm(M, N, K, A, a0, sam, sak, B, b0, ldb, C, c0, ldc, acc) {
       C[c] = acc ? C[c] + s : s;
     }
   }
-}
+};
 
+/** @param {number} z @param {number} act */
 function jsActivate(z, act) {
   if (act === RELU) return z > 0 ? z : 0;
   if (act === TANH) return Math.tanh(z);
@@ -151,7 +185,7 @@ function jsActivate(z, act) {
 }
 
 /** The kernels in plain JavaScript: the fallback where WebAssembly SIMD is missing. */
-export const jsKernels = addGemmVariants({
+export const jsKernels = addGemmVariants(/** @satisfies {BaseKernels} */ ({
   name: "js",
   workspace(sizes) {
     const views = sizes.map((n) => new Float32Array(n));
@@ -227,7 +261,7 @@ export const jsKernels = addGemmVariants({
       p[k] -= (step * m) / (Math.sqrt(v) / bc2 + eps);
     }
   },
-});
+}));
 
 // -- WebAssembly SIMD --------------------------------------------------------------------
 
@@ -247,11 +281,33 @@ export function wasmSimdSupported() {
 
 const ALIGN = 64; // as wasm/kernels.c: every buffer starts on a cache line
 
+/** What wasm/kernels.c exports (pointers are byte addresses, flags 0 or 1).
+ *  @typedef {object} WasmExports
+ *  @property {WebAssembly.Memory} memory
+ *  @property {(bytes: number) => number} cg_alloc
+ *  @property {(addr: number) => void} cg_release
+ *  @property {(M: number, N: number, K: number, A: number, sam: number, sak: number, B: number, ldb: number,
+ *    C: number, ldc: number, acc: number) => void} cg_gemm
+ *  @property {(rows: number, cols: number, Z: number, b: number, act: number) => void} cg_bias_act
+ *  @property {(n: number, D: number, A: number, act: number) => void} cg_act_grad
+ *  @property {(rows: number, cols: number, D: number, out: number, acc: number) => void} cg_row_sums
+ *  @property {(K: number, nb: number, Z: number, D: number, scale: number, S: number) => void} cg_softmax
+ *  @property {(rows: number, cols: number, S: number, T: number) => void} cg_transpose
+ *  @property {(n: number, p: number, g: number, lr: number) => void} cg_sgd
+ *  @property {(n: number, p: number, g: number, v: number, lr: number, mu: number, nesterov: number) => void} cg_momentum
+ *  @property {(n: number, p: number, g: number, m1: number, m2: number, b1: number, b2: number, eps: number,
+ *    step: number, bc2: number) => void} cg_adam
+ */
+/** A workspace view of wasm memory, carrying its byte address.
+ *  @typedef {Float32Array & {wasmAddr?: number}} WasmView */
+
 /**
  * The WebAssembly SIMD kernels, from the bytes of static/kernels.wasm (an
  * ArrayBuffer or view), a fetch Response (or a promise of one), or a compiled
  * WebAssembly.Module. Rejects where the engine has no WebAssembly SIMD (test
  * wasmSimdSupported() first, or catch): jsKernels is the fallback.
+ * @param {BufferSource | Response | WebAssembly.Module | Promise<BufferSource | Response | WebAssembly.Module>} source
+ * @returns {Promise<Kernels & {memory: WebAssembly.Memory}>}
  */
 export async function loadWasmKernels(source) {
   const src = await source;
@@ -261,10 +317,13 @@ export async function loadWasmKernels(source) {
   } else if (typeof Response !== "undefined" && src instanceof Response) {
     if (!src.ok) throw new Error(`kernels.wasm: HTTP ${src.status}`);
     instance = (await WebAssembly.instantiate(await src.arrayBuffer(), {})).instance;
-  } else {
+  } else if (src instanceof ArrayBuffer || ArrayBuffer.isView(src)) {
     instance = (await WebAssembly.instantiate(src, {})).instance;
+  } else {
+    throw new TypeError("kernels.wasm: expected bytes, a Response or a WebAssembly.Module");
   }
-  const x = instance.exports;
+  // The exports wasm/kernels.c declares (the module is ours, built with it).
+  const x = /** @type {WasmExports} */ (/** @type {unknown} */ (instance.exports));
   const memory = x.memory;
 
   // Byte address of (view, offset in floats). Workspace views carry their address
@@ -272,6 +331,7 @@ export async function loadWasmKernels(source) {
   // `byteOffset` getters (a tiny model's step makes ~30 calls), and it stays
   // right after the memory grows, since growth moves no data. Any other array
   // would make the kernel read whatever lies at some address: refuse it.
+  /** @param {WasmView} view @param {number} off */
   function ptr(view, off) {
     const addr = view.wasmAddr;
     if (addr === undefined) throw new Error("kernels: array is not a wasm workspace view");
@@ -281,17 +341,20 @@ export async function loadWasmKernels(source) {
   // cg_alloc is a bump allocator: blocks are freed in any order but their space
   // comes back only once every later block is gone too (nn.js frees in LIFO order
   // in practice: a task's workspace, or a predict() inside a task's life).
-  const blocks = []; // { addr, live }, in address order
+  /** @type {{addr: number, live: boolean}[]} */
+  const blocks = []; // in address order
   function release() {
-    while (blocks.length && !blocks[blocks.length - 1].live) {
-      x.cg_release(blocks.pop().addr);
+    for (let last = blocks.at(-1); last !== undefined && !last.live; last = blocks.at(-1)) {
+      blocks.pop();
+      x.cg_release(last.addr);
     }
   }
 
-  return addGemmVariants({
+  return addGemmVariants(/** @satisfies {BaseKernels & {memory: WebAssembly.Memory}} */ ({
     name: "wasm-simd",
     memory,
     workspace(sizes) {
+      /** @type {number[]} */
       const offsets = [];
       let bytes = 0;
       for (const n of sizes) {
@@ -306,14 +369,19 @@ export async function loadWasmKernels(source) {
       new Uint8Array(memory.buffer, addr, bytes).fill(0);
       const block = { addr, live: true };
       blocks.push(block);
-      let buffer = null, views = null;
+      /** @type {ArrayBufferLike | null} */
+      let buffer = null;
+      /** @type {WasmView[]} */
+      let views = [];
       return {
         views() {
           if (!block.live) throw new Error("workspace: used after free()");
           if (buffer !== memory.buffer) {
             buffer = memory.buffer;
+            const now = memory.buffer;
             views = sizes.map((n, i) => {
-              const v = new Float32Array(buffer, addr + offsets[i], n);
+              /** @type {WasmView} */
+              const v = new Float32Array(now, addr + offsets[i], n);
               v.wasmAddr = addr + offsets[i];
               return v;
             });
@@ -323,7 +391,8 @@ export async function loadWasmKernels(source) {
         free() {
           if (!block.live) return;
           block.live = false;
-          views = buffer = null;
+          views = [];
+          buffer = null;
           release();
         },
       };
@@ -355,5 +424,5 @@ export async function loadWasmKernels(source) {
     adam(n, p, g, m1, m2, b1, b2, eps, step, bc2) {
       x.cg_adam(n, ptr(p, 0), ptr(g, 0), ptr(m1, 0), ptr(m2, 0), b1, b2, eps, step, bc2);
     },
-  });
+  }));
 }

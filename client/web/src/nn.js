@@ -23,6 +23,26 @@ import { normalizeSpec, paramCount } from "./spec.js";
 import { Generator } from "./rng.js";
 import { ACT, expd, jsKernels } from "./kernels.js";
 
+/** @typedef {import("./spec.js").Spec} Spec */
+/** @typedef {import("./spec.js").FullSpec} FullSpec */
+/** @typedef {import("./kernels.js").Kernels} Kernels */
+/** @typedef {import("./kernels.js").Workspace} Workspace */
+/** A task's rows: X [n·f]; y int32 labels [n] (t = 0) or float32 targets [n·t].
+ *  @typedef {{X: Float32Array, y: Int32Array | Float32Array, n: number, f: number, t?: number}} Rows */
+/** What a task needs of the §3.3 task map (the decoded message, or a bench's);
+ *  missing keys take their defaults.
+ *  @typedef {{kind?: string, spec: Spec, steps?: number, batch?: number, seed?: number | bigint,
+ *    optimizer?: Record<string, unknown>, boundary?: number | null, temperature?: number,
+ *    distill_alpha?: number, teacher_logits?: {shape: number[], data: ArrayLike<number>} | null}} TaskLike */
+/** A task's result (§12.7): the update (null for evaluate), and with a
+ *  boundary, the boundary layer's activations.
+ *  @typedef {{update: Float32Array | null, loss: number, samples: number, steps: number,
+ *    metrics: Record<string, number>, boundary?: Float32Array}} TaskResult */
+/** Integer class labels, one per row (checked in range).
+ *  @typedef {Int32Array | Float32Array} Labels */
+/** The optimizer map with its defaults (parseOptimizer).
+ *  @typedef {{kind: string, lr: number, momentum: number, nesterov: boolean, beta1: number, beta2: number, eps: number}} Optimizer */
+
 /** The portable init of §12.3. */
 export const INIT_SCHEME = "x128ss-ih12";
 
@@ -31,8 +51,16 @@ const BLOCK_ROWS = 256;
 
 const KINDS = new Set(["train", "gradient", "evaluate", "distill"]);
 
+/** The buffers of a Net's workspace, by name.
+ *  @typedef {"params" | "XT" | "A" | "D1" | "S" | "G" | "XB" | "D2" | "TR" | "V" | "M1" | "M2"} BufferName */
+
+/** A buffer a network does not have. @type {Float32Array} */
+const EMPTY = new Float32Array(0);
+
 /** Per layer {o, i, w, b}: out and in widths, offsets of W and b in the params. */
+/** @param {readonly number[]} widths */
 function layersOf(widths) {
+  /** @type {{o: number, i: number, w: number, b: number}[]} */
   const layers = [];
   let off = 0;
   for (let l = 0; l + 1 < widths.length; l++) {
@@ -43,13 +71,15 @@ function layersOf(widths) {
   return layers;
 }
 
+/** @param {FullSpec} spec */
 function actCodes(spec) {
   return spec.activations.map((a) => {
-    if (!(a in ACT)) throw new Error(`spec: unknown activation ${JSON.stringify(a)}`);
-    return ACT[a];
+    if (!Object.hasOwn(ACT, a)) throw new Error(`spec: unknown activation ${JSON.stringify(a)}`);
+    return ACT[/** @type {keyof typeof ACT} */ (a)];
   });
 }
 
+/** @param {Spec} spec */
 function checkSpec(spec) {
   const s = normalizeSpec(spec);
   const L = s.widths.length - 1;
@@ -67,6 +97,7 @@ function checkSpec(spec) {
 // -- version 0 -----------------------------------------------------------------------------
 
 /** σ_l of §12.3 in float64: He sqrt(2/in) or Xavier sqrt(2/(in + out)). */
+/** @param {Spec} spec @param {number} layer */
 export function initStd(spec, layer) {
   const s = normalizeSpec(spec);
   const i = s.widths[layer], o = s.widths[layer + 1];
@@ -78,6 +109,8 @@ export function initStd(spec, layer) {
  * float32(z_k · σ_l); biases 0. `initSeed` is a Number (safe integer) or BigInt.
  * A model too big for one Float32Array (the extreme preset) is refused: check
  * its CRC layer by layer with Generator.normalInto and initStd instead.
+ * @param {Spec} spec
+ * @param {number | bigint} initSeed
  */
 export function initParams(spec, initSeed) {
   const s = checkSpec(spec);
@@ -101,14 +134,17 @@ const OPT_DEFAULTS = Object.freeze({
  * compute exactly as specified (an unknown key or kind, a value out of range)
  * throws an Error whose message starts with "optimizer:", so the caller can
  * decline the task rather than send a guessed update.
+ * @param {Record<string, unknown> | null | undefined} map
+ * @returns {Optimizer}
  */
 export function parseOptimizer(map) {
+  /** @type {Record<string, unknown>} the values as given, checked below */
   const opt = { ...OPT_DEFAULTS };
   for (const [key, value] of Object.entries(map ?? {})) {
-    if (!(key in OPT_DEFAULTS)) throw new Error(`optimizer: unknown key ${JSON.stringify(key)}`);
+    if (!Object.hasOwn(OPT_DEFAULTS, key)) throw new Error(`optimizer: unknown key ${JSON.stringify(key)}`);
     opt[key] = value;
   }
-  if (!["sgd", "momentum", "adam"].includes(opt.kind)) {
+  if (opt.kind !== "sgd" && opt.kind !== "momentum" && opt.kind !== "adam") {
     throw new Error(`optimizer: unknown kind ${JSON.stringify(opt.kind)}`);
   }
   for (const key of ["lr", "momentum", "beta1", "beta2", "eps"]) {
@@ -118,28 +154,36 @@ export function parseOptimizer(map) {
     }
   }
   if (typeof opt.nesterov !== "boolean") throw new Error(`optimizer: nesterov must be a bool, got ${String(opt.nesterov)}`);
-  if (!(opt.lr > 0)) throw new Error(`optimizer: lr must be > 0, got ${opt.lr}`);
-  if (!(opt.eps > 0)) throw new Error(`optimizer: eps must be > 0, got ${opt.eps}`);
-  for (const key of ["momentum", "beta1", "beta2"]) {
-    if (!(opt[key] >= 0 && opt[key] < 1)) throw new Error(`optimizer: ${key} must be in [0, 1), got ${opt[key]}`);
+  const checked = /** @type {Optimizer} every field checked above */ (opt);
+  if (!(checked.lr > 0)) throw new Error(`optimizer: lr must be > 0, got ${checked.lr}`);
+  if (!(checked.eps > 0)) throw new Error(`optimizer: eps must be > 0, got ${checked.eps}`);
+  for (const key of /** @type {const} */ (["momentum", "beta1", "beta2"])) {
+    if (!(checked[key] >= 0 && checked[key] < 1)) throw new Error(`optimizer: ${key} must be in [0, 1), got ${checked[key]}`);
   }
-  return opt;
+  return checked;
 }
 
+/** @param {TaskLike} task @param {"steps" | "batch"} key
+ *  @param {number} dflt @param {number} lo @param {number} hi */
 function intField(task, key, dflt, lo, hi) {
+  /** @type {unknown} */
   let v = task[key] ?? dflt;
   if (typeof v === "bigint") v = Number(v);
-  if (!Number.isInteger(v) || v < lo || v > hi) throw new Error(`task: ${key} must be an integer in [${lo}, ${hi}], got ${String(v)}`);
+  if (typeof v !== "number" || !Number.isInteger(v) || v < lo || v > hi) throw new Error(`task: ${key} must be an integer in [${lo}, ${hi}], got ${String(v)}`);
   return v;
 }
 
+/** @param {TaskLike} task @param {"temperature" | "distill_alpha"} key
+ *  @param {number} dflt @param {number} lo @param {number} hi */
 function numField(task, key, dflt, lo, hi) {
   const v = task[key] ?? dflt;
   if (typeof v !== "number" || !(v >= lo && v <= hi)) throw new Error(`task: ${key} must be a number in [${lo}, ${hi}], got ${String(v)}`);
   return v;
 }
 
-/** Checks the rows against the spec; returns {labels, targets} (one is null). */
+/** Checks the rows against the spec; returns {labels, targets} (one is null).
+ *  @param {Rows} rows @param {FullSpec} spec
+ *  @returns {{labels: Labels, targets: null} | {labels: null, targets: Float32Array}} */
 function checkRows(rows, spec) {
   const { X, y, n, f } = rows;
   const t = rows.t ?? 0;
@@ -169,6 +213,8 @@ function checkRows(rows, spec) {
  * softmax itself is a kernel (its exps were most of a small model's loss);
  * `rowIndex[r]` is the task row of batch row r.
  */
+/** @param {Net} net @param {number} nb @param {number} K @param {Labels} labels
+ *  @param {Uint32Array} rowIndex @param {number} scale */
 function ceLoss(net, nb, K, labels, rowIndex, scale) {
   const out = net.A, o0 = net.outOffset, D = net.D1, S = net.S;
   net.k.softmax(K, nb, out, o0, D, 0, scale, S, 0);
@@ -186,12 +232,15 @@ function ceLoss(net, nb, K, labels, rowIndex, scale) {
  * e = out − target in float32 as the reference computes it. Targets are the
  * float rows or the one-hot vectors of labels.
  */
+/** @param {Float32Array} out @param {number} o0 @param {number} nb @param {number} K
+ *  @param {Labels | null} labels @param {Float32Array | null} targets (one of the two)
+ *  @param {Uint32Array} rowIndex @param {number} scale @param {Float32Array} D */
 function mseGrad(out, o0, nb, K, labels, targets, rowIndex, scale, D) {
   let total = 0;
   for (let r = 0; r < nb; r++) {
     const t = rowIndex[r];
     for (let j = 0; j < K; j++) {
-      const want = targets ? targets[t * K + j] : labels[t] === j ? 1 : 0;
+      const want = targets ? targets[t * K + j] : labels?.[t] === j ? 1 : 0;
       const e = Math.fround(out[o0 + j * nb + r] - want);
       total += e * e;
       D[j * nb + r] = e * scale;
@@ -204,6 +253,10 @@ function mseGrad(out, o0, nb, K, labels, targets, rowIndex, scale, D) {
  * The distillation loss of §12.6 over nb rows: returns the sum of the rows'
  * losses and writes D = (α·T·(q − p) + (1 − α)·(s − onehot))·scale.
  */
+/** @param {Float32Array} out @param {number} o0 @param {number} nb @param {number} K
+ *  @param {Labels} labels @param {Float32Array} teacher @param {Uint32Array} rowIndex
+ *  @param {number} T @param {number} alpha @param {number} scale @param {Float32Array} D
+ *  @param {Float64Array} sc */
 function kdGrad(out, o0, nb, K, labels, teacher, rowIndex, T, alpha, scale, D, sc) {
   const invT = 1 / T;
   const ps = sc.subarray(0, K), pst = sc.subarray(K, 2 * K), ptt = sc.subarray(2 * K, 3 * K);
@@ -237,6 +290,7 @@ function kdGrad(out, o0, nb, K, labels, teacher, rowIndex, T, alpha, scale, D, s
 }
 
 /** Index of the first largest of n values at a[a0 + k·stride]. */
+/** @param {ArrayLike<number>} a @param {number} a0 @param {number} n @param {number} stride */
 function argmax(a, a0, n, stride) {
   let best = 0, v = a[a0];
   for (let k = 1; k < n; k++) {
@@ -257,6 +311,8 @@ function argmax(a, a0, n, stride) {
  * scratch TR. `rows` is the most rows one block holds.
  */
 class Net {
+  /** @param {FullSpec} spec @param {Kernels} kernels @param {number} rows
+   *  @param {{grad?: boolean, opt?: string | null}} [options] */
   constructor(spec, kernels, rows, { grad = false, opt = null } = {}) {
     this.k = kernels;
     this.spec = spec;
@@ -273,6 +329,7 @@ class Net {
     }
     const widest = Math.max(...spec.widths.slice(1));
     const hidden = L > 1 ? Math.max(...spec.widths.slice(1, L)) : 0;
+    /** @type {BufferName[]} */
     const names = ["params", "XT", "A", "D1", "S"];
     const sizes = [this.P, f * rows, aSize, widest * rows, 2 * rows];
     if (grad) {
@@ -283,6 +340,20 @@ class Net {
     if (opt === "adam") names.push("M1", "M2"), sizes.push(this.P, this.P);
     this.names = names;
     this.ws = kernels.workspace(sizes);
+    // The views, by name; a buffer this net does not have (no gradient, another
+    // optimizer) is an empty array.
+    this.params = EMPTY;
+    this.XT = EMPTY;
+    this.A = EMPTY;
+    this.D1 = EMPTY;
+    this.S = EMPTY;
+    this.G = EMPTY;
+    this.XB = EMPTY;
+    this.D2 = EMPTY;
+    this.TR = EMPTY;
+    this.V = EMPTY;
+    this.M1 = EMPTY;
+    this.M2 = EMPTY;
     this.bind();
   }
 
@@ -297,16 +368,18 @@ class Net {
   }
 
   /** Copies nb rows of X (task rows rowIndex[0..nb)) into XT, and into XB when training. */
+  /** @param {Float32Array} X @param {number} f @param {Uint32Array} rowIndex @param {number} nb */
   gather(X, f, rowIndex, nb) {
     const XT = this.XT, XB = this.XB;
     for (let r = 0; r < nb; r++) {
       const src = rowIndex[r] * f;
       for (let c = 0; c < f; c++) XT[c * nb + r] = X[src + c];
-      if (XB) for (let c = 0; c < f; c++) XB[r * f + c] = X[src + c];
+      if (XB.length) for (let c = 0; c < f; c++) XB[r * f + c] = X[src + c];
     }
   }
 
   /** Forward pass over the nb rows in XT; the output is A at outOffset, [K, nb]. */
+  /** @param {number} nb */
   forward(nb) {
     const k = this.k, A = this.A;
     let prev = this.XT, prevOff = 0;
@@ -324,6 +397,7 @@ class Net {
   }
 
   /** Backpropagates dLoss/dout (D1, [K, nb]) into G; acc adds to G instead of writing it. */
+  /** @param {number} nb @param {boolean} acc */
   backward(nb, acc) {
     const k = this.k, A = this.A, G = this.G;
     let cur = this.D1, other = this.D2;
@@ -362,6 +436,7 @@ const reaper = typeof FinalizationRegistry === "function" ? new FinalizationRegi
  * the whole row list (gradient, evaluate): the tests check it against §12.2.
  */
 class TaskRun {
+  /** @param {TaskLike} task @param {Float32Array} start @param {Rows} rows @param {Kernels} kernels */
   constructor(task, start, rows, kernels) {
     const kind = task.kind ?? "train";
     if (!KINDS.has(kind)) throw new Error(`task: unknown kind ${JSON.stringify(kind)}`);
@@ -389,17 +464,27 @@ class TaskRun {
     this.lossSum = 0;
     this.completed = 0; // units done: steps, or blocks of `batch` rows
     this.closed = false;
+    /** @type {TaskResult | null} */
     this.cached = null;
     this.ex = new Float64Array(3 * this.K); // distillation's softmax scratch
+    // train / distill: the optimizer and the row sampler (§12.2)
+    /** @type {Optimizer | null} */
+    this.opt = null;
+    this.sampler = new Generator(this.seed, 0);
+    this.perm = new Uint32Array(0);
+    this.pos = 0;
+    // distill (setupDistill)
+    this.teacher = EMPTY;
+    this.temperature = 1;
+    this.alpha = 0;
+    // gradient / evaluate: rows R, progress and correct guesses
+    this.R = this.n;
+    this.rowsDone = 0;
+    this.correct = 0;
 
-    let opt = null;
     if (kind === "train" || kind === "distill") {
       this.opt = parseOptimizer(task.optimizer);
-      opt = this.opt.kind;
       this.total = this.steps;
-      this.sampler = new Generator(this.seed, 0);
-      this.perm = new Uint32Array(0);
-      this.pos = 0;
       this.rowIndex = new Uint32Array(this.batch);
       if (kind === "distill") this.setupDistill(task);
     } else {
@@ -410,10 +495,9 @@ class TaskRun {
         kind === "gradient"
           ? new Generator(this.seed, 0).permutation(this.n).subarray(0, this.R)
           : Uint32Array.from({ length: this.n }, (_, r) => r);
-      this.rowsDone = 0;
-      this.correct = 0;
       this.total = Math.ceil(this.R / this.batch);
     }
+    const opt = this.opt?.kind ?? null;
     // A gradient sums over its rows in blocks of exactly `batch` rows, so the
     // float32 sums, and the update, do not depend on how advance() is sliced.
     // Evaluate may take bigger blocks: a row's outputs do not depend on its block.
@@ -425,6 +509,13 @@ class TaskRun {
     reaper?.register(this, this.net.ws, this);
   }
 
+  /** The class labels: softmax_ce and distill tasks have them (checkRows). */
+  get classLabels() {
+    if (this.labels === null) throw new Error("task: needs integer class labels");
+    return this.labels;
+  }
+
+  /** @param {TaskLike} task */
   setupDistill(task) {
     if (this.spec.loss !== "softmax_ce") throw new Error(`task: distillation needs a softmax_ce model, got ${this.spec.loss}`);
     if (!this.labels) throw new Error("task: distillation needs integer labels");
@@ -473,6 +564,7 @@ class TaskRun {
   }
 
   /** Optimizer step t (from 1) of the task. */
+  /** @param {number} t */
   trainStep(t) {
     const net = this.net, B = this.batch, K = this.K;
     for (let r = 0; r < B; r++) this.rowIndex[r] = this.nextRow();
@@ -480,14 +572,15 @@ class TaskRun {
     net.forward(B);
     const out = net.A, o0 = net.outOffset;
     if (this.kind === "distill") {
-      this.lossSum += kdGrad(out, o0, B, K, this.labels, this.teacher, this.rowIndex, this.temperature, this.alpha, 1 / B, net.D1, this.ex) / B;
+      this.lossSum += kdGrad(out, o0, B, K, this.classLabels, this.teacher, this.rowIndex, this.temperature, this.alpha, 1 / B, net.D1, this.ex) / B;
     } else if (this.spec.loss === "mse") {
       this.lossSum += mseGrad(out, o0, B, K, this.labels, this.targets, this.rowIndex, 2 / (B * K), net.D1) / (B * K);
     } else {
-      this.lossSum += ceLoss(net, B, K, this.labels, this.rowIndex, 1 / B) / B;
+      this.lossSum += ceLoss(net, B, K, this.classLabels, this.rowIndex, 1 / B) / B;
     }
     net.backward(B, false);
     const o = this.opt, k = net.k, P = net.P;
+    if (o === null) throw new Error(`task: a ${this.kind} task has no optimizer`);
     if (o.kind === "sgd") {
       k.sgd(P, net.params, net.G, o.lr);
     } else if (o.kind === "momentum") {
@@ -498,6 +591,7 @@ class TaskRun {
   }
 
   /** gradient / evaluate: nb rows from position `from` of the row list. */
+  /** @param {number} from @param {number} nb */
   block(from, nb) {
     const net = this.net, K = this.K;
     const idx = this.rowIndex.subarray(from, from + nb);
@@ -509,7 +603,7 @@ class TaskRun {
       this.lossSum +=
         this.spec.loss === "mse"
           ? mseGrad(out, o0, nb, K, this.labels, this.targets, idx, 2 / (R * K), net.D1)
-          : ceLoss(net, nb, K, this.labels, idx, 1 / R);
+          : ceLoss(net, nb, K, this.classLabels, idx, 1 / R);
       net.backward(nb, from > 0);
       return;
     }
@@ -520,17 +614,17 @@ class TaskRun {
       const guess = argmax(out, o0 + r, K, nb);
       if (this.spec.loss === "mse") {
         for (let j = 0; j < K; j++) {
-          const want = this.targets ? this.targets[t * K + j] : this.labels[t] === j ? 1 : 0;
+          const want = this.targets ? this.targets[t * K + j] : this.classLabels[t] === j ? 1 : 0;
           const e = out[o0 + j * nb + r] - want;
           this.lossSum += e * e;
         }
-        const truth = this.targets ? argmax(this.targets, t * K, K, 1) : this.labels[t];
+        const truth = this.targets ? argmax(this.targets, t * K, K, 1) : this.classLabels[t];
         if (guess === truth) this.correct++;
-      } else if (guess === this.labels[t]) {
+      } else if (guess === this.classLabels[t]) {
         this.correct++;
       }
     }
-    if (this.spec.loss === "softmax_ce") this.lossSum += ceLoss(net, nb, K, this.labels, idx, 1);
+    if (this.spec.loss === "softmax_ce") this.lossSum += ceLoss(net, nb, K, this.classLabels, idx, 1);
   }
 
   /**
@@ -543,6 +637,7 @@ class TaskRun {
     if (this.closed) throw new Error("task: result() after close()");
     const net = this.net;
     net.bind();
+    /** @type {TaskResult} */
     let res;
     if (this.kind === "train" || this.kind === "distill") {
       const P = net.P, p = net.params, start = this.start;
@@ -581,13 +676,16 @@ class TaskRun {
  * `{X, y, n, f, t}` (t = 0: integer labels in y). Returns the TaskRun:
  * `done`, `advance(maxSteps) → steps run`, `result()`, `close()`, and
  * `completed` / `total` units for progress.
+ * @param {TaskLike} task @param {Float32Array} start @param {Rows} rows @param {Kernels} [kernels]
  */
 export function startTask(task, start, rows, kernels = jsKernels) {
   return new TaskRun(task, start, rows, kernels);
 }
 
 /** The activations of hidden layer `cut` (n × width, row-major) for n rows of X
- *  under `params`: its first `cut` layers' forward pass (§3.3.2, §12.7). */
+ *  under `params`: its first `cut` layers' forward pass (§3.3.2, §12.7).
+ *  @param {Spec} spec @param {Float32Array} params @param {number} cut @param {Float32Array} X
+ *  @param {number} n @param {Kernels} [kernels] */
 export function boundaryOf(spec, params, cut, X, n, kernels = jsKernels) {
   const s = checkSpec(spec);
   if (!(cut >= 1 && cut < s.widths.length - 1)) throw new Error(`boundary: hidden layer ${cut} is not in the spec`);
@@ -596,7 +694,9 @@ export function boundaryOf(spec, params, cut, X, n, kernels = jsKernels) {
   return predict(block, params.subarray(0, paramCount(widths)), X, n, kernels);
 }
 
-/** Raw outputs (n × out, row-major) of the network for n rows of X (n × in). */
+/** Raw outputs (n × out, row-major) of the network for n rows of X (n × in).
+ *  @param {Spec} spec @param {Float32Array} params @param {Float32Array} X @param {number} n
+ *  @param {Kernels} [kernels] */
 export function predict(spec, params, X, n, kernels = jsKernels) {
   const s = checkSpec(spec);
   const f = s.widths[0], K = s.widths[s.widths.length - 1];

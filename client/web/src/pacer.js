@@ -5,7 +5,11 @@
 
 const MIN_FRAME_BYTES = 4096;
 
-/** Limits as the wire has them (nil rate = no limit), with derived sizes. */
+/** A link's limits as welcome.limits carries them (§3.2): a null rate is no limit.
+ *  @typedef {{bytes_per_s?: number | null, messages_per_s?: number | null, burst?: number, max_message_bytes: number}} WireLimits */
+
+/** Limits as the wire has them (nil rate = no limit), with derived sizes.
+ *  @param {WireLimits} wire */
 export function linkLimits(wire) {
   const bytesPerS = wire.bytes_per_s ?? Infinity;
   const messagesPerS = wire.messages_per_s ?? Infinity;
@@ -27,7 +31,10 @@ export function linkLimits(wire) {
   };
 }
 
+/** @typedef {ReturnType<typeof linkLimits>} LinkLimits */
+
 class Bucket {
+  /** @param {number} rate @param {number} capacity */
   constructor(rate, capacity) {
     this.rate = rate;
     this.capacity = capacity;
@@ -35,6 +42,7 @@ class Bucket {
     this.t = -Infinity;
   }
 
+  /** @param {number} now */
   refill(now) {
     if (this.rate === Infinity) this.level = this.capacity;
     else if (this.t !== -Infinity && now > this.t)
@@ -44,6 +52,7 @@ class Bucket {
 }
 
 export class Pacer {
+  /** @param {LinkLimits} limits */
   constructor(limits) {
     this.limits = limits;
     this.bytes = new Bucket(limits.bytesPerS, limits.bytesPerS < Infinity ? limits.burstBytes : Infinity);
@@ -51,6 +60,7 @@ export class Pacer {
   }
 
   /** Earliest time ≥ now at which a frame of n bytes may go. */
+  /** @param {number} n @param {number} now */
   nextSendTime(n, now) {
     const { bytes, msgs } = this;
     bytes.refill(now);
@@ -63,6 +73,7 @@ export class Pacer {
   }
 
   /** Take the tokens of a frame of n bytes if it is due now; say whether it was. */
+  /** @param {number} n @param {number} now */
   tryConsume(n, now) {
     if (this.nextSendTime(n, now) > now) return false;
     if (this.bytes.rate < Infinity) this.bytes.level -= n;

@@ -6,16 +6,53 @@
 // field gives a join token; `?share=0.5` the CPU share; `?kernels=js` forces
 // the plain-JS kernels (benchmarks).
 
-const $ = (id) => document.getElementById(id);
+/** @typedef {import("./pagemessages.js").ToWorker} ToWorker */
+/** @typedef {import("./pagemessages.js").ToPage} ToPage */
+/** @typedef {import("./pagemessages.js").Stats} Stats */
+/** /api/status, the part this page shows.
+ *  @typedef {{clients: number, accepted_results: number, job: {name: string, widths: number[]},
+ *    last_evaluation?: {accuracy?: number | null} | null}} Status */
+
+/** The element `#id` of index.html, of class `Type` (a missing one is our bug).
+ *  @template {HTMLElement} T
+ *  @param {string} id @param {new () => T} Type @returns {T} */
+function element(id, Type) {
+  const el = document.getElementById(id);
+  if (!(el instanceof Type)) throw new Error(`page: #${id} is not a ${Type.name}`);
+  return el;
+}
+/** @param {string} id */
+const $ = (id) => element(id, HTMLElement);
+/** @param {string} id */
+const input = (id) => element(id, HTMLInputElement);
+/** @param {string} id */
+const button = (id) => element(id, HTMLButtonElement);
 const params = new URLSearchParams(location.search);
 const hashParams = new URLSearchParams(location.hash.slice(1));
 
 /** What tests and a curious volunteer can read: the worker's latest numbers. */
-const state = { stats: null, crowd: null, logs: [], finished: null, joined: false };
-globalThis.crowdgrad = state;
+const state = {
+  /** @type {Stats | null} */
+  stats: null,
+  /** @type {Status | null} */
+  crowd: null,
+  /** @type {ToPage[]} */
+  logs: [],
+  /** @type {string | null} */
+  finished: null,
+  joined: false,
+  /** @type {{last: number | null, times: number[]} | null} the crowd view's frame times */
+  frames: null,
+};
+Object.assign(globalThis, { crowdgrad: state });
 
 const worker = new Worker(new URL("worker.js", location.href));
-worker.onmessage = (ev) => onWorker(ev.data);
+worker.onmessage = (/** @type {MessageEvent<ToPage>} */ ev) => onWorker(ev.data);
+
+/** @param {ToWorker} msg */
+function tell(msg) {
+  worker.postMessage(msg);
+}
 
 /** The websocket beside the page: /ws, or /crowd/ws for a page mounted at /crowd/. */
 function wsUrl() {
@@ -27,27 +64,29 @@ function wsUrl() {
 function join() {
   if (state.joined) return;
   state.joined = true;
-  const token = $("token").value || hashParams.get("token") || "";
-  worker.postMessage({
+  const token = input("token").value || hashParams.get("token") || "";
+  tell({
     cmd: "join",
     url: params.get("ws") || wsUrl(),
     token,
-    share: Number($("share").value),
+    share: Number(input("share").value),
     kernels: params.get("kernels") || "wasm",
   });
-  $("join").disabled = true;
-  $("token").disabled = true;
-  $("pause").disabled = false;
-  $("leave").disabled = false;
+  button("join").disabled = true;
+  input("token").disabled = true;
+  button("pause").disabled = false;
+  button("leave").disabled = false;
   setStatus("connecting…");
 }
 
+/** @param {string} text */
 function setStatus(text, cls = "") {
   const el = $("status");
   el.textContent = text;
   el.className = `status ${cls}`;
 }
 
+/** @param {ToPage} msg */
 function onWorker(msg) {
   switch (msg.type) {
     case "stats":
@@ -70,14 +109,15 @@ function onWorker(msg) {
           : `Stopped: ${msg.reason}.`,
         "finished",
       );
-      $("pause").disabled = true;
-      $("leave").disabled = true;
+      button("pause").disabled = true;
+      button("leave").disabled = true;
       break;
     default:
       break;
   }
 }
 
+/** @param {number} n */
 function bytes(n) {
   if (n < 1024) return `${n} B`;
   if (n < 1 << 20) return `${(n / 1024).toFixed(1)} kB`;
@@ -86,8 +126,9 @@ function bytes(n) {
 
 // What lending this tab costs the visitor's link: both directions' bytes per
 // hour since the first byte moved (shown after a minute: sooner it is noise).
-const traffic = { since: null };
+const traffic = { since: /** @type {number | null} */ (null) };
 
+/** @param {number} total */
 function perHour(total) {
   const now = performance.now();
   if (total > 0 && traffic.since === null) traffic.since = now;
@@ -95,16 +136,17 @@ function perHour(total) {
   return hours < 1 / 60 ? "–" : `${bytes(Math.round(total / hours))} an hour`;
 }
 
+/** @param {Stats} s */
 function showStats(s) {
-  $("tasks").textContent = s.tasks;
-  $("accepted").textContent = s.accepted;
+  $("tasks").textContent = String(s.tasks);
+  $("accepted").textContent = String(s.accepted);
   $("refused").textContent = `${s.refused} · ${s.declined}`;
   $("steps").textContent = s.steps.toLocaleString();
   $("bytes-in").textContent = bytes(s.bytesIn);
   $("bytes-out").textContent = bytes(s.bytesOut);
   $("per-hour").textContent = perHour(s.bytesIn + s.bytesOut);
   $("kernels").textContent = s.kernels === "wasm-simd" ? "WebAssembly SIMD" : "plain JavaScript";
-  $("version").textContent = s.modelVersion ?? "–";
+  $("version").textContent = s.modelVersion === null ? "–" : String(s.modelVersion);
   if (s.finished === null) {
     const busy = s.hidden ? " (tab hidden: a quarter of the share)" : "";
     setStatus(`${s.status}${busy}`);
@@ -116,10 +158,11 @@ async function pollCrowd() {
   try {
     const res = await fetch(new URL("api/status", location.href), { cache: "no-store" });
     if (res.ok) {
+      /** @type {Status} */
       const st = await res.json();
       state.crowd = st;
       $("job").textContent = `${st.job.name} (${st.job.widths.join("·")})`;
-      $("crowd").textContent = st.clients;
+      $("crowd").textContent = String(st.clients);
       const acc = st.last_evaluation?.accuracy;
       $("accuracy").textContent = acc == null ? "not measured yet" : `${(100 * acc).toFixed(1)}%`;
       $("crowd-accepted").textContent = st.accepted_results.toLocaleString();
@@ -132,11 +175,21 @@ async function pollCrowd() {
 
 // -- the crowd view: one dot per volunteer, animated every frame -------------
 
-const view = $("crowd-view");
-const vctx = view.getContext("2d");
+const view = element("crowd-view", HTMLCanvasElement);
+const vctx = context2d(view);
+/** @type {{last: number | null, times: number[]}} */
 const frames = { last: null, times: [] };
 state.frames = frames;
 
+/** The 2-D context of `canvas` (every browser the page supports has one).
+ *  @param {HTMLCanvasElement} canvas */
+function context2d(canvas) {
+  const ctx = canvas.getContext("2d");
+  if (ctx === null) throw new Error("page: no 2-D canvas context");
+  return ctx;
+}
+
+/** @param {number} t */
 function drawCrowd(t) {
   if (frames.last !== null) {
     frames.times.push(t - frames.last);
@@ -162,8 +215,8 @@ requestAnimationFrame(drawCrowd);
 
 // -- the drawing pad: 160×160 strokes read as the digits job's 8×8 input -----
 
-const pad = $("pad");
-const pctx = pad.getContext("2d");
+const pad = element("pad", HTMLCanvasElement);
+const pctx = context2d(pad);
 let drawing = false;
 let predictId = 0;
 
@@ -174,6 +227,7 @@ function clearPad() {
   $("guess").textContent = "";
 }
 
+/** @param {PointerEvent} ev */
 function stroke(ev) {
   const r = pad.getBoundingClientRect();
   const x = ((ev.clientX - r.left) / r.width) * pad.width;
@@ -199,9 +253,10 @@ function padFeatures() {
 
 function askPrediction() {
   predictId += 1;
-  worker.postMessage({ cmd: "predict", id: predictId, x: padFeatures() });
+  tell({ cmd: "predict", id: predictId, x: padFeatures() });
 }
 
+/** @param {Extract<ToPage, {type: "prediction"}>} msg */
 function showPrediction(msg) {
   if (msg.id !== predictId) return;
   const bars = $("bars");
@@ -246,30 +301,35 @@ $("join-panel").addEventListener("submit", (ev) => {
   join();
 });
 $("clear").addEventListener("click", clearPad);
-$("share").addEventListener("input", () => {
-  const v = Number($("share").value);
+input("share").addEventListener("input", () => {
+  const v = Number(input("share").value);
   $("share-out").textContent = `${Math.round(v * 100)}%`;
-  worker.postMessage({ cmd: "share", value: v });
+  tell({ cmd: "share", value: v });
 });
-$("pause").addEventListener("click", () => {
-  worker.postMessage({ cmd: "pause", value: !state.stats?.paused });
+button("pause").addEventListener("click", () => {
+  tell({ cmd: "pause", value: !state.stats?.paused });
 });
-$("leave").addEventListener("click", () => {
-  worker.postMessage({ cmd: "leave" });
-  $("pause").disabled = true;
-  $("leave").disabled = true;
+button("leave").addEventListener("click", () => {
+  tell({ cmd: "leave" });
+  button("pause").disabled = true;
+  button("leave").disabled = true;
 });
 document.addEventListener("visibilitychange", () => {
-  worker.postMessage({ cmd: "hidden", value: document.visibilityState === "hidden" });
+  tell({ cmd: "hidden", value: document.visibilityState === "hidden" });
 });
 // The page is going away: the worker says bye so its lease is reissued now.
-addEventListener("pagehide", () => worker.postMessage({ cmd: "leave" }));
+addEventListener("pagehide", () => tell({ cmd: "leave" }));
 
-if (params.has("share")) {
-  $("share").value = params.get("share");
-  $("share-out").textContent = `${Math.round(Number(params.get("share")) * 100)}%`;
+const share = params.get("share");
+if (share !== null) {
+  input("share").value = share;
+  $("share-out").textContent = `${Math.round(Number(share) * 100)}%`;
 }
-if (hashParams.has("token")) $("token").value = hashParams.get("token");
+const token = hashParams.get("token");
+if (token !== null) input("token").value = token;
 clearPad();
 pollCrowd();
 if (params.get("autostart") === "1") join();
+
+// A module (bundled into a script by build.mjs): its names stay its own.
+export {};

@@ -17,12 +17,14 @@ const GOLDEN = 0x9e3779b9;
  * permutation's cost). The rounded quotient is within 1 of the true one and
  * q·n < 2^34, so one correction of the exact remainder suffices.
  */
+/** @param {number} x @param {number} n */
 function umod(x, n) {
   const r = x - Math.floor(x / n) * n;
   return r < 0 ? r + n : r >= n ? r - n : r;
 }
 
 /** murmur3's 32-bit finaliser (a bijection of uint32), as an int32. */
+/** @param {number} h */
 function fmix32(h) {
   h ^= h >>> 16;
   h = Math.imul(h, 0x85ebca6b);
@@ -33,6 +35,7 @@ function fmix32(h) {
 }
 
 /** [low, high] 32-bit words of a 64-bit seed given as a BigInt or a safe integer. */
+/** @param {number | bigint} seed @returns {[number, number]} */
 function seedWords(seed) {
   if (typeof seed === "bigint") {
     if (seed < 0n || seed >= 1n << 64n) throw new RangeError(`seed: must be in [0, 2**64), got ${seed}`);
@@ -47,6 +50,7 @@ function seedWords(seed) {
 }
 
 /** The four state words of G(seed, stream), as uint32 Numbers (§12.1 "Seeding"). */
+/** @param {number | bigint} seed @param {number | bigint} stream */
 export function seedState(seed, stream = 0) {
   const [lo, hi] = seedWords(seed);
   const st = typeof stream === "bigint" ? Number(stream) : stream;
@@ -65,6 +69,7 @@ export function seedState(seed, stream = 0) {
 
 /** xoshiro128** seeded as G(seed, stream). State words are kept as int32. */
 export class Generator {
+  /** @param {number | bigint} seed @param {number | bigint} stream */
   constructor(seed, stream = 0) {
     const [a, b, c, d] = seedState(seed, stream);
     this.s0 = a | 0;
@@ -98,6 +103,7 @@ export class Generator {
   }
 
   /** Uniform integer in [0, n), 1 <= n <= 2^32, by rejection (always draws a word). */
+  /** @param {number} n */
   below(n) {
     if (!Number.isInteger(n) || n < 1 || n > TWO32) {
       throw new RangeError(`below: n must be an integer in [1, 2**32], got ${n}`);
@@ -110,6 +116,7 @@ export class Generator {
   }
 
   /** Fisher–Yates from the top: a permutation of 0..n-1 as a Uint32Array. */
+  /** @param {number} n */
   permutation(n) {
     const a = new Uint32Array(n);
     for (let i = 0; i < n; i++) a[i] = i;
@@ -131,6 +138,7 @@ export class Generator {
 
   /** out[offset + k] = float32(normal() · scale) for k < count (the §12.3 init),
    *  with the generator inlined: the huge preset draws 400 M words. */
+  /** @param {Float32Array | Float64Array} out @param {number} scale */
   normalInto(out, scale, offset = 0, count = out.length - offset) {
     let s0 = this.s0, s1 = this.s1, s2 = this.s2, s3 = this.s3;
     const end = offset + count;

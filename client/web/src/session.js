@@ -30,6 +30,32 @@ import { initParams } from "./nn.js";
 import { paramCount, paramsLayout, normalizeSpec } from "./spec.js";
 import { linkLimits, Pacer } from "./pacer.js";
 
+/** @typedef {import("./wire.js").Message} Message */
+/** @typedef {import("./wire.js").Task} Task */
+/** @typedef {import("./wire.js").Welcome} Welcome */
+/** @typedef {import("./wire.js").Chunk} Chunk */
+/** @typedef {import("./wire.js").OutMessage} OutMessage */
+/** @typedef {import("./shard.js").Shard} Shard */
+/** @typedef {import("./nn.js").Rows} Rows */
+/** @typedef {import("./nn.js").TaskResult} TaskResult */
+/** @typedef {import("./pacer.js").LinkLimits} LinkLimits */
+/** @typedef {import("./pacer.js").WireLimits} WireLimits */
+
+/** What the session asks its driver to do (worker.js carries them out).
+ *  @typedef {{type: "send", frame: Uint8Array, message: OutMessage}
+ *    | {type: "close", code: number, reason: string}
+ *    | {type: "compute", requestId: number, task: Task, params: Float32Array, rows: Rows}
+ *    | {type: "shard", sha: string}
+ *    | {type: "finished", reason: string}
+ *    | {type: "log", level: "info" | "warn" | "error", text: string}} Action */
+/** A finished compute as the driver reports it: the task's result, the boundary
+ *  activations when the task asks for them, and the seconds it computed.
+ *  @typedef {Omit<TaskResult, "loss"> & {loss?: number | null, computeSeconds?: number}} ComputeResult */
+/** @typedef {"new" | "hello_sent" | "ready" | "offline" | "finished"} Phase */
+/** What the client says of itself in hello (everything optional).
+ *  @typedef {{flops?: number, cores?: number, memory?: number, platform?: string, limits?: WireLimits | null,
+ *    token?: string | null, prefetch?: boolean}} Caps */
+
 export const CLIENT_NAME = "crowdgrad-web/0.1";
 export const INIT_SCHEME = "x128ss-ih12";
 /** Results kept for resending while their acks are outstanding. */
@@ -47,6 +73,7 @@ export const CODECS = [
   "int8-sr", "int4-sr", "int8-chunk-sr", "int4-chunk-sr", "topk:0.01+int8-sr",
 ];
 
+/** @type {Record<Phase, Phase[]>} */
 const PHASES = {
   new: ["hello_sent"],
   hello_sent: ["ready", "offline", "finished"],
@@ -56,6 +83,7 @@ const PHASES = {
 };
 
 /** A task's rows of its shard (§13): `indices` picks rows, nil means all. */
+/** @param {{indices: {data: ArrayLike<number>} | null}} task @param {Shard} shard @returns {Rows} */
 export function taskRows(task, shard) {
   const { f, t } = shard;
   const width = Math.max(1, t);
@@ -77,52 +105,76 @@ export class Session {
   /**
    * caps: {flops, cores, memory, platform, limits (wire map or null), token,
    *        prefetch (bool)}; everything optional.
+   * @param {Caps} caps
    */
   constructor(caps = {}) {
     this.caps = { flops: 1e9, cores: 1, memory: 0, platform: "", limits: null, token: null,
       prefetch: true, ...caps };
+    /** @type {Phase} */
     this.phase = "new";
+    /** @type {string | null} */
     this.resumeToken = null;
+    /** @type {LinkLimits | null} */
     this.limits = null;
+    /** @type {Pacer | null} */
     this.pacer = null;
     this.heartbeatInterval = 5.0;
     this.server = { spans: false, prefetch: false, decline: false, data: false };
-    this.model = null; // Float32Array, Params layout
+    /** @type {Float32Array | null} the model, Params layout */
+    this.model = null;
+    /** @type {number | null} */
     this.modelVersion = null;
+    /** @type {Task | null} */
     this.task = null;
+    /** @type {Task | null} */
     this.nextTask = null;
     this.nextReady = false;
+    /** @type {string | null} */
     this.prefetchFor = null;
     this.windingDown = false;
     this.requestId = 0;
+    /** @type {number | null} */
     this.computing = null;
-    this.unacked = new Map(); // task_id -> [messages]
-    this.shards = new Map(); // sha -> parsed shard
+    /** @type {Map<string, OutMessage[]>} task_id -> the result's messages */
+    this.unacked = new Map();
+    /** @type {Map<string, Shard>} sha -> parsed shard */
+    this.shards = new Map();
+    /** @type {Set<string>} */
     this.shardsAsked = new Set();
-    this.waitData = new Set(); // task ids whose model is here, shard not
-    this.download = null; // {reassembler, task, started}
-    this.residuals = null; // error feedback, per upload codec
+    /** @type {Set<string>} task ids whose model is here, shard not */
+    this.waitData = new Set();
+    /** @type {{reassembler: Reassembler, task: Task, started: number} | null} */
+    this.download = null;
+    /** @type {Residuals | null} error feedback, per upload codec */
+    this.residuals = null;
+    /** @type {number | null} */
     this.rtt = null;
+    /** @type {number | null} */
     this.lastDownloadS = null;
+    /** @type {number | null} */
     this.lastComputeS = null;
+    /** @type {{message: OutMessage, frame: Uint8Array}[]} */
     this.outbox = [];
     this.hbSeq = 0;
-    this.peerTime = null; // the last heartbeat time the server sent (echoed back)
+    /** @type {number | null} the last heartbeat time the server sent (echoed back) */
+    this.peerTime = null;
     this.peerTimeAt = 0; // when it came, on this clock (held = now - peerTimeAt, §3.7)
     this.helloSent = -Infinity;
     this.lastSent = -Infinity;
     this.now = -Infinity;
     this.stats = { tasks: 0, accepted: 0, refused: 0, declined: 0, bytesIn: 0, bytesOut: 0,
-      refusals: {} };
+      refusals: /** @type {Record<string, number>} */ ({}) };
+    /** @type {import("./wire.js").Bye | null} */
     this.bye = null;
   }
 
   // -- driver API ---------------------------------------------------------------
 
   /** A connection is open: say hello (with the resume token after a reconnect). */
+  /** @param {number} now @returns {Action[]} */
   start(now) {
-    this._advance(now);
-    this._move("hello_sent");
+    this.#advance(now);
+    this.#move("hello_sent");
     this.outbox = [];
     this.pacer = null;
     const hello = {
@@ -145,24 +197,26 @@ export class Session {
       boundary: true,
     };
     this.lastSent = this.helloSent = now;
-    return [this._send(hello)];
+    return [this.#send(hello)];
   }
 
-  /** A decoded, validated message from the server. */
+  /** A decoded, validated message from the server.
+   *  @param {Message} msg @param {number} now @returns {Action[]} */
   receive(msg, now) {
-    this._advance(now);
+    this.#advance(now);
+    /** @type {Action[]} */
     const out = [];
     if (this.phase !== "hello_sent" && this.phase !== "ready")
       throw new Error(`receive: session is ${this.phase}, not connected`);
     switch (msg.type) {
       case "welcome":
-        this._onWelcome(msg);
+        this.#onWelcome(msg);
         break;
       case "task":
-        this._onTask(msg, out);
+        this.#onTask(msg, out);
         break;
       case "chunk":
-        this._onChunk(msg, out);
+        this.#onChunk(msg, out);
         break;
       case "ack":
         if (this.unacked.delete(msg.task_id)) {
@@ -181,7 +235,7 @@ export class Session {
         break;
       case "bye":
         if (msg.reason === "finished") {
-          this._move("finished");
+          this.#move("finished");
           this.bye = msg;
           this.computing = null;
           out.push({ type: "finished", reason: msg.detail || msg.reason });
@@ -195,13 +249,15 @@ export class Session {
         // A type a server sends only to a peer that asked (data: we fetch by HTTP).
         break;
     }
-    this._flush(now, out);
+    this.#flush(now, out);
     return out;
   }
 
   /** The driver finished compute request `requestId`; a superseded one is ignored. */
+  /** @param {number} requestId @param {ComputeResult} result @param {number} now @returns {Action[]} */
   computeDone(requestId, result, now) {
-    this._advance(now);
+    this.#advance(now);
+    /** @type {Action[]} */
     const out = [];
     if (requestId !== this.computing || this.task === null) return out;
     if (this.task.boundary != null && !(result.boundary instanceof Float32Array)) {
@@ -211,19 +267,20 @@ export class Session {
     this.lastComputeS = Math.max(0, result.computeSeconds ?? 0);
     const task = this.task;
     const spec = normalizeSpec(task.spec);
+    /** @type {Chunk[]} */
     let chunks = [];
     if (task.kind !== "evaluate") {
       const codec = parseCodec(task.upload_codec);
       let residuals = null;
       if (task.error_feedback) {
-        if (this.residuals === null || this.residuals.codecName !== task.upload_codec) {
-          this.residuals = new Residuals();
-          this.residuals.codecName = task.upload_codec;
-        }
+        // One set per upload codec: encodeTransfer's useCodec starts afresh on a change.
+        this.residuals ??= new Residuals(codec);
         residuals = this.residuals;
       }
       let flat = result.update, layout = paramsLayout(spec.widths);
-      if (task.boundary != null) {
+      if (flat === null) throw new Error(`computeDone: a ${task.kind} result without its update`);
+      if (this.limits === null) throw new Error("computeDone: no link limits before welcome");
+      if (task.boundary != null && result.boundary !== undefined) {
         // §3.3.2: the update, then block (L, "h"): every row's boundary activations
         const h = result.boundary;
         const width = spec.widths[task.boundary];
@@ -258,35 +315,43 @@ export class Session {
       compute_seconds: this.lastComputeS,
       metrics: result.metrics ?? {},
     };
-    this.unacked.set(task.task_id, [message, ...chunks]);
-    while (this.unacked.size > MAX_UNACKED) this.unacked.delete(this.unacked.keys().next().value);
+    const sent = [message, ...chunks];
+    this.unacked.set(task.task_id, sent);
+    for (const oldest of this.unacked.keys()) {
+      if (this.unacked.size <= MAX_UNACKED) break;
+      this.unacked.delete(oldest);
+    }
     this.stats.tasks += 1;
-    if (this.phase === "ready") for (const m of this.unacked.get(task.task_id)) this._queue(m);
+    if (this.phase === "ready") for (const m of sent) this.#queue(m);
     this.prefetchFor = null;
     if (this.windingDown) {
       this.nextTask = null;
       this.nextReady = false;
     }
     this.task = null;
-    if (this.nextTask !== null) this._promoteNext(out);
-    if (this.phase === "ready") this._flush(now, out);
+    if (this.nextTask !== null) this.#promoteNext(out);
+    if (this.phase === "ready") this.#flush(now, out);
     return out;
   }
 
   /** The compute of `requestId` raised: decline the task, go on with a queued one. */
+  /** @param {number} requestId @param {string} reason @param {number} now @returns {Action[]} */
   computeFailed(requestId, reason, now) {
-    this._advance(now);
+    this.#advance(now);
+    /** @type {Action[]} */
     const out = [];
     if (requestId !== this.computing || this.task === null) return out;
     this.computing = null;
-    this._decline(this.task, reason, out);
-    if (this.phase === "ready") this._flush(now, out);
+    this.#decline(this.task, reason, out);
+    if (this.phase === "ready") this.#flush(now, out);
     return out;
   }
 
   /** The driver has the shard `sha` (hash checked, parsed): start what waited for it. */
+  /** @param {string} sha @param {Shard} shard @param {number} now @returns {Action[]} */
   shardReady(sha, shard, now) {
-    this._advance(now);
+    this.#advance(now);
+    /** @type {Action[]} */
     const out = [];
     this.shardsAsked.delete(sha);
     this.shards.delete(sha);
@@ -300,27 +365,30 @@ export class Session {
     }
     for (const task of [this.task, this.nextTask])
       if (task !== null && task.data === sha && this.waitData.has(task.task_id))
-        this._modelReady(task, out);
-    if (this.phase === "ready") this._flush(now, out);
+        this.#modelReady(task, out);
+    if (this.phase === "ready") this.#flush(now, out);
     return out;
   }
 
   /** The shard could not be had (HTTP error, wrong hash): decline its tasks. */
+  /** @param {string} sha @param {string} reason @param {number} now @returns {Action[]} */
   shardFailed(sha, reason, now) {
-    this._advance(now);
+    this.#advance(now);
+    /** @type {Action[]} */
     const out = [];
     this.shardsAsked.delete(sha);
     for (const task of [this.task, this.nextTask])
-      if (task !== null && task.data === sha) this._decline(task, `dataset: ${reason}`, out);
-    if (this.phase === "ready") this._flush(now, out);
+      if (task !== null && task.data === sha) this.#decline(task, `dataset: ${reason}`, out);
+    if (this.phase === "ready") this.#flush(now, out);
     return out;
   }
 
   /** A server frame was invalid: `error` naming it, then close with 4000 + code. */
+  /** @param {unknown} err @param {number} now @returns {Action[]} */
   refuse(err, now) {
-    this._advance(now);
+    this.#advance(now);
     const code = err instanceof ProtocolError ? err.code : ERROR_CODES.INTERNAL;
-    const message = String(err.message ?? err).slice(0, 1024);
+    const message = String(err instanceof Error ? err.message : err).slice(0, 1024);
     const frame = encodeMessage({ type: "error", code, message });
     return [
       { type: "send", frame, message: { type: "error" } },
@@ -329,8 +397,9 @@ export class Session {
   }
 
   /** Leaving (pagehide, the leave button): finish nothing more, say bye. */
+  /** @param {number} now @returns {Action[]} */
   leave(now, reason = "client stopping") {
-    this._advance(now);
+    this.#advance(now);
     this.windingDown = true;
     if (this.phase !== "ready") return [];
     const bye = { type: "bye", reason };
@@ -354,8 +423,10 @@ export class Session {
   }
 
   /** Ask for the next task while this one computes (a no-op when not useful). */
+  /** @param {number} now @param {number | null} requestId @returns {Action[]} */
   prefetch(now, requestId = null) {
-    this._advance(now);
+    this.#advance(now);
+    /** @type {Action[]} */
     const out = [];
     if (
       this.phase === "ready" && this.server.prefetch && !this.windingDown &&
@@ -363,16 +434,17 @@ export class Session {
       this.task !== null && this.nextTask === null && this.prefetchFor === null
     ) {
       this.prefetchFor = this.task.task_id;
-      this._queue({ type: "prefetch", task_id: this.task.task_id });
-      this._flush(now, out);
+      this.#queue({ type: "prefetch", task_id: this.task.task_id });
+      this.#flush(now, out);
     }
     return out;
   }
 
   /** The socket died: keep the model, the running compute and unacked results. */
+  /** @param {number} now @returns {Action[]} */
   connectionLost(now) {
-    this._advance(now);
-    if (this.phase === "hello_sent" || this.phase === "ready") this._move("offline");
+    this.#advance(now);
+    if (this.phase === "hello_sent" || this.phase === "ready") this.#move("offline");
     this.download = null;
     // The server ends every lease of a lost connection: a queued task is void.
     this.nextTask = null;
@@ -384,17 +456,19 @@ export class Session {
   }
 
   /** Heartbeats and paced frames. */
+  /** @param {number} now @returns {Action[]} */
   tick(now) {
-    this._advance(now);
+    this.#advance(now);
+    /** @type {Action[]} */
     const out = [];
     if (this.phase === "ready" && this.outbox.length === 0 &&
         now >= this.lastSent + this.heartbeatInterval) {
       this.hbSeq += 1;
       // echo and held let the server measure its RTT to this client (§3.7)
       const held = this.peerTime === null ? null : Math.max(0, now - this.peerTimeAt);
-      this._queue({ type: "heartbeat", seq: this.hbSeq, time: now, echo: this.peerTime, held });
+      this.#queue({ type: "heartbeat", seq: this.hbSeq, time: now, echo: this.peerTime, held });
     }
-    this._flush(now, out);
+    this.#flush(now, out);
     return out;
   }
 
@@ -408,9 +482,10 @@ export class Session {
 
   // -- internals ----------------------------------------------------------------
 
-  _onWelcome(msg) {
+  /** @param {Welcome} msg */
+  #onWelcome(msg) {
     if (this.phase !== "hello_sent") return;
-    this._move("ready");
+    this.#move("ready");
     this.resumeToken = msg.resume_token || this.resumeToken;
     this.limits = linkLimits(msg.limits);
     this.pacer = new Pacer(this.limits);
@@ -422,10 +497,11 @@ export class Session {
       data: !!msg.data,
     };
     if (this.rtt === null) this.rtt = Math.max(0, this.now - this.helloSent);
-    for (const messages of this.unacked.values()) for (const m of messages) this._queue(m);
+    for (const messages of this.unacked.values()) for (const m of messages) this.#queue(m);
   }
 
-  _onTask(msg, out) {
+  /** @param {Task} msg @param {Action[]} out */
+  #onTask(msg, out) {
     if (this.computing !== null && this.task !== null && this.prefetchFor === this.task.task_id) {
       this.prefetchFor = null; // the answer to our prefetch: queued
       this.nextTask = msg;
@@ -441,30 +517,30 @@ export class Session {
     try {
       parseCodec(msg.upload_codec);
     } catch {
-      this._decline(msg, `codec: ${msg.upload_codec} unknown`, out);
+      this.#decline(msg, `codec: ${msg.upload_codec} unknown`, out);
       return;
     }
     if (msg.kind === "gradient" || msg.kind === "train" || msg.kind === "distill" ||
         msg.kind === "evaluate") {
       // every kind of §12 is computed here
     } else {
-      this._decline(msg, `kind: ${msg.kind}`, out);
+      this.#decline(msg, `kind: ${msg.kind}`, out);
       return;
     }
     if (msg.data == null) {
       // Rows named by a built-in dataset only the reference reproduces (§13).
-      this._decline(msg, `dataset: ${msg.dataset} is not a shard`, out);
+      this.#decline(msg, `dataset: ${msg.dataset} is not a shard`, out);
       return;
     }
-    if (msg.delta_base != null && !this._holds(msg.delta_base, msg)) {
-      this._decline(msg, `model: delta base ${msg.delta_base} not held`, out);
+    if (msg.delta_base != null && !this.#holds(msg.delta_base, msg)) {
+      this.#decline(msg, `model: delta base ${msg.delta_base} not held`, out);
       return;
     }
-    this._haveData(msg, out); // start the shard's transfer now, beside the model's
+    this.#haveData(msg, out); // start the shard's transfer now, beside the model's
     const spec = normalizeSpec(msg.spec);
     if (msg.init_seed != null) {
       if (msg.init_scheme !== INIT_SCHEME) {
-        this._decline(msg, `model: init scheme ${msg.init_scheme ?? "legacy pcg64"} unknown`, out);
+        this.#decline(msg, `model: init scheme ${msg.init_scheme ?? "legacy pcg64"} unknown`, out);
         return;
       }
       const model = initParams(spec, msg.init_seed);
@@ -475,17 +551,20 @@ export class Session {
       }
       this.model = model;
       this.modelVersion = 0;
-      this._modelReady(msg, out);
+      this.#modelReady(msg, out);
       return;
     }
     if (msg.base_version != null) {
-      if (!this._holds(msg.base_version, msg)) {
-        this._decline(msg, `model: base version ${msg.base_version} not held`, out);
+      if (!this.#holds(msg.base_version, msg)) {
+        this.#decline(msg, `model: base version ${msg.base_version} not held`, out);
         return;
       }
-      this._modelReady(msg, out);
+      this.#modelReady(msg, out);
       return;
     }
+    // No seed, no base: the model comes as chunks (wire.js refuses a task
+    // without model_transfer here).
+    if (msg.model_transfer === null) throw new Error(`task ${msg.task_id}: no model_transfer`);
     this.download = {
       reassembler: new Reassembler(paramsLayout(spec.widths), {
         transfer: msg.model_transfer, total: msg.num_chunks, expectCodec: null,
@@ -495,14 +574,15 @@ export class Session {
     };
   }
 
-  _onChunk(msg, out) {
+  /** @param {Chunk} msg @param {Action[]} out */
+  #onChunk(msg, out) {
     const dl = this.download;
     if (dl === null || msg.transfer !== dl.task.model_transfer) return; // superseded
     try {
       dl.reassembler.accept(msg);
     } catch (err) {
       if (!(err instanceof ProtocolError)) throw err;
-      this._decline(dl.task, `model: chunk refused (${err.message})`, out);
+      this.#decline(dl.task, `model: chunk refused (${err.message})`, out);
       return;
     }
     if (!dl.reassembler.complete) return;
@@ -511,13 +591,17 @@ export class Session {
     const task = dl.task;
     const got = dl.reassembler.result();
     if (task.delta_base != null) {
+      if (this.model === null || this.model.length !== got.length) {
+        this.#decline(task, `model: delta base ${task.delta_base} no longer held`, out);
+        return;
+      }
       // A new array: a running compute may still read the old model.
       const model = new Float32Array(this.model);
       for (let i = 0; i < model.length; i++) model[i] += got[i];
       if (!model.every(Number.isFinite)) {
         this.model = null;
         this.modelVersion = null;
-        this._decline(task, "model: the delta made it non-finite", out);
+        this.#decline(task, "model: the delta made it non-finite", out);
         return;
       }
       this.model = model;
@@ -525,20 +609,22 @@ export class Session {
       this.model = got;
     }
     this.modelVersion = task.model_version;
-    this._modelReady(task, out);
+    this.#modelReady(task, out);
   }
 
-  _modelReady(task, out) {
-    if (!this._haveData(task, out)) {
+  /** @param {Task} task @param {Action[]} out */
+  #modelReady(task, out) {
+    if (!this.#haveData(task, out)) {
       this.waitData.add(task.task_id);
       return;
     }
     this.waitData.delete(task.task_id);
     if (task === this.nextTask) this.nextReady = true;
-    else if (task === this.task && this.computing === null) this._request(out);
+    else if (task === this.task && this.computing === null) this.#request(out);
   }
 
-  _haveData(task, out) {
+  /** @param {Task} task @param {Action[]} out */
+  #haveData(task, out) {
     const sha = task.data;
     if (sha == null || this.shards.has(sha)) return true;
     if (!this.shardsAsked.has(sha)) {
@@ -548,37 +634,44 @@ export class Session {
     return false;
   }
 
-  _request(out) {
+  /** @param {Action[]} out */
+  #request(out) {
     const task = this.task;
+    if (task === null || this.model === null) throw new Error("session: a compute request with no task or model");
     this.requestId += 1;
     this.computing = this.requestId;
     let rows;
     try {
-      rows = taskRows(task, this.shards.get(task.data));
+      const shard = task.data === null ? undefined : this.shards.get(task.data);
+      if (shard === undefined) throw new Error(`dataset: shard ${task.data} not here`);
+      rows = taskRows(task, shard);
     } catch (err) {
       this.computing = null;
-      this._decline(task, err.message, out);
+      this.#decline(task, err instanceof Error ? err.message : String(err), out);
       return;
     }
     out.push({ type: "compute", requestId: this.requestId, task, params: this.model, rows });
   }
 
-  _promoteNext(out) {
+  /** @param {Action[]} out */
+  #promoteNext(out) {
     this.task = this.nextTask;
     const ready = this.nextReady;
     this.nextTask = null;
     this.nextReady = false;
-    if (ready) this._request(out);
+    if (ready) this.#request(out);
   }
 
   /** Whether the model held is `version` in `msg.spec`'s shape: after a sub-model
-   *  task (§3.3.1) it is a slice, never the job's whole model. */
-  _holds(version, msg) {
+   *  task (§3.3.1) it is a slice, never the job's whole model.
+   *  @param {number} version @param {Task} msg */
+  #holds(version, msg) {
     return this.model !== null && this.modelVersion === version
       && this.model.length === paramCount(normalizeSpec(msg.spec).widths);
   }
 
-  _decline(task, reason, out) {
+  /** @param {Task} task @param {string} reason @param {Action[]} out */
+  #decline(task, reason, out) {
     this.stats.declined += 1;
     out.push({ type: "log", level: "warn", text: `task ${task.task_id} declined: ${reason}` });
     this.waitData.delete(task.task_id);
@@ -590,23 +683,26 @@ export class Session {
       this.task = null;
       this.computing = null;
       this.prefetchFor = null;
-      if (this.nextTask !== null) this._promoteNext(out);
+      if (this.nextTask !== null) this.#promoteNext(out);
     }
     if (this.server.decline && this.phase === "ready")
-      this._queue({ type: "decline", task_id: task.task_id, reason: reason.slice(0, 256) });
+      this.#queue({ type: "decline", task_id: task.task_id, reason: reason.slice(0, 256) });
   }
 
-  _send(message) {
+  /** @param {OutMessage} message @returns {Action} */
+  #send(message) {
     const frame = encodeMessage(message);
     this.stats.bytesOut += frame.length;
     return { type: "send", frame, message };
   }
 
-  _queue(message) {
+  /** @param {OutMessage} message */
+  #queue(message) {
     this.outbox.push({ message, frame: encodeMessage(message) });
   }
 
-  _flush(now, out) {
+  /** @param {number} now @param {Action[]} out */
+  #flush(now, out) {
     while (this.outbox.length > 0) {
       const item = this.outbox[0];
       if (this.pacer !== null && !this.pacer.tryConsume(item.frame.length, now)) return;
@@ -617,13 +713,15 @@ export class Session {
     }
   }
 
-  _move(to) {
+  /** @param {Phase} to */
+  #move(to) {
     if (!PHASES[this.phase].includes(to))
       throw new Error(`client session: ${this.phase} -> ${to} not allowed`);
     this.phase = to;
   }
 
-  _advance(now) {
+  /** @param {number} now */
+  #advance(now) {
     if (now > this.now) this.now = now;
   }
 }

@@ -11,8 +11,13 @@ import { readLE } from "./bytes.js";
 const MAGIC = [0x43, 0x47, 0x53, 0x48, 0x41, 0x52, 0x44, 0x31]; // "CGSHARD1"
 const HEADER_BYTES = 24;
 
+/** A shard's rows: X [n·f] float32; y int32 labels [n] (t = 0, c classes) or
+ *  float32 targets [n·t].
+ *  @typedef {{n: number, f: number, t: number, c: number, X: Float32Array, y: Int32Array | Float32Array}} Shard */
+
 /** A blob that is not a valid shard file; the message names what is wrong. */
 export class ShardError extends Error {
+  /** @param {string} message */
   constructor(message) {
     super(message);
     this.name = "ShardError";
@@ -20,18 +25,22 @@ export class ShardError extends Error {
 }
 
 /** 64 lowercase hex digits: the only form a shard name takes on the wire. */
+/** @param {unknown} text @returns {text is string} */
 export function isSha256Hex(text) {
   return typeof text === "string" && /^[0-9a-f]{64}$/.test(text);
 }
 
 /** Bytes of a shard with this shape (what a header promises). */
+/** @param {number} n @param {number} f @param {number} t */
 export function shardSize(n, f, t) {
   return HEADER_BYTES + 4 * n * f + 4 * n * Math.max(1, t);
 }
 
 /** Parse and check a shard file (§13). X is float32 row-major [n·f]; y is int32
  *  labels [n] when t = 0, else float32 targets [n·t]. Arrays are copies, so
- *  `bytes` may be dropped or reused. Throws ShardError. */
+ *  `bytes` may be dropped or reused. Throws ShardError.
+ *  @param {Uint8Array} bytes
+ *  @returns {Shard} */
 export function parseShard(bytes) {
   if (!(bytes instanceof Uint8Array)) throw new TypeError("parseShard: expected a Uint8Array");
   if (bytes.length < HEADER_BYTES) {
@@ -77,7 +86,7 @@ export function parseShard(bytes) {
  *  a page served over plain http from another host than localhost has no
  *  `crypto.subtle` (it is for secure contexts only), and there @noble/hashes
  *  computes the same digest, so a shard is checked before use either way. */
-export async function sha256Hex(bytes) {
+export async function sha256Hex(/** @type {Uint8Array<ArrayBuffer>} */ bytes) {
   const subtle = globalThis.crypto?.subtle;
   const digest = subtle
     ? new Uint8Array(await subtle.digest("SHA-256", bytes))

@@ -5,10 +5,13 @@
 import { Generator } from "./rng.js";
 import { initParams, startTask } from "./nn.js";
 
-/** Random rows for `widths` (labels for softmax_ce). */
+/** @typedef {import("./kernels.js").Kernels} Kernels */
+
+/** Random rows for `widths` (labels for softmax_ce).
+ *  @param {number[]} widths @returns {import("./nn.js").Rows} */
 export function benchRows(widths, n = 2048) {
   const f = widths[0];
-  const K = widths.at(-1);
+  const K = widths[widths.length - 1];
   const g = new Generator(1, 0);
   const X = new Float32Array(n * f);
   g.normalInto(X, 1);
@@ -16,7 +19,10 @@ export function benchRows(widths, n = 2048) {
   return { X, y, n, f, t: 0 };
 }
 
-/** Steps per second of one train task over about `seconds`, after `warmMs` of warm-up. */
+/** Steps per second of one train task over about `seconds`, after `warmMs` of warm-up.
+ *  @param {{widths: number[], batch?: number, seconds?: number, loss?: string,
+ *    optimizer?: Record<string, unknown>, warmMs?: number}} options
+ *  @param {Kernels} kernels */
 export function measureSteps(
   { widths, batch = 16, seconds = 1, loss = "softmax_ce", optimizer = { kind: "sgd", lr: 0.01 }, warmMs = 300 },
   kernels,

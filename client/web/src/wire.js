@@ -37,6 +37,30 @@ export const INITS = Object.freeze(["he", "xavier"]);
 /** Most blocks one chunk may span (chunk.blocks, §3.5). */
 export const MAX_CHUNK_BLOCKS = 1 << 17;
 
+// -- the messages as decodeFrame returns them (§3; defaults filled in) ----------------
+//
+// Int fields are typed `number`: a conforming peer sends none above 2^53 − 1 (§1).
+// Only the seeds, whose range is all of uint64, are typed `number | bigint`.
+
+/** @typedef {{bytes_per_s: number | null, messages_per_s: number | null, max_message_bytes: number, burst: number}} Limits */
+/** @typedef {import("./spec.js").FullSpec} FullSpec */
+/** @typedef {{type: "hello", version: number, client: string, platform: string, cores: number, memory: number, flops: number, limits: Limits | null, codecs: string[], token: string | null, resume: string | null, deltas: boolean, seeded_init: boolean, spans: boolean, data: boolean, init_schemes: string[], boundary: boolean}} Hello */
+/** @typedef {{type: "welcome", version: number, session_id: string, resume_token: string, limits: Limits, heartbeat_interval: number, spans: boolean, prefetch: boolean, data: boolean, decline: boolean, job: string}} Welcome */
+/** @typedef {{type: "task", task_id: string, kind: string, model_version: number, spec: FullSpec, dataset: string, shard: number, indices: NdArray | null, steps: number, batch: number, optimizer: Record<string, number | string | boolean>, seed: number | bigint, deadline: number, base_version: number | null, model_transfer: string | null, num_chunks: number, upload_codec: string, error_feedback: boolean, delta_base: number | null, teacher_logits: NdArray | null, temperature: number, distill_alpha: number, init_seed: number | bigint | null, init_crc: number | null, data: string | null, init_scheme: string | null, subnet: NdArray | null, boundary: number | null}} Task */
+/** @typedef {{type: "result", task_id: string, model_version: number, kind: string, num_chunks: number, loss: number | null, samples: number, steps: number, compute_seconds: number, metrics: Record<string, number>}} Result */
+/** @typedef {{type: "chunk", transfer: string, seq: number, total: number, layer: number, part: string, row_start: number, row_end: number, codec: number, crc: number, blocks: number, payload: Uint8Array}} Chunk */
+/** @typedef {{type: "ack", task_id: string, accepted: boolean, reason: string}} Ack */
+/** @typedef {{type: "prefetch", task_id: string}} Prefetch */
+/** @typedef {{type: "decline", task_id: string, reason: string}} Decline */
+/** @typedef {{type: "heartbeat", seq: number, time: number, echo: number | null, held: number | null}} Heartbeat */
+/** @typedef {{type: "error", code: number, message: string}} ErrorMessage */
+/** @typedef {{type: "bye", reason: string, detail: string}} Bye */
+/** @typedef {{type: "fetch", data: string, offset: number}} Fetch */
+/** @typedef {{type: "data", data: string, offset: number, size: number, payload: Uint8Array}} Data */
+/** @typedef {Hello | Welcome | Task | Result | Chunk | Ack | Prefetch | Decline | Heartbeat | ErrorMessage | Bye | Fetch | Data} Message */
+/** A message to encode: its type and wire keys, any left out at their default.
+ *  @typedef {{type: string, [key: string]: unknown}} OutMessage */
+
 const U32 = 2 ** 32 - 1;
 const I64 = 2n ** 63n - 1n;
 const U64 = 2n ** 64n - 1n;
@@ -47,6 +71,10 @@ const NDARRAY_EXT = 1;
 const MAX_NDIM = 4;
 /** Largest element count accepted, checked before anything is allocated. */
 const MAX_ELEMENTS = 2 ** 26;
+/** The element arrays an ndarray holds (float16 is widened to Float32Array).
+ *  @typedef {Float32Array | Uint16Array | Int8Array | Uint8Array | Int32Array | Uint32Array} NdData */
+
+/** @type {{name: string, size: number, Ctor: {new (buffer: ArrayBuffer): NdData, new (length: number): NdData, readonly BYTES_PER_ELEMENT: number, from(values: ArrayLike<number>): NdData}}[]} */
 const DTYPES = [
   { name: "float32", size: 4, Ctor: Float32Array },
   { name: "float16", size: 2, Ctor: Uint16Array }, // widened to Float32Array on decode
@@ -60,6 +88,7 @@ const DTYPES = [
  *  the values in C order, a fresh aligned TypedArray (float16 widened to a
  *  Float32Array, since JavaScript has no half type). */
 export class NdArray {
+  /** @param {string} dtype @param {number[]} shape @param {NdData} data */
   constructor(dtype, shape, data) {
     this.dtype = dtype;
     this.shape = shape;
@@ -71,6 +100,7 @@ export class NdArray {
   }
 }
 
+/** @param {Uint8Array} bytes */
 function unpackNdarray(bytes) {
   const where = "ndarray";
   if (bytes.length < 4) throw new ProtocolError(ErrorCode.MALFORMED, `${where}: ext of ${bytes.length} bytes is too short`);
@@ -85,6 +115,7 @@ function unpackNdarray(bytes) {
   }
   const start = 4 + 4 * ndim;
   if (bytes.length < start) throw new ProtocolError(ErrorCode.MALFORMED, `${where}: shape truncated`);
+  /** @type {number[]} */
   const shape = [];
   let count = 1;
   for (let i = 0; i < ndim; i++) {
@@ -109,6 +140,7 @@ function unpackNdarray(bytes) {
   return new NdArray(dt.name, shape, data);
 }
 
+/** @param {NdArray} arr */
 function packNdarray(arr) {
   const code = DTYPES.findIndex((d) => d.name === arr.dtype);
   if (code < 0) throw new TypeError(`ndarray: dtype ${arr.dtype} not allowed`);
@@ -142,6 +174,8 @@ class WireExtensions extends ExtensionCodec {
     });
   }
 
+  /** @override
+   *  @param {Uint8Array} data @param {number} extType @param {undefined} context */
   decode(data, extType, context) {
     if (extType === NDARRAY_EXT) return unpackNdarray(data);
     throw new ProtocolError(ErrorCode.MALFORMED, `unknown msgpack ext type ${extType}`);
@@ -152,6 +186,7 @@ const EXTENSIONS = new WireExtensions();
 
 // -- framing -----------------------------------------------------------------------
 
+/** @param {unknown} key */
 function strKey(key) {
   if (typeof key !== "string") throw new ProtocolError(ErrorCode.MALFORMED, "a map key is not a str");
   return key;
@@ -162,7 +197,9 @@ function strKey(key) {
  *  parsed; anything not exactly one msgpack value is MALFORMED. Every msgpack
  *  length is limited to the frame's size, so a hostile header cannot make the
  *  decoder allocate beyond a small multiple of the frame. Bin values are views
- *  into `bytes`. */
+ *  into `bytes`.
+ *  @param {Uint8Array | ArrayBuffer | string} bytes
+ *  @returns {unknown} */
 export function decodeRaw(bytes, maxBytes = Infinity) {
   if (typeof bytes === "string") throw new ProtocolError(ErrorCode.MALFORMED, "a text frame; the protocol is binary");
   const frame = bytes instanceof ArrayBuffer ? new Uint8Array(bytes) : bytes;
@@ -187,26 +224,34 @@ export function decodeRaw(bytes, maxBytes = Infinity) {
     if (exc instanceof ProtocolError) throw exc;
     // msgpack throws RangeError (truncated, trailing bytes) or DecodeError (bad
     // byte, length over the limit): all mean "not one msgpack value".
-    throw new ProtocolError(ErrorCode.MALFORMED, `frame is not one msgpack value (${exc?.message ?? exc})`);
+    const why = exc instanceof Error ? exc.message : exc;
+    throw new ProtocolError(ErrorCode.MALFORMED, `frame is not one msgpack value (${why})`);
   }
 }
 
+/** @param {unknown} v @returns {v is Record<string, unknown>} */
 function isMap(v) {
   return v !== null && typeof v === "object" && Object.getPrototypeOf(v) === Object.prototype;
 }
 
-/** One frame -> one validated message (see the module comment). */
+/** One frame -> one validated message (see the module comment).
+ *  @param {Uint8Array | ArrayBuffer | string} bytes
+ *  @returns {Message} */
 export function decodeFrame(bytes, maxBytes = Infinity) {
   const obj = decodeRaw(bytes, maxBytes);
   if (!isMap(obj)) throw new ProtocolError(ErrorCode.MALFORMED, `frame is a ${kindOf(obj)}, not a map`);
   const type = Object.hasOwn(obj, "type") ? obj.type : undefined;
-  const schema = typeof type === "string" && Object.hasOwn(SCHEMAS, type) ? SCHEMAS[type] : null;
-  if (schema === null) throw new ProtocolError(ErrorCode.UNKNOWN_TYPE, `type: unknown message type ${show(type)}`);
-  return validate(schema, type, obj);
+  if (typeof type !== "string" || !Object.hasOwn(SCHEMAS, type)) {
+    throw new ProtocolError(ErrorCode.UNKNOWN_TYPE, `type: unknown message type ${show(type)}`);
+  }
+  const schema = SCHEMAS[type];
+  // The schema of `type` checked every field: the object is that message.
+  return /** @type {Message} */ (validate(schema, type, obj));
 }
 
 // -- field checks: (wire value, where) -> value ------------------------------------------
 
+/** @param {unknown} v */
 function kindOf(v) {
   if (v === null || v === undefined) return "nil";
   if (Array.isArray(v)) return "list";
@@ -217,6 +262,7 @@ function kindOf(v) {
 }
 
 /** A short rendering of a bad value that never prints a huge one in full. */
+/** @param {unknown} v */
 function show(v) {
   if (v === null || v === undefined) return "nil";
   if (v instanceof Uint8Array) return `<${v.length} bytes>`;
@@ -228,25 +274,34 @@ function show(v) {
 }
 
 /** Python's "%g", which the reference's messages use for ranges. */
+/** @param {number | bigint} x */
 function g(x) {
-  if (x === 0 || !Number.isFinite(x)) return String(x);
+  if (typeof x === "bigint" || x === 0 || !Number.isFinite(x)) return String(x);
   const e = Math.floor(Math.log10(Math.abs(x)));
   if (e >= -4 && e < 6) return String(x);
   const [mant, exp] = x.toExponential().split("e");
   return `${mant}e${exp[0]}${exp.slice(1).padStart(2, "0")}`;
 }
 
+/** @param {string} where @param {string} expected @param {unknown} got */
 function bad(where, expected, got) {
   return new ProtocolError(ErrorCode.BAD_FIELD, `${where}: expected ${expected}, got ${show(got)}`);
 }
 
+/** @param {string} message */
 function fail(message) {
   return new ProtocolError(ErrorCode.BAD_FIELD, message);
 }
 
 const MAX_SAFE = Number.MAX_SAFE_INTEGER;
 
+/** A field check: the wire value (as decoded) and where it is -> the value the
+ *  message holds, or a ProtocolError. `isInt`: an int field (wireInt on encode).
+ *  @typedef {((v: unknown, where: string) => unknown) & {isInt?: boolean}} Check */
+
+/** @param {number | bigint} lo @param {number | bigint} hi */
 function int(lo, hi) {
+  /** @type {Check} */
   const check = (v, where) => {
     if (typeof v === "number") {
       if (Number.isSafeInteger(v) && v >= lo && v <= hi) return v;
@@ -259,8 +314,9 @@ function int(lo, hi) {
   return check;
 }
 
+/** @param {number} lo @param {number} hi */
 function num(lo, hi, { inf = false } = {}) {
-  return (v, where) => {
+  return (/** @type {unknown} */ v, /** @type {string} */ where) => {
     const x = typeof v === "bigint" ? Number(v) : v;
     if (typeof x === "number" && ((x >= lo && x <= hi) || (inf && x === Infinity))) return x;
     throw bad(where, `finite number in [${g(lo)}, ${g(hi)}]`, v);
@@ -268,6 +324,7 @@ function num(lo, hi, { inf = false } = {}) {
 }
 
 /** Code points of `s`, counted only when the UTF-16 length leaves a doubt. */
+/** @param {string} s @param {number} max */
 function codePoints(s, max) {
   if (s.length <= max || s.length > 2 * max) return s.length;
   let n = 0;
@@ -275,8 +332,10 @@ function codePoints(s, max) {
   return n;
 }
 
+/** @param {number} max
+ *  @param {{empty?: boolean, choices?: readonly string[] | null}} [options] */
 function str(max, { empty = true, choices = null } = {}) {
-  return (v, where) => {
+  return (/** @type {unknown} */ v, /** @type {string} */ where) => {
     if (typeof v !== "string" || codePoints(v, max) > max || (!empty && v.length === 0)) {
       throw bad(where, `${empty ? "" : "non-empty "}string of <= ${max} chars`, v);
     }
@@ -285,37 +344,44 @@ function str(max, { empty = true, choices = null } = {}) {
   };
 }
 
+/** @param {unknown} v @param {string} where */
 function bool(v, where) {
   if (typeof v !== "boolean") throw bad(where, "bool", v);
   return v;
 }
 
+/** @param {unknown} v @param {string} where */
 function bin(v, where) {
   if (!(v instanceof Uint8Array)) throw bad(where, "bin (bytes)", v);
   return v;
 }
 
+/** @param {Check} check */
 function opt(check) {
+  /** @type {Check} */
   const wrapped = (v, where) => (v === null || v === undefined ? null : check(v, where));
   wrapped.isInt = check.isInt === true;
   return wrapped;
 }
 
+/** @param {number} maxItems @param {number} maxLen */
 function strs(maxItems, maxLen) {
   const item = str(maxLen, { empty: false });
-  return (v, where) => {
+  return (/** @type {unknown} */ v, /** @type {string} */ where) => {
     if (!Array.isArray(v) || v.length > maxItems) throw bad(where, `array of <= ${maxItems} strings`, v);
     return v.map((x, i) => item(x, `${where}[${i}]`));
   };
 }
 
 /** A small str-keyed map of scalars (optimizer config, metrics). */
+/** @param {number} maxItems */
 function scalars(maxItems, { numbersOnly = false } = {}) {
   const key = str(64, { empty: false });
   const number = num(-1e300, 1e300);
   const text = str(256);
-  return (v, where) => {
+  return (/** @type {unknown} */ v, /** @type {string} */ where) => {
     if (!isMap(v) || Object.keys(v).length > maxItems) throw bad(where, `map of <= ${maxItems} entries`, v);
+    /** @type {Record<string, unknown>} */
     const out = {};
     for (const [k, x] of Object.entries(v)) {
       key(k, `${where} key`);
@@ -327,6 +393,7 @@ function scalars(maxItems, { numbersOnly = false } = {}) {
   };
 }
 
+/** @param {unknown} v @param {string} where */
 function indices(v, where) {
   if (!(v instanceof NdArray) || v.shape.length !== 1 || (v.dtype !== "int32" && v.dtype !== "uint32")) {
     throw bad(where, "1-D int32/uint32 ndarray", v);
@@ -337,6 +404,7 @@ function indices(v, where) {
   return v;
 }
 
+/** @param {unknown} v @param {string} where */
 function logits(v, where) {
   if (!(v instanceof NdArray) || v.shape.length !== 2 || (v.dtype !== "float32" && v.dtype !== "float16")) {
     throw bad(where, "2-D float32/float16 ndarray", v);
@@ -345,6 +413,7 @@ function logits(v, where) {
   return v;
 }
 
+/** @param {unknown} v @param {string} where */
 function sha256(v, where) {
   if (!isSha256Hex(v)) throw bad(where, "sha256 as 64 lowercase hex digits", v);
   return v;
@@ -355,6 +424,7 @@ const width = int(1, 1 << 20);
 
 /** The model spec (§3.11), with its defaults filled in. Unlike a message it is
  *  closed: a key this client does not know could mean a different network. */
+/** @param {unknown} v @param {string} where */
 function spec(v, where) {
   if (!isMap(v)) throw bad(where, "model spec map", v);
   const extra = Object.keys(v).filter((k) => !SPEC_KEYS.includes(k));
@@ -365,16 +435,18 @@ function spec(v, where) {
   }
   widths.forEach((w, i) => width(w, `${where}.widths[${i}]`));
   const L = widths.length - 1;
-  let acts = Object.hasOwn(v, "activations") ? v.activations : [];
-  if (!Array.isArray(acts)) throw bad(`${where}.activations`, `array of ${L} activations`, acts);
+  const given = Object.hasOwn(v, "activations") ? v.activations : [];
+  if (!Array.isArray(given)) throw bad(`${where}.activations`, `array of ${L} activations`, given);
+  /** @type {unknown[]} */
+  let acts = given;
   // An empty list is the default, as the reference reads it.
   if (acts.length === 0) acts = Array.from({ length: L }, (_, i) => (i + 1 < L ? "relu" : "identity"));
   if (acts.length !== L) throw bad(`${where}.activations`, `${L} activations (one per layer)`, acts);
   const act = str(32, { choices: ACTIVATIONS });
-  acts = acts.map((a, i) => act(a, `${where}.activations[${i}]`));
+  const activations = acts.map((a, i) => act(a, `${where}.activations[${i}]`));
   const loss = Object.hasOwn(v, "loss") ? str(32, { choices: LOSSES })(v.loss, `${where}.loss`) : "softmax_ce";
   const init = Object.hasOwn(v, "init") ? str(32, { choices: INITS })(v.init, `${where}.init`) : "he";
-  return { widths: widths.map(Number), activations: acts, loss, init };
+  return { widths: widths.map(Number), activations, loss, init };
 }
 
 const rate = num(1e-9, 1e300, { inf: true });
@@ -382,11 +454,13 @@ const maxMessageBytes = int(1024, I64);
 const burst = num(1e-6, 1e6);
 
 /** Link limits (§3.10); a rate of nil (or +inf) is "no limit" and reads as null. */
+/** @param {unknown} v @param {string} where */
 function limits(v, where) {
   if (!isMap(v)) throw bad(where, "link limits map", v);
   for (const k of ["bytes_per_s", "messages_per_s", "max_message_bytes"]) {
     if (!Object.hasOwn(v, k)) throw fail(`${where}.${k}: missing`);
   }
+  /** @param {string} k */
   const r = (k) => (v[k] === null ? null : rate(v[k], `${where}.${k}`));
   const bps = r("bytes_per_s");
   const mps = r("messages_per_s");
@@ -406,6 +480,7 @@ const kind = str(32, { choices: TASK_KINDS });
 
 /** §3.3.1: a subnet's indices split by the spec's hidden widths, increasing within
  *  each layer, and its slice always travels. */
+/** @param {Task & {subnet: NdArray}} m */
 function subnetCross(m) {
   const hidden = m.spec.widths.slice(1, -1);
   const total = hidden.reduce((a, b) => a + b, 0);
@@ -422,8 +497,9 @@ function subnetCross(m) {
   }
 }
 
+/** @param {Task} m */
 function taskCross(m) {
-  if (m.subnet !== null) subnetCross(m);
+  if (m.subnet !== null) subnetCross({ ...m, subnet: m.subnet });
   if (m.boundary !== null) {
     const hidden = m.spec.widths.length - 2;
     if (m.kind !== "train" || m.boundary > hidden) {
@@ -463,17 +539,22 @@ function taskCross(m) {
   }
 }
 
+/** @param {Chunk} m */
 function chunkCross(m) {
   if (m.seq >= m.total) throw bad("chunk.seq", `< total (${m.total})`, m.seq);
   if (m.blocks === 1 && m.row_end <= m.row_start) throw bad("chunk.row_end", `> row_start (${m.row_start})`, m.row_end);
 }
 
+/** @param {Data} m */
 function dataCross(m) {
   if (m.offset + m.payload.length > m.size) throw bad("data.payload", `to end by size (${m.size})`, m.offset);
 }
 
 /** type -> {fields: [name, check, default or REQ], sparse: keys left off the wire
- *  at their default (§10 rule 3), cross: checks between fields}. */
+ *  at their default (§10 rule 3), cross: checks between fields}. `cross` is a
+ *  method (bivariant): each schema's takes its own message.
+ *  @typedef {{fields: [string, Check, unknown][], sparse?: string[], cross?(m: Message): void}} Schema */
+/** @type {Record<string, Schema>} */
 const SCHEMAS = {
   hello: {
     fields: [
@@ -626,15 +707,19 @@ const SCHEMAS = {
     cross: dataCross,
   },
 };
-for (const s of Object.values(SCHEMAS)) s.sparse = new Set(s.sparse ?? []);
+/** type -> its sparse keys. */
+const SPARSE = new Map(Object.entries(SCHEMAS).map(([type, s]) => [type, new Set(s.sparse ?? [])]));
 
+/** @param {unknown} dflt */
 function fresh(dflt) {
   if (Array.isArray(dflt)) return dflt.slice();
   if (isMap(dflt)) return { ...dflt };
   return dflt;
 }
 
+/** @param {Schema} schema @param {string} type @param {Record<string, unknown>} obj */
 function validate(schema, type, obj) {
+  /** @type {Record<string, unknown>} */
   const out = { type };
   for (const [name, check, dflt] of schema.fields) {
     const where = `${type}.${name}`;
@@ -642,7 +727,7 @@ function validate(schema, type, obj) {
     else if (dflt === REQ) throw fail(`${where}: missing required field`);
     else out[name] = fresh(dflt);
   }
-  schema.cross?.(out);
+  schema.cross?.(/** @type {Message} */ (out)); // every field checked: it is one
   return out;
 }
 
@@ -653,23 +738,28 @@ function validate(schema, type, obj) {
 // (wireInt), so only a float field's integral value takes the float64 path.
 const ENCODER = new Encoder({ extensionCodec: EXTENSIONS, useBigInt64: true });
 
+/** @param {unknown} v */
 function wireInt(v) {
   if (typeof v === "bigint") return v >= -(2n ** 31n) && v < 2n ** 32n ? Number(v) : v;
+  if (typeof v !== "number") throw new TypeError(`wireInt: ${show(v)} is not an int`);
   return v >= 2 ** 32 || v < -(2 ** 31) ? BigInt(v) : v;
 }
 
+/** @param {unknown} v @param {unknown} dflt */
 function isDefault(v, dflt) {
   if (Array.isArray(dflt)) return Array.isArray(v) && v.length === 0 && dflt.length === 0;
   return v === dflt;
 }
 
 /** Plain wire values to one frame, without validation (tests, fake peers). */
+/** @param {unknown} obj */
 export function encodeRaw(obj) {
   return ENCODER.encode(obj);
 }
 
 const PAYLOAD_KEY = ENCODER.encode("payload");
 
+/** @param {number} n */
 function binHeader(n) {
   if (n < 2 ** 8) return Uint8Array.of(0xc4, n);
   if (n < 2 ** 16) return Uint8Array.of(0xc5, n >>> 8, n & 0xff);
@@ -678,8 +768,10 @@ function binHeader(n) {
 
 /** A chunk frame as a small header, then the payload copied once (rather than
  *  through the encoder's growing buffer): the same bytes as the generic path. */
+/** @param {Record<string, unknown>} wire a chunk's (toWire checked its payload) */
 function encodeChunk(wire) {
   const { payload, ...head } = wire;
+  if (!(payload instanceof Uint8Array)) throw new TypeError("encodeChunk: the payload is not bytes");
   const h = ENCODER.encode(head);
   h[0] += 1; // a fixmap of 10 (11 with blocks) entries: the payload makes one more
   const hdr = binHeader(payload.length);
@@ -692,7 +784,8 @@ function encodeChunk(wire) {
 }
 
 /** The wire map of a message (validated, defaults filled in, in §3 table order,
- *  sparse keys left off at their default, §10), as encodeMessage writes it. */
+ *  sparse keys left off at their default, §10), as encodeMessage writes it.
+ *  @param {OutMessage} msg */
 export function toWire(msg) {
   const type = msg?.type;
   const schema = typeof type === "string" && Object.hasOwn(SCHEMAS, type) ? SCHEMAS[type] : null;
@@ -705,12 +798,14 @@ export function toWire(msg) {
     if (exc instanceof ProtocolError) throw new TypeError(exc.message);
     throw exc;
   }
+  const sparse = SPARSE.get(type);
+  /** @type {Record<string, unknown>} */
   const wire = { type };
   for (const [name, check, dflt] of schema.fields) {
     const v = m[name];
-    if (schema.sparse.has(name) && isDefault(v, dflt)) continue;
+    if (sparse?.has(name) && isDefault(v, dflt)) continue;
     if (check.isInt && v !== null) wire[name] = wireInt(v);
-    else if (name === "limits" && v !== null) wire[name] = { ...v, max_message_bytes: wireInt(v.max_message_bytes) };
+    else if (name === "limits" && isMap(v)) wire[name] = { ...v, max_message_bytes: wireInt(v.max_message_bytes) };
     else wire[name] = v;
   }
   return wire;
@@ -720,7 +815,8 @@ export function toWire(msg) {
  *  left out) -> one frame. Written for a client's messages (hello, result, chunk,
  *  prefetch, decline, fetch, heartbeat, bye, error) but takes every type. Integral
  *  floats go out as ints, which every receiver accepts (§1). Throws TypeError for
- *  a field out of its range. */
+ *  a field out of its range.
+ *  @param {OutMessage} msg */
 export function encodeMessage(msg) {
   const wire = toWire(msg);
   return wire.type === "chunk" ? encodeChunk(wire) : ENCODER.encode(wire);

@@ -31,33 +31,63 @@ const SHARD_CACHE = "crowdgrad-shards-v1";
  *  layer-split job sends a new one with every upper task (§3.3.2). */
 const MAX_CACHED_SHARDS = 64;
 
+/** @typedef {import("./kernels.js").Kernels} Kernels */
+/** @typedef {import("./session.js").Action} Action */
+/** @typedef {import("./nn.js").Rows} Rows */
+/** @typedef {import("./wire.js").Task} Task */
+/** @typedef {import("./pagemessages.js").ToWorker} ToWorker */
+/** @typedef {import("./pagemessages.js").ToPage} ToPage */
+
 const clock = () => performance.now() / 1000;
+
+/** @param {ToPage} msg */
+function tell(msg) {
+  postMessage(msg);
+}
 
 class Volunteer {
   constructor() {
+    /** @type {Session | null} */
     this.session = null;
+    /** @type {WebSocket | null} */
     this.ws = null;
-    this.url = null;
+    this.url = "";
+    /** @type {Kernels} */
     this.kernels = jsKernels;
     this.share = 1.0;
     this.hidden = false;
     this.paused = false;
     this.leaving = false;
+    /** @type {string | null} */
     this.finished = null;
     this.attempt = 0;
-    this.tickTimer = null;
-    this.computeTimer = null;
-    this.prefetchTimer = null;
-    this.run = null; // {requestId, task, runner, started, busy}
-    this.spec = null; // the spec of the model in session.model
+    /** @type {number | undefined} */
+    this.tickTimer = undefined;
+    /** @type {number | undefined} */
+    this.computeTimer = undefined;
+    /** @type {number | undefined} */
+    this.prefetchTimer = undefined;
+    /** @type {{requestId: number, task: Task, runner: ReturnType<typeof startTask>, busy: number, perStep: number | null} | null} */
+    this.run = null;
+    /** @type {import("./spec.js").FullSpec | null} the spec of the model in session.model */
+    this.spec = null;
     this.bytesIn = 0;
     this.steps = 0;
     this.busyS = 0;
     this.connects = 0;
+    /** Connections lost and retried: a count, where `status` is only a moment. */
+    this.drops = 0;
     this.status = "idle";
     this.lastError = "";
   }
 
+  /** The session (join() makes it before anything else can run). */
+  get #s() {
+    if (this.session === null) throw new Error("worker: no session before join");
+    return this.session;
+  }
+
+  /** @param {Extract<ToWorker, {cmd: "join"}>} msg */
   async join({ url, token, share, kernels, flops }) {
     this.url = url;
     this.share = clampShare(share);
@@ -80,21 +110,23 @@ class Volunteer {
     const ws = new WebSocket(this.url);
     ws.binaryType = "arraybuffer";
     this.ws = ws;
-    ws.onopen = () => this.apply(this.session.start(clock()));
+    ws.onopen = () => this.apply(this.#s.start(clock()));
     ws.onmessage = (ev) => this.onFrame(ev.data);
     ws.onclose = (ev) => this.onClose(ws, ev);
     ws.onerror = () => {}; // onclose follows and says how
   }
 
+  /** @param {unknown} data */
   onFrame(data) {
-    if (this.ws === null || this.session.phase === "finished") return;
+    if (this.ws === null || this.#s.phase === "finished") return;
     if (typeof data === "string") {
       this.refuse(new ProtocolError(1, "a text frame: every message is a binary frame (§2)"));
       return;
     }
+    if (!(data instanceof ArrayBuffer)) return; // binaryType is "arraybuffer"
     const bytes = new Uint8Array(data);
     this.bytesIn += bytes.length;
-    const limit = this.session.limits?.maxMessageBytes ?? HELLO_MAX_BYTES;
+    const limit = this.#s.limits?.maxMessageBytes ?? HELLO_MAX_BYTES;
     let msg;
     try {
       msg = decodeFrame(bytes, limit);
@@ -106,20 +138,22 @@ class Volunteer {
       this.attempt = 0;
       this.status = "connected";
     }
-    this.apply(this.session.receive(msg, clock()));
+    this.apply(this.#s.receive(msg, clock()));
   }
 
+  /** @param {unknown} err */
   refuse(err) {
-    this.log("warn", `server frame refused: ${err.message}`);
-    this.apply(this.session.refuse(err, clock()));
+    this.log("warn", `server frame refused: ${err instanceof Error ? err.message : err}`);
+    this.apply(this.#s.refuse(err, clock()));
   }
 
+  /** @param {WebSocket} ws @param {CloseEvent} ev */
   onClose(ws, ev) {
     if (ws !== this.ws) return;
     this.ws = null;
     clearTimeout(this.tickTimer);
     clearTimeout(this.prefetchTimer);
-    this.session.connectionLost(clock());
+    this.#s.connectionLost(clock());
     if (this.finished !== null) return;
     if (this.leaving) {
       this.status = "left";
@@ -140,12 +174,15 @@ class Volunteer {
     const base = BACKOFF_S[Math.min(this.attempt, BACKOFF_S.length - 1)];
     this.attempt += 1;
     const delay = base * (0.5 + Math.random()); // jitter: tabs closed together do not return together
+    this.drops += 1;
     this.status = `offline: retrying in ${delay.toFixed(1)} s (close ${ev.code})`;
+    this.log("info", `connection lost (close ${ev.code}): retry ${this.attempt} in ${delay.toFixed(1)} s`);
     this.report();
     setTimeout(() => this.connect(), delay * 1000);
   }
 
-  /** Carry out the session's actions. */
+  /** Carry out the session's actions.
+   *  @param {Action[]} actions */
   apply(actions) {
     for (const a of actions) {
       switch (a.type) {
@@ -179,11 +216,12 @@ class Volunteer {
     const at = this.session?.nextWakeup();
     if (at == null || this.ws === null) return;
     const ms = Math.max(0, (at - clock()) * 1000);
-    this.tickTimer = setTimeout(() => this.apply(this.session.tick(clock())), ms + 1);
+    this.tickTimer = setTimeout(() => this.apply(this.#s.tick(clock())), ms + 1);
   }
 
   // -- compute -----------------------------------------------------------------
 
+  /** @param {Extract<Action, {type: "compute"}>} request */
   startCompute({ requestId, task, params, rows }) {
     clearTimeout(this.computeTimer);
     clearTimeout(this.prefetchTimer);
@@ -192,16 +230,16 @@ class Volunteer {
     try {
       runner = startTask(task, params, rows, this.kernels);
     } catch (err) {
-      this.apply(this.session.computeFailed(requestId, `${reasonWord(err)}: ${err.message}`, clock()));
+      this.apply(this.#s.computeFailed(requestId, `${reasonWord(err)}: ${messageOf(err)}`, clock()));
       return;
     }
     this.spec = normalizeSpec(task.spec);
     this.run = { requestId, task, runner, busy: 0, perStep: null };
     this.status = this.paused ? "paused" : "training";
-    const delay = this.session.prefetchDelay();
+    const delay = this.#s.prefetchDelay();
     if (delay !== null)
       this.prefetchTimer = setTimeout(
-        () => this.apply(this.session.prefetch(clock(), requestId)),
+        () => this.apply(this.#s.prefetch(clock(), requestId)),
         (delay / this.effectiveShare()) * 1000,
       );
     this.computeTimer = setTimeout(() => this.slice(), 0);
@@ -219,7 +257,7 @@ class Volunteer {
 
   slice() {
     const run = this.run;
-    if (run === null || run.requestId !== this.session.computing) {
+    if (run === null || run.requestId !== this.#s.computing) {
       if (run === this.run) this.dropRun(); // superseded by a newer task, or the job ended
       return;
     }
@@ -242,7 +280,7 @@ class Volunteer {
       }
     } catch (err) {
       this.dropRun();
-      this.apply(this.session.computeFailed(run.requestId, `${reasonWord(err)}: ${err.message}`, clock()));
+      this.apply(this.#s.computeFailed(run.requestId, `${reasonWord(err)}: ${messageOf(err)}`, clock()));
       return;
     }
     const spent = performance.now() - t0;
@@ -252,7 +290,7 @@ class Volunteer {
       this.run = null;
       const r = run.runner.result();
       this.status = "uploading";
-      this.apply(this.session.computeDone(run.requestId, { ...r, computeSeconds: run.busy / 1000 }, clock()));
+      this.apply(this.#s.computeDone(run.requestId, { ...r, computeSeconds: run.busy / 1000 }, clock()));
       if (this.run === null && this.status === "uploading") this.status = "waiting for a task";
       return;
     }
@@ -264,24 +302,26 @@ class Volunteer {
 
   // -- shards by HTTP, kept in the Cache API (§13.3) ---------------------------
 
+  /** @param {string} sha */
   async fetchShard(sha) {
     const url = shardUrl(this.url, sha);
     try {
       const bytes = await cachedShard(url, sha);
       const shard = parseShard(bytes);
-      this.apply(this.session.shardReady(sha, shard, clock()));
+      this.apply(this.#s.shardReady(sha, shard, clock()));
     } catch (err) {
-      this.log("warn", `shard ${sha.slice(0, 12)}: ${err.message}`);
-      this.apply(this.session.shardFailed(sha, err.message, clock()));
+      this.log("warn", `shard ${sha.slice(0, 12)}: ${messageOf(err)}`);
+      this.apply(this.#s.shardFailed(sha, messageOf(err), clock()));
     }
   }
 
   // -- the page ------------------------------------------------------------------
 
+  /** @param {ToWorker} msg */
   onPage(msg) {
     switch (msg.cmd) {
       case "join":
-        this.join(msg).catch((err) => this.log("error", `join: ${err.message}`));
+        this.join(msg).catch((err) => this.log("error", `join: ${messageOf(err)}`));
         break;
       case "share":
         this.share = clampShare(msg.value);
@@ -311,20 +351,22 @@ class Volunteer {
     clearTimeout(this.computeTimer);
     this.dropRun();
     this.status = "left";
-    this.apply(this.session.leave(clock()));
+    this.apply(this.#s.leave(clock()));
   }
 
+  /** @param {Extract<ToWorker, {cmd: "predict"}>} msg */
   predict({ id, x }) {
     const s = this.session;
     if (s === null || s.model === null || this.spec === null || x.length !== this.spec.widths[0]) {
-      postMessage({ type: "prediction", id, outputs: null, version: null });
+      tell({ type: "prediction", id, outputs: null, version: null });
       return;
     }
     const out = predict(this.spec, s.model, Float32Array.from(x), 1, this.kernels);
-    postMessage({ type: "prediction", id, outputs: Array.from(out), version: s.modelVersion });
+    tell({ type: "prediction", id, outputs: Array.from(out), version: s.modelVersion });
   }
 
   /** Stop for good; `jobDone`: the job is over (else this tab stopped, e.g. refused). */
+  /** @param {string} reason */
   finish(reason, jobDone = true) {
     if (this.finished !== null) return;
     this.finished = reason;
@@ -333,18 +375,19 @@ class Volunteer {
     clearTimeout(this.tickTimer);
     this.dropRun();
     if (this.ws !== null && this.ws.readyState <= WebSocket.OPEN) this.ws.close(1000, "finished");
-    postMessage({ type: "finished", reason, jobDone });
+    tell({ type: "finished", reason, jobDone });
     this.report();
   }
 
+  /** @param {"info" | "warn" | "error"} level @param {string} text */
   log(level, text) {
-    postMessage({ type: "log", level, text });
+    tell({ type: "log", level, text });
   }
 
   report() {
     const s = this.session;
     if (s === null) return;
-    postMessage({
+    tell({
       type: "stats",
       status: this.status,
       phase: s.phase,
@@ -365,6 +408,7 @@ class Volunteer {
       steps: this.steps,
       busySeconds: this.busyS,
       connects: this.connects,
+      drops: this.drops,
       rtt: s.rtt,
       finished: this.finished,
       widths: this.spec?.widths ?? null,
@@ -376,31 +420,43 @@ class Volunteer {
 // so at share 1.0 the worker loses no time between slices, yet still reads its
 // socket (the websocket's events queue between these messages).
 const channel = new MessageChannel();
+/** @type {(() => void)[]} */
 const soonQueue = [];
 channel.port1.onmessage = () => soonQueue.shift()?.();
+/** @param {() => void} fn */
 function soon(fn) {
   soonQueue.push(fn);
   channel.port2.postMessage(0);
 }
 
 /** A close reason fits 123 UTF-8 bytes, or WebSocket.close throws. */
+/** @param {string} text */
 function closeReason(text) {
   let s = String(text);
   while (new TextEncoder().encode(s).length > 123) s = s.slice(0, -1);
   return s;
 }
 
+/** @param {unknown} v */
 function clampShare(v) {
   const x = Number(v);
   return Number.isFinite(x) ? Math.min(1, Math.max(0.05, x)) : 1;
 }
 
+/** @param {unknown} err */
 function reasonWord(err) {
   if (err instanceof RangeError && /memory|allocation/i.test(err.message)) return "memory";
-  if (/^optimizer:/.test(err.message)) return "optimizer";
+  if (/^optimizer:/.test(messageOf(err))) return "optimizer";
   return "compute";
 }
 
+/** An error's message (or the thrown value, for a throw of something else).
+ *  @param {unknown} err */
+function messageOf(err) {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** @param {string} which @returns {Promise<Kernels>} */
 async function chooseKernels(which) {
   if (which === "js") return jsKernels;
   try {
@@ -410,13 +466,14 @@ async function chooseKernels(which) {
   } catch (err) {
     // No SIMD in this browser, or the file is missing: the plain-JS kernels
     // compute the same numbers (the conformance vectors pass in both).
-    postMessage({ type: "log", level: "info", text: `WebAssembly SIMD unavailable (${err.message}): plain JS` });
+    tell({ type: "log", level: "info", text: `WebAssembly SIMD unavailable (${messageOf(err)}): plain JS` });
     return jsKernels;
   }
 }
 
 /** ws://host:port/ws → http://host:port/data/<sha>, beside the websocket path
- *  (§13.3; /crowd/ws → /crowd/data/<sha> for a coordinator mounted at /crowd). */
+ *  (§13.3; /crowd/ws → /crowd/data/<sha> for a coordinator mounted at /crowd).
+ *  @param {string} wsUrl @param {string} sha */
 export function shardUrl(wsUrl, sha) {
   const u = new URL(wsUrl);
   u.protocol = u.protocol === "wss:" ? "https:" : "http:";
@@ -425,6 +482,7 @@ export function shardUrl(wsUrl, sha) {
   return new URL(`data/${sha}`, u).href;
 }
 
+/** @param {string} url @param {string} sha */
 async function cachedShard(url, sha) {
   const cache = globalThis.caches ? await globalThis.caches.open(SHARD_CACHE).catch(() => null) : null;
   if (cache !== null) {
@@ -449,7 +507,7 @@ async function cachedShard(url, sha) {
 
 if (typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope) {
   const volunteer = new Volunteer();
-  self.onmessage = (ev) => volunteer.onPage(ev.data);
+  self.onmessage = (/** @type {MessageEvent<ToWorker>} */ ev) => volunteer.onPage(ev.data);
   // Our own bugs reach the page (and the tests) instead of vanishing.
   self.addEventListener("error", (e) => volunteer.log("error", `worker: ${e.message}`));
   self.addEventListener("unhandledrejection", (e) =>

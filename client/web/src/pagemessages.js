@@ -1,0 +1,25 @@
+// The messages between the volunteer page (page.js) and its worker (worker.js),
+// as types only: each side imports them in JSDoc, so neither loads the other.
+
+/** The page to the worker.
+ *  @typedef {{cmd: "join", url: string, token: string, share: number, kernels: string, flops?: number}
+ *    | {cmd: "share", value: number}
+ *    | {cmd: "hidden", value: boolean}
+ *    | {cmd: "pause", value: boolean}
+ *    | {cmd: "leave"}
+ *    | {cmd: "predict", id: number, x: Float32Array}} ToWorker */
+
+/** The worker's numbers, every half second and on each change.
+ *  @typedef {{type: "stats", status: string, phase: string, kernels: string, share: number, hidden: boolean,
+ *    paused: boolean, tasks: number, accepted: number, refused: number, declined: number,
+ *    refusals: Record<string, number>, unacked: number, computing: boolean, bytesIn: number, bytesOut: number,
+ *    modelVersion: number | null, steps: number, busySeconds: number, connects: number, drops: number,
+ *    rtt: number | null, finished: string | null, widths: number[] | null}} Stats */
+
+/** The worker to the page.
+ *  @typedef {Stats
+ *    | {type: "log", level: "info" | "warn" | "error", text: string}
+ *    | {type: "prediction", id: number, outputs: number[] | null, version: number | null}
+ *    | {type: "finished", reason: string, jobDone: boolean}} ToPage */
+
+export {};
