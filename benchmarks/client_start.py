@@ -63,7 +63,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 from coordinator.core import events as ev  # noqa: E402
 from coordinator.core.config import parse_job  # noqa: E402
-from coordinator.http.server import BackgroundServer, CrowdServer  # noqa: E402
+from coordinator.http.server import CrowdServer  # noqa: E402
+from coordinator.http.serving import BackgroundServer  # noqa: E402
 from coordinator.runtime.service import CoreService  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

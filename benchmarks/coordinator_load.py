@@ -418,7 +418,8 @@ def run_load(
     per_address: int = PER_ADDRESS,
 ) -> dict[str, Any]:
     from coordinator.core.config import parse_job
-    from coordinator.http.server import BackgroundServer, CrowdServer
+    from coordinator.http.server import CrowdServer
+    from coordinator.http.serving import BackgroundServer
     from coordinator.runtime.service import CoreService
 
     job = parse_job(

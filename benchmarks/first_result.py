@@ -43,7 +43,8 @@ from rich.table import Table  # noqa: E402
 from client.datacache import DiskCache  # noqa: E402
 from coordinator.core import events as ev  # noqa: E402
 from coordinator.core.config import parse_job  # noqa: E402
-from coordinator.http.server import BackgroundServer, CrowdServer  # noqa: E402
+from coordinator.http.server import CrowdServer  # noqa: E402
+from coordinator.http.serving import BackgroundServer  # noqa: E402
 from coordinator.runtime.service import CoreService  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

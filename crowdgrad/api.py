@@ -34,7 +34,8 @@ import numpy as np
 from client.desktop import DesktopClient
 from coordinator.core.config import parse_job
 from coordinator.http.console import ConsoleLog
-from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.http.server import CrowdServer
+from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from nn.data import Dataset, split_indices
 from nn.params import Params

@@ -118,7 +118,8 @@ def game_loop(
 def demo_coordinator() -> Iterator[str]:
     """A local coordinator (its own threads, not the game's) on a digits job."""
     from coordinator.core.config import parse_job
-    from coordinator.http.server import BackgroundServer, CrowdServer
+    from coordinator.http.server import CrowdServer
+    from coordinator.http.serving import BackgroundServer
     from coordinator.runtime.service import CoreService
 
     job = parse_job(

@@ -422,7 +422,8 @@ def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard:
 
     from coordinator.core.data import load_job_data
     from coordinator.http.console import ConsoleLog
-    from coordinator.http.server import CrowdServer, make_uvicorn
+    from coordinator.http.server import CrowdServer
+    from coordinator.http.serving import make_uvicorn
     from coordinator.runtime.service import CoreService
     from coordinator.runtime.stores import FreshStartRefused
     from storage.errors import StorageError

@@ -28,7 +28,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from coordinator.core.config import STRATEGY_NAMES, parse_job
 from coordinator.http.console import ConsoleLog
-from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.http.server import CrowdServer
+from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from crowdgrad.cli import UsageError
 from crowdgrad.commands.coordinator import ConsolePrinter

@@ -20,14 +20,10 @@ from websockets.uri import parse_uri
 
 from coordinator.core.config import parse_job
 from coordinator.http import server as srv
-from coordinator.http.server import (
-    READ_AHEAD_FRAMES,
-    BackgroundServer,
-    CrowdServer,
-    ReadAheadWebSocketProtocol,
-    heartbeat_echo,
-    make_uvicorn,
-)
+from coordinator.http import wsasgi
+from coordinator.http.server import CrowdServer, heartbeat_echo
+from coordinator.http.serving import BackgroundServer, make_uvicorn
+from coordinator.http.wsasgi import READ_AHEAD_FRAMES, ReadAheadWebSocketProtocol
 from coordinator.runtime.service import CoreService
 from protocol import messages as m
 from protocol.errors import ErrorCode, close_code
@@ -141,16 +137,16 @@ def test_the_pre_hello_cap_lifts_for_the_next_frame_unless_it_has_begun() -> Non
     the frame after the hello came before the lift (a client waiting for welcome):
     a large one is taken. A byte of it came with the hello: it keeps the cap, 1009
     (docs/protocol.md §2)."""
-    big = b"x" * (4 * srv.PRE_HELLO_MAX_BYTES)
+    big = b"x" * (4 * wsasgi.PRE_HELLO_MAX_BYTES)
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
         proto, peer, theirs = await _open_pair(loop, 1 << 20)
-        assert srv.FRAME_CAP_EXTENSION in proto.scope["extensions"]
+        assert wsasgi.FRAME_CAP_EXTENSION in proto.scope["extensions"]
         peer.send_binary(b"hello")
         await loop.sock_sendall(theirs, b"".join(peer.data_to_send()))
         assert await _until(lambda: proto.queue.qsize() == 1)
-        await proto.send({"type": srv.LIFT_FRAME_CAP})
+        await proto.send({"type": wsasgi.LIFT_FRAME_CAP})
         peer.send_binary(big)
         await loop.sock_sendall(theirs, b"".join(peer.data_to_send()))
         assert await _until(lambda: proto.queue.qsize() == 2 or proto.close_sent)
@@ -173,8 +169,8 @@ def test_the_pre_hello_cap_lifts_for_the_next_frame_unless_it_has_begun() -> Non
         _close_pair(proto, theirs)
 
         # A link no larger than the cap is not capped at all.
-        proto, peer, theirs = await _open_pair(loop, srv.PRE_HELLO_MAX_BYTES)
-        assert srv.FRAME_CAP_EXTENSION not in proto.scope["extensions"]
+        proto, peer, theirs = await _open_pair(loop, wsasgi.PRE_HELLO_MAX_BYTES)
+        assert wsasgi.FRAME_CAP_EXTENSION not in proto.scope["extensions"]
         _close_pair(proto, theirs)
 
     asyncio.run(go())

@@ -15,7 +15,8 @@ from typing import Any
 
 from coordinator.core import events as ev
 from coordinator.core.config import JobConfig, parse_job
-from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.http.server import CrowdServer
+from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from protocol import messages as m
 

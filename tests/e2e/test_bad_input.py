@@ -19,8 +19,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from coordinator.http import server as server_mod
-from coordinator.http.server import BackgroundServer
+from coordinator.http import wsasgi as server_mod
+from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from nn.params import Params
 from nn.spec import ModelSpec

@@ -7,7 +7,8 @@ import signal
 import socket
 
 from coordinator.core import events as ev
-from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.http.server import CrowdServer
+from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from tests.e2e.e2e_helpers import Recorder, clients, digits_job, running
 

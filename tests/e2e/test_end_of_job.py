@@ -14,7 +14,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from coordinator.core import events as ev
-from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.http.server import CrowdServer
+from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from protocol import messages as m
 from tests.coordinator.coord_helpers import result_messages

@@ -18,8 +18,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from coordinator.http import server as server_mod
-from coordinator.http.server import PRE_HELLO_MAX_BYTES
+from coordinator.http import wsasgi
+from coordinator.http.wsasgi import PRE_HELLO_MAX_BYTES
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from tests.e2e.e2e_helpers import digits_job, hello_frame, running, train_together
@@ -139,7 +139,7 @@ def test_strangers_sending_maximal_frames_before_hello_cost_no_memory(
     that; refused from the header, it grows by a few MB (generous bound: 64 MB)."""
     # The server reads and discards until the peer closes, so every stranger sends
     # its whole frame and reads its close code.
-    monkeypatch.setattr(server_mod, "CLOSE_LINGER_S", SOCKET_TIMEOUT_S)
+    monkeypatch.setattr(wsasgi, "CLOSE_LINGER_S", SOCKET_TIMEOUT_S)
     job = digits_job(link={"max_message_bytes": 8 * 1024 * 1024})
     with running(job) as (bg, _, _):
         length = bg.crowd.ws_max_size

@@ -14,7 +14,8 @@ import pytest
 
 from client.ingame import InGameClient
 from coordinator.core import events as ev
-from coordinator.http.server import BackgroundServer, CrowdServer
+from coordinator.http.server import CrowdServer
+from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from tests.e2e.e2e_helpers import (
     HANG_GUARD_S,
