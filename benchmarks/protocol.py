@@ -34,9 +34,10 @@ from crowdgrad.process import tune_malloc  # noqa: E402
 from nn.params import Params  # noqa: E402
 from nn.spec import ModelSpec  # noqa: E402
 from protocol.checksum import BACKEND  # noqa: E402
-from protocol.chunking import Reassembler, encode_params  # noqa: E402
+from protocol.chunking import encode_params  # noqa: E402
 from protocol.limits import profile  # noqa: E402
 from protocol.messages import decode  # noqa: E402
+from protocol.reassembly import Reassembler  # noqa: E402
 
 
 def best_seconds(fn: Callable[[], object], repeat: int) -> float:

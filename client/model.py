@@ -16,7 +16,7 @@ from nn.params import Params
 from nn.spec import LEGACY_INIT_SCHEME, ModelSpec
 from protocol import messages as m
 from protocol.checksum import crc32
-from protocol.chunking import Reassembler
+from protocol.reassembly import Reassembler
 
 log = logging.getLogger(__name__)
 

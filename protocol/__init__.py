@@ -6,7 +6,6 @@ Sans-IO: nothing here touches a socket, asyncio or a clock. Spec: docs/protocol.
 from protocol.chunking import (
     Block,
     Piece,
-    Reassembler,
     Span,
     chunk_named,
     chunk_params,
@@ -44,6 +43,7 @@ from protocol.messages import (
     decode,
     encode,
 )
+from protocol.reassembly import Reassembler
 
 __all__ = [
     "CLOSE_NORMAL",

@@ -54,9 +54,10 @@ from nn.params import Params
 from nn.rng import Xoshiro128ss
 from nn.spec import ModelSpec
 from protocol import messages as m
-from protocol.chunking import Reassembler, chunk_named, encode_params
+from protocol.chunking import chunk_named, encode_params
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import PROFILES, LinkLimits, Pacer
+from protocol.reassembly import Reassembler
 from simulations.distributions import Fixed
 from simulations.network import Channel
 

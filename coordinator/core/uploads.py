@@ -26,8 +26,9 @@ import numpy as np
 from compression import get as get_codec
 from nn.spec import ModelSpec
 from protocol import messages as m
-from protocol.chunking import Layout, Reassembler, params_layout
+from protocol.chunking import Layout, params_layout
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.reassembly import Reassembler
 
 
 class Dropped:

@@ -44,7 +44,7 @@ from coordinator.core import events as ev
 from nn.spec import ModelSpec
 from nn.subnet import Subnet
 from protocol import messages as m
-from protocol.chunking import Reassembler
+from protocol.reassembly import Reassembler
 from storage.deltalog import DeltaEntry, DeltaLog
 from storage.groupcommit import GroupCommit
 

@@ -20,8 +20,9 @@ from nn.params import Params
 from nn.spec import INIT_SCHEME, ModelSpec
 from protocol import messages as m
 from protocol.checksum import crc32
-from protocol.chunking import Reassembler, chunk_params
+from protocol.chunking import chunk_params
 from protocol.limits import PROFILES, LinkLimits
+from protocol.reassembly import Reassembler
 
 SPEC = ModelSpec(widths=(8, 6, 3))
 LAN = PROFILES["lan"]

@@ -8,7 +8,8 @@ from client.session import ComputeRequest
 from compression import get as get_codec
 from nn.params import Params
 from protocol import messages as m
-from protocol.chunking import Reassembler, chunk_params
+from protocol.chunking import chunk_params
+from protocol.reassembly import Reassembler
 from tests.client.test_session import SPEC, feed, ready_session, sends, task_with_model
 
 TOPK = "topk:0.1"

@@ -12,7 +12,6 @@ from nn.spec import ModelSpec
 from protocol.checksum import crc32
 from protocol.chunking import (
     Block,
-    Reassembler,
     chunk_named,
     chunk_params,
     encode_params,
@@ -23,6 +22,7 @@ from protocol.chunking import (
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import profile
 from protocol.messages import Chunk, decode, encode
+from protocol.reassembly import Reassembler
 
 
 def _params(preset="small", seed=0):

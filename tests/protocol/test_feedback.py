@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from compression import ErrorFeedback, get
 from nn.params import Params
 from nn.spec import ModelSpec
-from protocol.chunking import Reassembler, chunk_params
+from protocol.chunking import chunk_params
 from protocol.feedback import feedback_chunks
+from protocol.reassembly import Reassembler
 
 SPEC = ModelSpec(widths=(12, 9, 4))
 

@@ -13,9 +13,10 @@ from nn.params import Params
 from nn.spec import ModelSpec
 from nn.subnet import Subnet
 from protocol import messages as m
-from protocol.chunking import Block, Reassembler, params_layout
+from protocol.chunking import Block, params_layout
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import MESSAGE_TYPES, decode, encode
+from protocol.reassembly import Reassembler
 
 VECTORS = Path(__file__).parents[1] / "vectors"
 _spec = importlib.util.spec_from_file_location("vectors_generate", VECTORS / "generate.py")

@@ -16,9 +16,10 @@ from nn.optim import Optimizer
 from nn.spec import ModelSpec
 from nn.train import evaluate
 from protocol import messages as m
-from protocol.chunking import Reassembler, chunk_named
+from protocol.chunking import chunk_named
 from protocol.errors import ErrorCode
 from protocol.limits import PROFILES, LinkLimits
+from protocol.reassembly import Reassembler
 from simulations.layersplit import (
     DIRECTIONS,
     Forward,

@@ -32,7 +32,7 @@ import numpy as np
 
 from nn.spec import INIT_SCHEME, ModelSpec
 from protocol.checksum import crc32
-from protocol.chunking import Reassembler, chunk_params
+from protocol.chunking import chunk_params
 from protocol.limits import profile
 from protocol.messages import (
     Ack,
@@ -52,6 +52,7 @@ from protocol.messages import (
     encode,
 )
 from protocol.ndarray import NDARRAY_EXT, unpack_ndarray
+from protocol.reassembly import Reassembler
 from protocol.shardfile import encode_shard, sha256_hex
 
 HERE = Path(__file__).parent
