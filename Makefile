@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean web web-check web-test system
+.PHONY: demo test lint format bench clean web web-check web-test system dist
 WEB := client/web
 WEB_DEPS := $(WEB)/node_modules/.package-lock.json
 
@@ -49,6 +49,12 @@ web-check: system $(WEB_DEPS)
 
 web-test: $(WEB_DEPS)
 	cd $(WEB) && node --test test/
+
+# The wheel and sdist (the wheel built from the sdist) into dist/; the coordinator
+# serves its own wheel at /client/ without this (docs/operations.md).
+dist: $(STAMP)
+	$(BIN)/python -m pip install --quiet build
+	$(BIN)/python -m build --outdir dist .
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -140,7 +140,18 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
     env = {**os.environ, "CROWDGRAD_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     log = (folder / f"coordinator-{clients}.log").open("w")
     coord = subprocess.Popen(
-        [*CROWDGRAD, "coordinator", "--job", str(job), "--host", "127.0.0.1", "--port", str(port)],
+        # --no-store: as measured before runs persisted by default (no durable acks)
+        [
+            *CROWDGRAD,
+            "coordinator",
+            "--job",
+            str(job),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-store",
+        ],
         cwd=ROOT,
         env=env,
         stdout=log,

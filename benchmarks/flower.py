@@ -209,7 +209,17 @@ def run_crowdgrad(
     out = subprocess.DEVNULL
     t0 = time.monotonic()
     coord = subprocess.Popen(  # kept running: its status holds the last evaluation
-        [*cmd, "coordinator", "--job", str(job_file), "--port", str(port), "--keep-running"],
+        # --no-store: as measured before runs persisted by default (no durable acks)
+        [
+            *cmd,
+            "coordinator",
+            "--job",
+            str(job_file),
+            "--port",
+            str(port),
+            "--keep-running",
+            "--no-store",
+        ],
         cwd=ROOT,
         env=env,
         stdout=out,

@@ -19,6 +19,7 @@ const BUNDLES = {
   "worker.js": "src/worker.js",
   "bench.js": "src/bench.js",
   "dashboard.js": "src/dashboard.js",
+  "desktop.js": "src/desktop.js",
 };
 /** static name -> source, relative to client/web */
 const COPIES = {

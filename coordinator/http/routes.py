@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.staticfiles import StaticFiles
 
 from client import WEB_ROOT
+from coordinator.http import clientwheel
 from coordinator.http.dashboard import estimate_left
 from coordinator.runtime.service import ServiceStopped
 
@@ -355,6 +356,8 @@ def build_app(crowd: CrowdServer) -> FastAPI:
         if action not in ADMIN_ACTIONS:
             raise HTTPException(404, f"no admin action {action[:80]!r}")
         raise HTTPException(405, "admin actions take POST", headers={"Allow": "POST"})
+
+    clientwheel.add_routes(app, crowd)  # /client/: the desktop client as a wheel
 
     # The volunteer page (client/web): index.html at /, its bundles and the
     # WebAssembly kernels beside it. Mounted last, so the routes above win.

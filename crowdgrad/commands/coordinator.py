@@ -2,10 +2,11 @@
 
 The job comes from a TOML file (``--job``, see coordinator/core/config.py) and/or
 flags that override it. Prints the URL clients join. SIGINT/SIGTERM stop
-accepting, finish the tick, write a checkpoint (with ``--store``) and close
-every client with 1001 going away, within ``--stop-grace`` (a signal before it
-serves ends it at once); a restart with the same ``--store`` carries
-on from the newest valid checkpoint.
+accepting, finish the tick, write a checkpoint and close every client with 1001
+going away, within ``--stop-grace`` (a signal before it serves ends it at once).
+The run is kept in ``--store``, by default ``./<job name>.crowdgrad.db``
+(``crowdgrad.commands.runstore``; ``--no-store``: nothing is kept); a restart
+with the same store carries on from the newest valid checkpoint.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from coordinator.core.config import STRATEGY_NAMES, JobConfig, load_job
 from coordinator.http.admission import AdmissionLimits
 from coordinator.http.listen import bind, join_url
 from crowdgrad.cli import UsageError
+from crowdgrad.commands import runstore
 from crowdgrad.stopguard import StopGuard
 from nn.spec import parse_widths
 
@@ -86,7 +88,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link", help="link profile: lan, roblox, mobile, unlimited")
     p.add_argument("--target-accuracy", type=float)
     p.add_argument("--max-versions", type=int)
-    p.add_argument("--store", help="checkpoint store (SQLite file); restores from it on start")
+    keep = p.add_mutually_exclusive_group()
+    keep.add_argument(
+        "--store",
+        help="checkpoint store (SQLite file); restores from it on start "
+        f"(default: ./<job name>{runstore.SUFFIX} in the working directory)",
+    )
+    keep.add_argument(
+        "--no-store",
+        action="store_true",
+        help="keep nothing: no checkpoints, a crash or Ctrl-C loses the run",
+    )
     p.add_argument("--checkpoint-every", type=int, help="checkpoint every N model versions")
     p.add_argument(
         "--no-ack-durable",
@@ -411,14 +423,23 @@ def run(args: argparse.Namespace) -> int:
     guard = stop_guard(args)
     try:
         sock = getattr(args, "listening", None) or listen(args.host, args.port)
-        with sock:  # closed on every error below (and again, harmlessly, after serving)
-            return _serve(args, job_from_args(args), sock, guard)
+        # the socket closed on every error below (and again, harmlessly, after
+        # serving); ``held`` releases the store's lock
+        with sock, contextlib.ExitStack() as held:
+            return _serve(args, job_from_args(args), sock, guard, held)
     finally:
         guard.restore()
 
 
-def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard: StopGuard) -> int:
+def _serve(
+    args: argparse.Namespace,
+    job: JobConfig,
+    sock: socket.socket,
+    guard: StopGuard,
+    held: contextlib.ExitStack,
+) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from coordinator.core.data import load_job_data
     from coordinator.http.console import ConsoleLog
@@ -431,8 +452,9 @@ def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard:
     console = Console()
     if args.durable_interval <= 0:
         raise UsageError(f"--durable-interval must be > 0, got {args.durable_interval}")
-    if args.store is not None:
-        check_store_path(args.store)
+    store, default_store = runstore.chosen_store(args, job)
+    if store is not None:
+        check_store_path(str(store))
     try:  # before anything is printed: a bad data file is an error, not a traceback later
         dataset = load_job_data(job)
     except ValueError as exc:
@@ -441,16 +463,12 @@ def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard:
         job,
         seed=args.seed,
         dataset=dataset,
-        store=args.store,
+        store=store,
         tick_hz=args.tick_hz,
         ack_durable=False if args.no_ack_durable else None,
         durable_interval=args.durable_interval,
         allow_fresh_start=args.allow_fresh_start,
     )
-    try:
-        service.prepare()
-    except (FreshStartRefused, StorageError) as exc:
-        raise UsageError(f"--store: {exc}") from None
     try:
         admission = AdmissionLimits(
             handshake_timeout_s=args.handshake_timeout,
@@ -491,6 +509,15 @@ def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard:
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if store is not None:  # every refusal above came before the store was touched
+        lock = runstore.StoreLock(store)
+        lock.acquire()
+        held.callback(lock.release)
+        runstore.check_same_model(store, job, default=default_store)
+    try:
+        service.prepare()
+    except (FreshStartRefused, StorageError) as exc:
+        raise UsageError(f"--store: {exc}") from None
     say = ConsolePrinter(console)
     console_log = ConsoleLog(say)
     service.add_sink(console_log)
@@ -506,15 +533,21 @@ def _serve(args: argparse.Namespace, job: JobConfig, sock: socket.socket, guard:
     console.print(f"  dashboard:  [bold cyan]{http}/dashboard[/]")
     console.print(f"  volunteers: {http}/  (a browser joins from this page)")
     console.print(f"  status:     {http}/api/status  {http}/metrics  {http}/docs", soft_wrap=True)
-    if args.store is not None:
+    if store is not None:
+        where = escape(runstore.describe(store, default=default_store))
         resumed = service.resume_version
         if resumed is None:
-            console.print(f"  store:      {args.store} (no checkpoint yet: starting from model v0)")
+            console.print(
+                f"  store:      {where}: no checkpoint yet, starting from model v0",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
         else:
             console.print(
-                f"  store:      {args.store}: [bold]resumed from checkpoint {resumed}[/] "
-                f"(model v{resumed})"
-            )
+                f"  store:      {where}: [bold]resumed from checkpoint {resumed}[/] "
+                f"(model v{resumed})", highlight=False, soft_wrap=True,
+            )  # fmt: skip
+    else:
+        console.print("  store:      none (--no-store): nothing is kept when this stops")
     if args.join_token:
         console.print("  join token required (--token on the client)")
     if uplink is not None:

@@ -5,8 +5,11 @@ Everything is real: uvicorn on a loopback port, the core on its own thread,
 does in each phase, prints the dashboard and volunteer page URLs, tells joins,
 the first accepted result and evaluations as they happen, shows live progress
 (accuracy, model version, clients, bytes), and stops at the target accuracy with
-a summary and where to go next. Times count from the command's start, imports
-included. ``crowdgrad train`` is the one-machine baseline.
+a summary and where to go next. On a terminal (stdin and stdout) it then keeps
+the coordinator serving, training stopped, so the dashboard and the volunteer
+page it printed still show the run, until Ctrl-C; elsewhere (CI, a pipe) it exits
+at once. Times count from the command's start, imports included. ``crowdgrad
+train`` is the one-machine baseline.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--wait",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep the dashboard up after the job until Enter (default: when on a terminal)",
+        help="after the job, keep the dashboard and volunteer page serving until Ctrl-C "
+        "(default: when stdin and stdout are terminals)",
     )
     p.set_defaults(func=run)
 
@@ -229,8 +233,8 @@ def _summary(
 
 #: Where a newcomer goes after the demo (README and docs hold the details).
 NEXT_STEPS = (
-    "a real job:    crowdgrad coordinator --host 0.0.0.0 --store run.db   (README, "
-    '"Running a coordinator")',
+    "a real job:    crowdgrad coordinator --host 0.0.0.0   (kept in ./job.crowdgrad.db; "
+    'README, "Running a coordinator")',
     "volunteers:    crowdgrad client ws://HOST:8765/ws, or a browser at http://HOST:8765/",
     "the model:     crowdgrad demo --store demo.db, then crowdgrad checkpoint export "
     "--store demo.db --out model.onnx (docs/formats.md)",
@@ -304,16 +308,20 @@ def _wait_wanted(args: argparse.Namespace) -> bool:
 
 
 def _linger(console: Console, http: str) -> None:
-    """Keep the dashboard up for a look at the finished run, until Enter or Ctrl-C."""
+    """Keep serving the finished run for a person to look at, until Ctrl-C (SIGINT).
+
+    The coordinator, its core and the web server run on as they were (the
+    server's own thread); only the clients are gone, so the dashboard, the
+    volunteer page, /api/status and /api/history show the run as it ended. No time
+    limit: the person decides when they have seen enough."""
     console.print(
-        f"The dashboard stays up at {http}/dashboard: press Enter to stop "
-        f"(it stops by itself after {LINGER_S // 60} minutes)."
+        "[bold]Training has stopped; the coordinator keeps serving the run[/]:\n"
+        f"      dashboard:   [bold cyan]{http}/dashboard[/]\n"
+        f"      volunteers:  [cyan]{http}/[/]\n"
+        "      Press Ctrl-C to stop."
     )
-    reader = threading.Thread(target=sys.stdin.readline, daemon=True)
-    reader.start()
+    forever = threading.Event()
     with contextlib.suppress(KeyboardInterrupt):
-        reader.join(LINGER_S)
-
-
-#: Seconds the dashboard stays up after the job when nobody presses Enter.
-LINGER_S = 600
+        while not forever.wait(3600):
+            pass
+    console.print("stopped")

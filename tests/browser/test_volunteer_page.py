@@ -336,6 +336,28 @@ def test_a_screenshot_shows_the_progress(context) -> None:
         assert rec.of(ev.ResultAccepted)
 
 
+def test_the_page_shows_the_command_that_installs_the_desktop_client(context) -> None:
+    """Issue 36: the page's desktop panel, filled from /api/client, names this
+    coordinator's own wheel and join URL; at a phone's width it wraps, never
+    overflows."""
+    from coordinator.http.clientwheel import ClientWheel
+
+    job = digits_job(stop={"max_versions": 100_000, "max_time_s": 300})
+    with running(job) as (bg, _service, _rec):
+        page = open_tab(context, page_url(bg.url, "autostart=0"))
+        page.set_viewport_size({"width": 390, "height": 800})
+        page.wait_for_selector("#desktop", state="visible", timeout=30_000)
+        http = bg.url.replace("ws://", "http://").removesuffix("/ws")
+        wheel = f"crowdgrad-{ClientWheel().version}-py3-none-any.whl"
+        assert page.inner_text("#desktop-install") == f"pipx install {http}/client/{wheel}"
+        assert page.inner_text("#desktop-run") == f"crowdgrad client {bg.url}"
+        wide = page.evaluate(
+            "[...document.querySelectorAll('#desktop pre')]"
+            ".filter(e => e.scrollWidth > e.clientWidth).length"
+        )
+        assert wide == 0
+
+
 def _differs(a: Path, b: Path, box: dict) -> bool:
     """The screenshots differ where the accepted count is drawn (it went 0 → ≥ 3)."""
     from matplotlib import image

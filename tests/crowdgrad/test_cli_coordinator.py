@@ -40,7 +40,7 @@ def _banner(store: Path) -> str:
 def test_a_restart_says_resumed_from_checkpoint_n(tmp_path: Path) -> None:
     store = tmp_path / "run.db"
     out = _banner(store)
-    assert "store:      " in out and "no checkpoint yet: starting from model v0" in out
+    assert "store:      " in out and "no checkpoint yet, starting from model v0" in out
     for page in ("/dashboard", "/metrics", "/api/status"):
         assert page in out
     service = CoreService(make_job(), store=store, dataset=digits())

@@ -35,6 +35,8 @@ class Coordinator:
     def __init__(self, *extra: str, launch: tuple[str, ...] = ("-m", "crowdgrad")) -> None:
         cmd = [sys.executable, *launch, "coordinator", "--port", "0"]
         cmd += ["--widths", "64,16,10", "--admin-token", TOKEN, *extra]
+        if "--store" not in extra:  # not the default store in the repository
+            cmd.append("--no-store")
         env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

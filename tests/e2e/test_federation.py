@@ -49,6 +49,8 @@ def _wait(what: str, pred: Any, procs: list[subprocess.Popen[bytes]]) -> Any:
 def _coordinator(job: Path, port: int, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     cmd = [sys.executable, "-m", "crowdgrad", "coordinator", "--job", str(job)]
     cmd += ["--port", str(port), "--keep-running", *extra]
+    if "--store" not in extra:  # not the default store in the repository
+        cmd.append("--no-store")
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env={**os.environ, **ENV_THREADS}, stdout=out, stderr=out

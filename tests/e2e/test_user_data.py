@@ -75,7 +75,7 @@ every_versions = 5
 def _run_job(job: Path, cache: Path, port: int) -> dict:
     """One coordinator and two clients until the job reaches its target; the status then."""
     cmd = [sys.executable, "-m", "crowdgrad", "coordinator", "--job", str(job)]
-    cmd += ["--port", str(port), "--keep-running"]
+    cmd += ["--port", str(port), "--keep-running", "--no-store"]
     coord = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _status(port, lambda s: True, timeout=60)

@@ -1,0 +1,2 @@
+// crowdgrad volunteer client: built by client/web/build.mjs from client/web/src; do not edit.
+(()=>{function o(n,e){let t=document.getElementById(n);t&&(t.textContent=e)}async function i(){let n=document.getElementById("desktop");if(n)try{let e=await fetch("api/client",{cache:"no-store"});if(!e.ok)return;let t=await e.json();if(!t.available)return;o("desktop-install",t.install),o("desktop-run",t.run),n.hidden=!1}catch{}}i();})();
