@@ -1,27 +1,24 @@
 """Run one task with the nn core: the only place a client turns a task into numbers.
 
-Shared by the desktop client (on a worker thread), the simulator and the tests,
-so every driver computes exactly the same update for the same task. A task
-names its rows either by hash (``task.data``: the rows of that shard file,
-docs/protocol.md §13, optionally narrowed by ``indices``) or, for a peer that
-does not fetch shards, as ``task.dataset`` (``"<name>#<split seed>"``, see
-:func:`dataset_ref`) plus ``indices`` into that dataset's training split; its
-batch sampling as ``seed``. The result is deterministic given those and the
-base params, and the same in any conforming client: batches come from the
-portable generator ``Xoshiro128ss(task.seed, 0)`` (docs/protocol.md §12, which
-states every formula used here).
+Shared by the desktop client (on a worker thread), the simulator and the tests, so every driver
+computes exactly the same update for the same task. A task names its rows either by hash
+(``task.data``: the rows of that shard file, docs/protocol.md §13, optionally narrowed by
+``indices``) or, for a peer that does not fetch shards, as ``task.dataset`` (``"<name>#<split
+seed>"``, see :func:`dataset_ref`) plus ``indices`` into that dataset's training split; its
+batch sampling as ``seed``. The result is deterministic given those and the base params, and
+the same in any conforming client: batches come from the portable generator
+``Xoshiro128ss(task.seed, 0)`` (docs/protocol.md §12, which states every formula used here).
 
-- ``gradient``: the mean-loss gradient on ``steps × batch`` samples drawn
-  without replacement from the shard;
-- ``train``: ``steps`` local optimizer steps from the base params, with fresh
-  optimizer state; the update is the delta ``local − base``.
-- ``distill``: the same, but each step follows ``compression.distill``'s loss
-  toward the task's ``teacher_logits`` (rows aligned with ``indices``).
-- ``evaluate``: loss and accuracy of the base params on all of the task's rows;
-  no update.
+- ``gradient``: the mean-loss gradient on ``steps × batch`` samples drawn without replacement
+  from the shard;
+- ``train``: ``steps`` local optimizer steps from the base params, with fresh optimizer state;
+  the update is the delta ``local − base``;
+- ``distill``: the same, but each step follows ``compression.distill``'s loss toward the task's
+  ``teacher_logits`` (rows aligned with ``indices``);
+- ``evaluate``: loss and accuracy of the base params on all of the task's rows; no update.
 
-:class:`SlicedTask` computes the same update a few steps at a time, for drivers
-that must yield between pieces (a duty cycle, a game's frame budget).
+:class:`SlicedTask` computes the same update a few steps at a time, for drivers that must yield
+between pieces (a duty cycle, a game's frame budget).
 """
 
 from __future__ import annotations

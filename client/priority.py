@@ -1,33 +1,20 @@
 """Run the desktop client's compute at idle priority: a game beside it keeps its frames.
 
-Why: a duty cycle (``--cpu-share``) lowers the average load but still competes
-for the CPU at the moment a game wants it (issue 23 measured, on 2 cores, a
-client at full share making a 60 Hz loop miss 28 of 900 frames, one at a quarter
-share still 6; docs/performance.md, "The frame budget"). An idle-priority thread
-runs only when nothing else wants the core, as BOINC's clients always have.
+An idle-priority thread runs only when nothing else wants the core. What each platform gets,
+for the calling thread only (the IO thread that keeps heartbeats flowing stays at normal
+priority):
 
-What each platform gets, for the calling thread only (the IO thread that keeps
-heartbeats flowing stays at normal priority):
-
-- Linux: ``SCHED_IDLE`` (``sched_setscheduler`` on the thread's own id: Linux
-  schedules threads, so a TID names one thread), else nice 19 for that thread
-  (``setpriority`` on a TID is per-thread on Linux, unlike POSIX).
-- macOS: the background QoS class (``pthread_set_qos_class_self_np``), which
-  also throttles IO; nice would be process-wide there, so it is not used.
+- Linux: ``SCHED_IDLE`` (``sched_setscheduler`` on the thread's own id), else nice 19 for that
+  thread (``setpriority`` on a TID is per-thread on Linux, unlike POSIX).
+- macOS: the background QoS class (``pthread_set_qos_class_self_np``), which also throttles IO.
 - Windows: ``THREAD_PRIORITY_IDLE`` (``SetThreadPriority``).
 
-Threads the compute thread starts later inherit its policy on Linux: numba's
-OpenMP pool is made by the first parallel region of the thread that runs it
-(checked: with ``--threads 2`` the compute thread's OpenMP worker is
-``SCHED_IDLE``). Threads that already exist are another matter: each OpenBLAS
-that numpy and scipy load starts its workers at import, from the main thread,
-at normal priority (numba's workqueue layer, where OpenMP is missing, starts its
-pool from the thread that first sets the thread count, also the main thread).
-They compute only for the compute thread, and only with more than one thread,
-so :func:`lower_native_pools` lowers every thread the ``threading`` module does
-not know about (Linux: ``/proc/self/task``).
-
-Everything here is best effort: a refusal is logged, never raised.
+Threads the compute thread starts later inherit its policy on Linux (numba's OpenMP pool);
+native pools started before it, from the main thread (OpenBLAS, numba's workqueue), do not, so
+:func:`lower_native_pools` lowers every thread the ``threading`` module does not know about
+(Linux: ``/proc/self/task``). Everything here is best effort: a refusal is logged, never
+raised. Why, per platform and per pool: docs/client.md ("Idle priority"); what it measured:
+docs/performance.md ("The frame budget").
 """
 
 from __future__ import annotations

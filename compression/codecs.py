@@ -1,26 +1,22 @@
 """Update codecs: how a float32 block of a model or delta is turned into bytes.
 
-Every codec is a stateless object behind a three-method base (``encode``,
-``decode``, ``encoded_size``) with a wire id from :class:`CodecId`; the registry is
-an explicit dict and an import-time check makes sure every wire id has exactly one
-codec. Stateful tricks (error feedback) wrap a codec; they are not codecs.
+Every codec is a stateless object behind a three-method base (``encode``, ``decode``,
+``encoded_size``) with a wire id from :class:`CodecId`; the registry is an explicit dict and an
+import-time check makes sure every wire id has exactly one codec. Stateful tricks (error
+feedback) wrap a codec; they are not codecs.
 
-A block is what one protocol chunk carries: the W rows of a neuron group
-(2-D, ``rows × in``) or its biases (1-D). Per-row codecs treat a 1-D block as one
-row. ``decode`` must never trust the payload: a wrong length, an out-of-range
-index or a non-finite scale raises :class:`CodecError`, which the protocol turns
-into a ``ProtocolError``.
+A block is what one protocol chunk carries: the W rows of a neuron group (2-D, ``rows × in``)
+or its biases (1-D); per-row codecs treat a 1-D block as one row. ``decode`` must never trust
+the payload: a wrong length, an out-of-range index or a non-finite scale raises
+:class:`CodecError`, which the protocol turns into a ``ProtocolError``. Byte layouts are
+written in each codec's docstring with ``struct`` formats, all little-endian.
 
-Byte layouts are written in each codec's docstring with ``struct`` formats; all
-multi-byte values are little-endian.
-
-Names. Fixed codecs are registered by name (``fp32``, ``fp16``, ``int8``, ...).
-Parameterised ones are spelled by a small grammar that :func:`get` parses:
-``topk:0.01`` (keep the 1 % largest magnitudes), ``topk:0.01+int8``, and an
-``-sr`` suffix on any integer codec for stochastic rounding (``int8-sr``,
-``topk:0.01+int8-sr``). Parameters and rounding only change what the encoder
-chooses, never the byte layout, so the wire carries just the :class:`CodecId` and
-the registered instance of that id decodes every variant.
+Names: fixed codecs by name (``fp32``, ``fp16``, ``int8``, ...); parameterised ones in a small
+grammar that :func:`get` parses: ``topk:0.01`` (keep the 1 % largest magnitudes),
+``topk:0.01+int8``, and an ``-sr`` suffix on any integer codec for stochastic rounding
+(``int8-sr``, ``topk:0.01+int8-sr``). Parameters and rounding only change what the encoder
+chooses, never the byte layout, so the wire carries just the :class:`CodecId` and the
+registered instance of that id decodes every variant (docs/protocol.md §11).
 """
 
 from __future__ import annotations

@@ -1,30 +1,23 @@
 """Uniform integer codecs: int8 and int4 with a per-row or per-chunk scale.
 
-A symmetric quantiser: ``scale = max|x| / L`` (L = 127 for int8, 7 for int4) and
-``q = round(x / scale)`` in ``[-L, L]``; decoding is ``q * scale``. Exactly, so that
-every client writes the same bytes (docs/protocol.md §11): both divisions are
-IEEE float32 divisions (correctly rounded), the rounding is to nearest with ties
-to even (``np.rint``), then clamped to ``[-L, L]``; a scale of 0 (an all-zero row)
-gives q = 0. Round to nearest bounds the error by ``scale / 2``; stochastic
-rounding (``-sr``) rounds up with probability equal to the fraction, so the
-decoded block is unbiased (its expectation is ``x``) at an error below
-``scale`` — what averaging many updates needs: ``q = floor(float32(x / scale +
-u))`` with one uniform float32 ``u`` per value in row-major order, drawn from the
-caller's generator (a client passes the portable one of its task, §12.1).
-Per-row scales (``int8``, ``int4``) follow the neuron rows of a W block, whose
-magnitudes differ a lot; per-chunk (``-chunk``) spends only one float.
+A symmetric quantiser, exact so that every client writes the same bytes (docs/protocol.md
+§11.1 states it to the bit): ``scale = max|x| / L`` (L = 127 for int8, 7 for int4) and ``q =
+round(x / scale)``, both IEEE float32 divisions, ties to even (``np.rint``), clamped to ``[-L,
+L]``; a scale of 0 (an all-zero row) gives q = 0; decoding is ``q * scale``. Stochastic
+rounding (``-sr``, unbiased) is ``q = floor(float32(x / scale + u))`` with one uniform float32
+``u`` per value in row-major order from the caller's generator (a client passes the portable
+one of its task, §12.1). Per-row scales (``int8``, ``int4``) follow the neuron rows of a W
+block; per-chunk (``-chunk``) spends only one float.
 
-Byte layouts (little-endian; ``rows`` = first dimension of a 2-D block, 1 for 1-D;
-``n`` = number of values):
+Byte layouts (little-endian; ``rows`` = first dimension of a 2-D block, 1 for 1-D; ``n`` =
+number of values):
 
-* ``int8``:        ``<{rows}f`` scales, then ``<{n}b`` values in [-127, 127]
-* ``int8-chunk``:  ``<f`` scale, then ``<{n}b`` values in [-127, 127]
-* ``int4``:        ``<{rows}f`` scales, then ``<{ceil(n/2)}B`` packed nibbles
-* ``int4-chunk``:  ``<f`` scale, then ``<{ceil(n/2)}B`` packed nibbles
+* ``int8`` / ``int8-chunk``: ``<{rows}f`` scales / ``<f`` scale, then ``<{n}b`` in [-127, 127]
+* ``int4`` / ``int4-chunk``: ``<{rows}f`` scales / ``<f`` scale, then ``<{ceil(n/2)}B`` nibbles
 
-A nibble holds ``q + 8`` (1..15), value ``2i`` in the low nibble of byte ``i`` and
-``2i+1`` in the high one; the pad nibble of an odd ``n`` is 0. A value of -128, a
-nibble of 0, a nonzero pad, or a negative or non-finite scale is a corrupt payload.
+A nibble holds ``q + 8`` (1..15), value ``2i`` in the low nibble of byte ``i`` and ``2i+1`` in
+the high one; the pad nibble of an odd ``n`` is 0. A value of -128, a nibble of 0, a nonzero
+pad, or a negative or non-finite scale is a corrupt payload.
 """
 
 from __future__ import annotations

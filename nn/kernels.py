@@ -1,46 +1,20 @@
 """numba kernels of the MLP: forward, backward, losses and the fused train loop.
 
-Theory of operation. A model is a flat parameter buffer plus a *layout*: per
-layer ``shapes[l] = (out, in)`` and ``offs[l] = (w_start, b_start)`` into the
-buffer (``Params`` uses the same layout, so kernels see its ``data`` directly).
-Activations are stored after the nonlinearity for every layer, because each
-supported derivative is a function of the output (relu: ``a > 0``, tanh:
-``1 - a²``, sigmoid: ``a(1 - a)``), so no pre-activation buffer is needed.
+A model is a flat parameter buffer plus a *layout*: per layer ``shapes[l] = (out, in)`` and
+``offs[l] = (w_start, b_start)`` into the buffer (``Params`` uses the same layout, so kernels
+see its ``data`` directly). Hidden activations and their deltas are stored after the
+nonlinearity and feature-major, ``[width, batch]``; the input batch and the output layer stay
+``[batch, width]``, which is what callers (the loss, ``predict_rows``, the distillation loop)
+read and write. ``train_loop`` runs all steps inside one compiled call, with the batch indices
+drawn by the caller, so Python is entered once per call.
 
-A train step is forward (GEMM, then a fused bias + activation pass), the loss
-gradient, and backward layer by layer from the top, each layer starting with
-one pass that applies the activation's derivative and takes the bias step. In
-backward, ``dA_prev = dZ·W`` is computed with the old ``W`` *before* that
-layer's update; with plain SGD the update is then folded into the
-weight-gradient GEMM (``W := W - lr·dZᵀA``, ``beta = 1``), so no gradient
-buffer is written or read. Momentum and
-Adam write the gradient into a scratch buffer ``G`` and update in one
-elementwise pass. ``train_loop`` runs all steps inside one compiled call, with
-the batch indices drawn by the caller, so Python is entered once per call.
-
-Neuron groups: with ``parts > 1`` threads, a big layer's rows (its neurons) are
-split into one group per thread, and each thread runs single-threaded sgemm on
-its rows: forward writes its own neurons of Z (no reduction); backward computes
-its partial ``dA_prev`` from its rows of the old W into a private buffer and then
-updates those same rows, so threads never share a row. The partial ``dA_prev``
-are summed in group order, so a run is bitwise reproducible for a given
-``parts``; 1 and 2 threads differ by float rounding only. Why groups rather than
-a multi-threaded sgemm on the whole layer: the elementwise passes split too,
-nothing crosses threads inside a layer, the threads wait passively between
-layers instead of spinning (a loaded machine hurts them far less), and with the
-feature-major layout below they were faster at every measured batch size.
-
-Layout: hidden activations and their deltas are stored feature-major,
-``[width, batch]``, so the forward product is ``Zᵀ = W·Aᵀ`` with the neurons as
-the long GEMM dimension and a neuron group is a block of contiguous rows; the
-input batch and the output layer stay ``[batch, width]``, which is what callers
-(the loss, ``predict_rows``, the distillation loop) read and write. On the
-2-core VM this made large/128 steps ~24 % faster with neuron groups than the
-batch-major layout (docs/performance.md).
-
-Every kernel is ``nogil`` (clients run it off their IO thread) and generic over
-float32/float64: float64 goes through loops, which is the finite-difference
-check path. Codes for activations, losses and optimizers are the tuples below.
+With ``parts > 1`` threads a big layer's rows are split into neuron groups, one per thread,
+and no two threads share a row; partial ``dA_prev`` sums are added in group order, so a run is
+bitwise reproducible for a given ``parts`` (1 and 2 threads differ by float rounding only).
+Every kernel is ``nogil`` (clients run it off their IO thread) and generic over float32/float64
+(float64 goes through loops: the finite-difference check path). Codes for activations, losses
+and optimizers are the tuples below. How a step works and what it measured:
+docs/performance.md ("Why the step is fast", "large/128"); why neuron groups: docs/decisions.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,21 @@
 """Layer-split training: an MLP cut between layers into blocks, each on a local loss.
 
-Theory of operation. ``cuts`` are hidden-layer indices: ``cuts = (c,)`` cuts
-``widths`` at ``widths[c]``, so block 0 holds layers ``[0, c)`` and block 1
-layers ``[c, L)``; the activations at a cut (after its ReLU) are the block's
-*boundary*. Each block trains on a loss of its own (decoupled greedy learning,
-Belilovsky, Eickenberg & Oyallon, ICML 2020): a block that is not the last
-carries an auxiliary linear head from its boundary to the classes and steps on
-the real loss through that head; the last block is the network's own top and
-steps on the real loss. Per mini-batch, block k computes its boundary for the
-batch *before* its own step (detached: no gradient crosses a cut) and hands it,
-with the labels, to block k+1, which steps on it. So the only traffic is
-boundary activations going up; nothing comes back but an acknowledgement.
+``cuts`` are hidden-layer indices: ``cuts = (c,)`` cuts ``widths`` at ``widths[c]``, so block 0
+holds layers ``[0, c)`` and block 1 layers ``[c, L)``; the activations at a cut (after its
+ReLU) are the block's *boundary*. Each block trains on a loss of its own (decoupled greedy
+learning, DGL): a block that is not the last carries an auxiliary linear head from its boundary
+to the classes and steps on the real loss through it; the last block is the network's own top.
+Per mini-batch, block k computes its boundary *before* its own step (detached: no gradient
+crosses a cut) and hands it, with the labels, to block k+1: nothing comes back but an ack.
 
-Why this and not the seed's ADMM (seed 002, sections 5-8). The seed's net1
-regresses its dual layer onto net2's, with targets sent back every sequence;
-in its final setup net1's learning rate was 5e-11 against net2's 4e-3, so
-net1 was in effect frozen and its 0.5 % MNIST bound measured net2 trained on
-nearly fixed features. A target-propagation variant that does train the lower
-block needs the upper block's gradient at its input (``dL/dh``, per sample),
-which the fused kernels do not expose, and a round trip per step: on a 50 kB/s
-link the lower block would wait for targets as large as what it sent. DGL
-moves half the bytes, never waits, and reaches the bound here
-(docs/simulations.md, "Layer-split training").
-
-A block's training model is an ordinary MLP (its layers, then the aux head),
-so ``nn.train.train_steps`` trains it unchanged, and since ``Params`` lays
-layers out in order, the block's own weights are a prefix of that buffer
-(``BlockTrainer.block_params`` is a view, no copy). Joining the blocks'
-prefixes gives the whole network's ``Params`` (``join_params``). Everything is
-seeded: the layers start from ``spec.init_params(seed)`` (the same weights as
-the whole network), aux head k from ``Xoshiro128ss(seed, AUX_STREAM + k)``,
-and the batch order from ``Xoshiro128ss(seed, BATCH_STREAM)``, the same for
-``train_whole``; with no cut ``train_split`` is ``train_whole`` bit for bit.
+A block's training model is an ordinary MLP (its layers, then the aux head) that
+``nn.train.train_steps`` trains unchanged; its own weights are a prefix of that buffer
+(``BlockTrainer.block_params`` is a view, no copy), and ``join_params`` joins the prefixes into
+the whole network's ``Params``. Everything is seeded: the layers from ``spec.init_params(seed)``,
+aux head k from ``Xoshiro128ss(seed, AUX_STREAM + k)``, the batch order from
+``Xoshiro128ss(seed, BATCH_STREAM)`` as in ``train_whole``; with no cut ``train_split`` is
+``train_whole`` bit for bit. Why DGL and not the seed's ADMM, and the figures:
+docs/simulations.md ("Layer-split training") and docs/decisions.md.
 """
 
 from __future__ import annotations

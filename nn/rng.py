@@ -1,28 +1,18 @@
 """A portable random generator: xoshiro128** with a 32-bit seeding rule.
 
-Why not NumPy's: a client in another language (a browser, a game script) has to
-draw exactly the same batches and the same initial weights as this one, and
-PCG64 plus NumPy's normal and permutation algorithms are not something it can
-reproduce from a page of specification. Everything here uses only 32-bit
-integer operations (xor, shifts, rotations, multiplication mod 2³²: ``Math.imul``
-and ``>>> 0`` in JavaScript) and float64 arithmetic that is exact, so every
-language gets the same bits. docs/protocol.md §12.1 is the specification; the
-conformance vectors in ``tests/vectors/compute/rng.json`` pin it.
+A client in another language (a browser, a game script) must draw exactly the same batches and
+initial weights as this one, so everything here uses only 32-bit integer operations and
+float64 arithmetic that is exact. docs/protocol.md §12.1 is the specification; the conformance
+vectors in ``tests/vectors/compute/rng.json`` pin it (why not NumPy's: docs/decisions.md).
 
-* Seeding (``seed_state``): ``(seed, stream)`` → four state words by two rounds
-  of murmur3's ``fmix32`` chained over the words. Each step is invertible, so
-  distinct ``(seed, stream)`` pairs give distinct states; and since
-  ``fmix32(0) = 0`` the rounds map only the all-zero words to the all-zero state,
-  which no input is (the fourth word starts at 0x9E3779B9): xoshiro's one
-  forbidden state never occurs.
+* ``seed_state``: ``(seed, stream)`` → four state words by two rounds of murmur3's ``fmix32``;
+  distinct pairs give distinct states, and never xoshiro's forbidden all-zero one.
 * ``next_u32``: xoshiro128** 1.1 (Blackman & Vigna).
-* ``below(n)``: uniform in ``[0, n)`` by rejection; ``permutation(n)``:
-  Fisher–Yates from the top; ``normal``: Irwin–Hall with 12 terms (no
-  transcendental function, so bit-exact everywhere; the tails end at ±6, which
-  weight init does not miss).
+* ``below(n)``: uniform in ``[0, n)`` by rejection; ``permutation(n)``: Fisher–Yates from the
+  top; ``normal``: Irwin–Hall with 12 terms (bit-exact everywhere; tails end at ±6).
 
-The bulk draws are numba kernels (the huge preset's init draws 403 M words); the
-state is a small int64 array holding four uint32 values, advanced in place.
+The bulk draws are numba kernels; the state is a small int64 array holding four uint32 values,
+advanced in place.
 """
 
 from __future__ import annotations

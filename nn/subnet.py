@@ -1,29 +1,18 @@
-"""Sub-networks by neuron group: the slice a sub-model task trains, and the way
-its update goes back into the whole model.
+"""Sub-networks by neuron group: the slice a sub-model task trains, and its merge back.
 
-A *subnet* keeps a subset of every hidden layer's neurons: those rows of layer l
-(W rows and biases) and the matching columns of layer l+1. The input and output
-layers keep all their units, so a subnet is itself an ordinary MLP with narrower
-hidden widths (``Subnet.sub``): any client trains it as it trains any model, and
-only the coordinator needs to know where its parameters sit in the whole one.
+A *subnet* keeps a subset of every hidden layer's neurons: those rows of layer l (W rows and
+biases) and the matching columns of layer l+1. The input and output layers keep all their
+units, so a subnet is itself an ordinary MLP with narrower hidden widths (``Subnet.sub``): any
+client trains it as it trains any model, and only the coordinator needs to know where its
+parameters sit in the whole one.
 
-Rescaling is dropout's correction written into the weights: a kept neuron's
-outgoing weights are sent multiplied by ``(n/k)^rescale`` (its layer's width
-over the kept count), and the update that comes back is divided by the same
-factor before it lands. ``rescale = 1`` is inverted dropout: the next layer's
-inputs keep their mean, so a subnet trained on a quarter of the neurons does not
-push the next layer's weights to four times what the whole network needs
-(digits, one hidden layer: 0.965 against 0.945 unscaled at a quarter).
-``rescale = 0.5`` keeps their variance instead, which is what random weights
-need: on deep nets cut to a tenth, ``(n/k)`` per layer compounds and training
-diverges (the large preset at 100 kB per task: every result non-finite), while
-the square root trains. Federated Dropout (Caldas et al. 2018) and IST (Yuan et
-al. 2022) train subnets and evaluate the whole model the same way.
-
-Slicing and merging walk the kept block row by row in compiled loops
-(``_gather_block``, ``_add_block``): numpy's ``np.ix_`` indexing of the same block
-took 4.6x (gather) and 11x (add) as long on a 32768-wide layer, and on the
-extreme preset these two ran once per task and once per result.
+Rescaling is dropout's correction written into the weights: a kept neuron's outgoing weights
+are sent multiplied by ``(n/k)^rescale`` (its layer's width over the kept count), and the
+update that comes back is divided by the same factor before it lands. ``rescale = 1`` is
+inverted dropout (the next layer's inputs keep their mean), ``0.5`` keeps their variance.
+Slicing and merging walk the kept block row by row in compiled loops (``_gather_block``,
+``_add_block``). Which rescale for which net: docs/coordinator.md ("Sub-model tasks"); the
+figures and the loops against ``np.ix_``: docs/performance.md, docs/decisions.md.
 """
 
 from __future__ import annotations

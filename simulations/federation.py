@@ -1,26 +1,19 @@
 """Federated coordinators in virtual time: edges with their crowds, and a root.
 
-What it models (``[federation]`` in a scenario; the real thing is
-``crowdgrad coordinator --upstream``, docs/operations.md). The scenario's crowd
-is split evenly over ``edges`` real :class:`~coordinator.core.machine.Coordinator` s,
-each running ``[job]`` (without its stop: the root decides when the job ends)
-for its share; player ``i`` joins edge ``i mod edges`` and keeps the compute
-rate, link and churn it has in the single-coordinator run of the same scenario.
-The root is one more real Coordinator, running ``federation.root`` (the job
-with the root's overrides: its outer optimizer, its validation) and the job's
+What it models (``[federation]`` in a scenario; the real thing is ``crowdgrad coordinator
+--upstream``, docs/operations.md): the scenario's crowd split evenly over ``edges`` real
+:class:`~coordinator.core.machine.Coordinator` s, each running ``[job]`` (without its stop: the
+root decides when the job ends) for its share; player ``i`` joins edge ``i mod edges`` and
+keeps the compute rate, link and churn it has in the single-coordinator run of the same
+scenario. The root is one more real Coordinator, running ``federation.root`` and the job's
 stop, evaluated at the root. All of them share one engine, so one virtual clock.
 
-Each edge's uplink is a client of the root (:class:`Uplink`), driven through
-the real ``ClientSession`` over an edge-root link (``federation.link`` profile,
-``federation.latency``) like a player over its own. Its "compute" is what
-``coordinator.federation.edge.EdgeUplink._compute`` does: wait for the root's answer to the
-last sync, ``upstream.rebase`` the edge onto the task's model, let the edge's
-crowd train until the edge moved ``every_versions`` versions or ``every_s``
-virtual seconds passed, then ``upstream.sync`` and upload the pseudo-gradient
-as the task's result (an empty one too, when the crowd has not returned a
-result yet: the real uplink sends it, so this one does). Event-driven where
-the uplink polls: the version check runs on each of the edge's model updates,
-the ack check on each frame from the root.
+Each edge's uplink (:class:`Uplink`) is a client of the root, driven through the real
+``ClientSession`` over an edge-root link (``federation.link``, ``federation.latency``), and its
+"compute" is what ``coordinator.federation.edge.EdgeUplink._compute`` does (rebase, let the
+crowd train, sync, upload the pseudo-gradient, an empty one too), event-driven where the real
+uplink polls. How it is modelled, and the figures: docs/simulations.md ("Federation: edges and
+a root").
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
 """Layer-split training on two simulated clients, with the coordinator as a relay.
 
-Theory of operation. Client *first* holds the data and block 0 of the network;
-client *second* holds block 1 (the network's top) and no data. Per slice of
-``slice_batches`` mini-batches, first runs DGL's forward-and-step on each batch
-(nn.layersplit), stacks the boundary activations ``h`` ``[rows, width]`` and
-the labels ``y`` ``[rows]``, and sends them as one chunked transfer
-(``protocol.chunking.chunk_named``: frames planned to the link's
-``frame_bytes``, sent when ``protocol.limits.Pacer`` allows). The coordinator,
-:class:`Relay`, decodes and validates every frame against the transfer it
-planned (a Reassembler: crc, rows, duplicates, size) and forwards it unchanged
-to second; second reassembles the slice, steps on its batches in order and
-acknowledges the transfer with an ``ack`` message, which the relay forwards
-back. first runs at most ``window`` unacknowledged slices ahead, which bounds
-what the relay and second hold. DGL needs nothing back but that ack: no
-gradient or target crosses the cut (nn/layersplit.py says why).
+Client *first* holds the data and block 0 of the network; client *second* holds block 1 (the
+network's top) and no data. Per slice of ``slice_batches`` mini-batches, first runs DGL's
+forward-and-step on each batch (nn.layersplit) and sends the boundary activations ``h`` ``[rows,
+width]`` and the labels ``y`` ``[rows]`` as one chunked transfer
+(``protocol.chunking.chunk_named``, frames sent when ``protocol.limits.Pacer`` allows).
+:class:`Relay` validates every frame against the transfer it planned (a Reassembler) and
+forwards it unchanged to second, which reassembles the slice, steps on its batches in order and
+acknowledges it with an ``ack`` the relay forwards back. first runs at most ``window``
+unacknowledged slices ahead, which bounds what the relay and second hold.
 
-Time. Each direction of each link is a ``simulations.network.Channel``
-(bandwidth, message rate, latency); compute takes FLOPs / ``flops_per_s``.
-The flow is a pipeline whose only feedback is the ack window, so one pass in
-slice order computes every time; no event heap is needed.
-
-Numerics. second steps on exactly the arrays first computed when the codec is
-lossless (fp32), so the blocks end bit-identical to ``train_split`` with the
-same seed (tests/simulations/test_layersplit.py). fp16 halves the bytes and
-rounds what second sees.
-
-The real coordinator trains the same blocks with ordinary tasks instead of a
-relayed pair (coordinator/core/layersplit.py, docs/protocol.md §3.3.2): a lower
-task's result carries its rows' boundary, which becomes a shard for an upper
-task; here the frames are ordinary ``chunk`` and ``ack`` messages between two
-fixed clients.
+Time: each direction of each link is a ``simulations.network.Channel``; compute takes FLOPs /
+``flops_per_s``; the only feedback is the ack window, so one pass in slice order computes every
+time (no event heap). With a lossless codec (fp32) the blocks end bit-identical to
+``train_split`` with the same seed; fp16 halves the bytes and rounds what second sees. The real
+coordinator trains the same blocks with ordinary tasks (coordinator/core/layersplit.py); the
+figures: docs/simulations.md ("Layer-split training").
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """The seed's speedup estimator (seed 001, chapter 4), extended to our four strategies.
 
-Seed 001 predicts the training time of data-parallel SGD from two measured
-numbers: ``t_grad``, one mini-batch gradient on a worker, and ``t_comm``, one
-transfer of the model's weights between a worker and the parameter server. With
-``D`` mini-batch steps in total and ``N`` workers (equation numbers are the seed's):
-
-* synchronous, central server: ``I = D/N`` iterations of
-  ``t_iter = ((N+1)·t_comm + t_grad + 2N·t_comm + t_grad) / 2`` (4.4–4.11, the mean
-  of the best case, where the server talks to one worker at a time, and the worst,
-  where all N transfers share the server's link);
-* asynchronous, central server: ``t_train = (best + worst) / 2`` with
-  ``best = max((N-1)·t_comm + D/N·(2·t_comm + t_grad), (D+1)·t_comm + t_grad)`` and
-  ``worst = D/N·(2N·t_comm + t_grad)`` (4.13–4.20);
-* speedup ``S = D·t_grad / t_parallel`` (4.23).
-
-The seed's link is one shared server link. Ours has one link per client (each
-player has its own 50 kB/s), so ``contention="independent"`` drops the
-``N``-fold sharing: sync iterations take ``2·t_comm + t_grad`` and async workers
-``D/N·(2·t_comm + t_grad)``. ``"shared"`` is the seed's estimator verbatim.
-
-The decentral strategies are the central ones run on ``tau`` local steps per
-exchange (seed 004, section 2.4.2): ``t_grad → tau·t_grad`` and ``D → D/tau``
-exchanges. Like the seed we assume D divisible by N (and by tau) and take the
-quotients as real numbers. The baseline "linear" is one machine doing all ``D``
-steps itself, at its own ``t_grad_server``.
-
-``prefetch`` (ours, docs/protocol.md §3.12; decentral-async, independent links):
-a worker asks for its next task while it computes, so the next model comes down
-during the compute and the update goes up during the next one. Up and down are
-separate directions of a client's link, so an exchange costs
-``max(tau·t_grad, t_comm)`` instead of ``tau·t_grad + 2·t_comm``, plus one
-download before the first and one upload after the last:
-``t = 2·t_comm + D/(N·tau)·max(tau·t_grad, t_comm)``.
+From two measured numbers, ``t_grad`` (one mini-batch gradient on a worker) and ``t_comm`` (one
+transfer of the model's weights between a worker and the parameter server), ``D`` mini-batch
+steps in total and ``N`` workers, it predicts the training time and the speedup ``S =
+D·t_grad / t_parallel`` of the synchronous and asynchronous central strategies, and of the
+decentral ones as the central ones run on ``tau`` local steps per exchange. ``contention =
+"shared"`` is the seed's estimator verbatim (all N transfers share the server's link);
+``"independent"`` gives each client its own link. ``prefetch`` is decentral-async with each
+worker asking for its next task while it computes. The baseline "linear" is one machine doing
+all ``D`` steps itself, at ``t_grad_server``. The formulas, with the seed's equation numbers:
+docs/simulations.md ("The speedup estimator").
 """
 
 from __future__ import annotations

@@ -1,48 +1,15 @@
 """Scenario files: a job plus the world it runs in, as TOML.
 
-A scenario is everything a simulated run needs and nothing else, so the same
-file always gives the same results::
-
-    name = "digits-64-roblox"
-    seed = 1
-
-    [job]                       # a coordinator job file, verbatim (coordinator.core.config)
-    model = { widths = [64, 128, 10] }
-    strategy = { name = "decentral-async", tau = 10 }
-    link = { profile = "roblox" }
-    stop = { target_accuracy = 0.9, max_time_s = 3600 }
-
-    [clients]
-    count = 64
-    compute = { kind = "lognormal", median = 2e9, sigma = 0.5 }   # FLOP/s
-    latency = { kind = "uniform", low = 0.02, high = 0.12 }       # s, one way
-    churn = { drop_per_minute = 0.1 }
-
-    [server]
-    compute = 5e10              # FLOP/s of "one machine": the linear baseline
-
-    [run]
-    mode = "numeric"            # or "cost": timings without numerics
-    max_steps = 100             # stop after this many mini-batch steps (seed tables)
-
-    [sweep]                     # optional grid: dotted path -> list of values
-    "clients.count" = [8, 64, 700]
-
-    [federation]                # optional: the crowd split over edge coordinators
-    edges = 8                   # that sync with a root (simulations/federation.py);
-    enabled = true              # false: all on one coordinator (to sweep both)
-    every_versions = 1000
-    every_s = 2.0
-    link = "lan"                # the edge-root links: a protocol link profile
-    latency = 0.01              # s, one way, edge to root
-
-    [federation.root]           # the root's job: [job] with these tables merged in
-    strategy = { aggregation = "fedbuff", buffer_k = 1, outer_lr = 0.375 }
-
-The link's bandwidth, message rate and frame size come from the job's
-``[link]`` (one home for limits); only the latency lives here, because it is a
-property of the world, not a setting of the job. Loading reports every bad field
-at once, each with its dotted path.
+A scenario is everything a simulated run needs and nothing else, so the same file always gives
+the same results: ``name`` and ``seed``; ``[job]``, a coordinator job file verbatim
+(coordinator.core.config); ``[clients]`` (count, compute, latency, churn, ...); ``[server]``
+(the FLOP/s of one machine: the linear baseline); ``[run]`` (``mode``: numeric or cost,
+``max_steps``); an optional ``[sweep]`` (a grid: dotted path -> list of values) and an optional
+``[federation]`` (the crowd split over edge coordinators that sync with a root:
+simulations/federation.py). The link's bandwidth, message rate and frame size come from the
+job's ``[link]`` (one home for limits); only the latency lives here, because it is a property
+of the world, not a setting of the job. Loading reports every bad field at once, each with its
+dotted path. An annotated file: docs/simulations.md ("Scenario files").
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The embedded default ChunkStore: one SQLite file in WAL mode.
 
-Why SQLite: one file an operator can copy, atomic multi-row transactions, and
-WAL's snapshot isolation, which is exactly "a reader never sees a partial
-checkpoint" for free. Why WAL: readers never block the writer (the CLI can list
-while the coordinator writes), and a torn tail of the WAL is detected by its
-frame checksums and ignored on recovery (https://sqlite.org/wal.html, "Checkpointing"
-and "Concurrency"), which is the crash guarantee the delta log relies on too.
-
+A reader never sees a partial checkpoint (WAL's snapshot isolation) and never blocks the
+writer; a torn tail of the WAL is ignored on recovery, which the delta log relies on too.
 Schema (one file, shared with ``storage.deltalog``)::
 
     meta(key TEXT PRIMARY KEY, value TEXT)                  schema version
@@ -17,15 +12,13 @@ Schema (one file, shared with ``storage.deltalog``)::
     deltas(seq INTEGER PRIMARY KEY, result_id UNIQUE, base_version, version,
            weight, meta, data BLOB, crc32)
 
-An incremental checkpoint's unchanged chunks are rows of ``chunk_refs`` naming
-the version whose ``chunks`` row holds the bytes (the owner). Deleting a version
-deletes its own rows except those another version still refers to; such a row
-outlives its checkpoint and goes with the last reference to it. Schema 1 (no
-references) is upgraded in place when a store is opened for writing.
-
-``synchronous=FULL`` fsyncs the WAL on every commit, so a commit that returned is
-on disk; ``NORMAL`` is offered for benchmarks and for stores whose commits do not
-acknowledge anything (docs/operations.md has the measured cost).
+An incremental checkpoint's unchanged chunks are rows of ``chunk_refs`` naming the version
+whose ``chunks`` row holds the bytes (the owner). Deleting a version deletes its own rows
+except those another version still refers to, which go with the last reference. Schema 1 (no
+references) is upgraded in place when a store is opened for writing. ``synchronous=FULL``
+fsyncs the WAL on every commit, so a commit that returned is on disk; ``NORMAL`` is for
+benchmarks and stores whose commits acknowledge nothing. Why SQLite and WAL:
+docs/decisions.md; the measured cost: docs/operations.md ("The cost of the storage primitives").
 """
 
 from __future__ import annotations

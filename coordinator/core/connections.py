@@ -1,16 +1,11 @@
 """Per-connection state: what each connected client is doing, and its outbox.
 
-Theory of operation. The core (coordinator/core/machine.py) keeps one :class:`Conn` per
-open connection in a :class:`Connections` table. A connection's phase says
-whether the next dispatch owes it a task::
-
-    READY     holds no lease: it gets a task at the next dispatch
-    WORKING   holds a live lease (and maybe a queued one behind it)
-    PREFETCH  holds a live lease and asked for its next task (a ``prefetch``,
-              docs/protocol.md §3.12); nothing is queued behind it yet
-    CLOSED    gone: the core closed it or the driver reported it gone
-
-Transitions (a missing entry is a programming error, raised as ``ConnError``)::
+The core (coordinator/core/machine.py) keeps one :class:`Conn` per open connection in a
+:class:`Connections` table. A connection's phase says whether the next dispatch owes it a task:
+READY holds no lease (a task at the next dispatch), WORKING a live lease (and maybe a queued
+one behind it), PREFETCH a live lease and it asked for its next task (``prefetch``,
+docs/protocol.md §3.12), CLOSED is gone. Transitions (a missing entry is a programming error,
+raised as ``ConnError``)::
 
     READY    -> WORKING              leased a task
     WORKING  -> PREFETCH             asked for its next task
@@ -20,15 +15,9 @@ Transitions (a missing entry is a programming error, raised as ``ConnError``)::
              -> READY                its lease resolved before the next was leased
     any      -> CLOSED
 
-A client that declined a task lately is *cooling*: whatever its phase, it gets
-no task before its back-off runs out (``declined``); that is a timer, not a
-phase, because a client may decline the task queued behind the one it still
-computes.
-
-The table keeps each event O(what changed), not O(clients): the connections
-that wait for a task (READY or PREFETCH), those with frames queued since the
-last flush, and when each non-empty outbox's head may go (a heap; stale entries
-are skipped). Dispatch and flush visit connections in join order.
+A client that declined a task lately is *cooling* (``declined``): whatever its phase, it gets
+no task before its back-off runs out. Each event costs O(what changed), not O(clients), and
+dispatch and flush visit connections in join order (docs/coordinator.md, "Connections").
 """
 
 from __future__ import annotations

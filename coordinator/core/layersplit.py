@@ -1,37 +1,21 @@
 """Layer-split jobs: the model cut at one hidden layer, each block trained by tasks.
 
-Theory of operation. A job with ``[split] cut = c`` trains the network as two
-blocks on the decoupled local losses of nn/layersplit.py (DGL, Belilovsky et al.
-2020): the *lower* block (layers below the cut) steps on the real loss through an
-auxiliary linear head from its boundary, the hidden layer c, to the outputs; the
-*upper* block (the rest) steps on the real loss with the boundary activations as
-its inputs. No gradient crosses the cut, so each block is trained by ordinary,
+A job with ``[split] cut = c`` trains the network as two blocks on the decoupled local losses
+of nn/layersplit.py; no gradient crosses the cut, so each block is trained by ordinary,
 independent tasks (docs/protocol.md §3.3.2):
 
-- a **lower task** is a train task on the lower block plus its head
-  (``train_spec(spec, (c,), 0)``) over one of the job's shards; with
-  ``task.boundary = c`` its result also carries the boundary activations of the
-  shard's rows under the block it trained;
-- those activations and the shard's labels become a **boundary shard**, a shard
-  file named by its hash and served like the job's own (§13), and an **upper
-  task** is a train task on the upper block (``widths[c:]``) over it.
+- a **lower task** is a train task on the lower block plus its head (``train_spec(spec, (c,),
+  0)``) over one of the job's shards; with ``task.boundary = c`` its result also carries the
+  boundary activations of the shard's rows under the block it trained;
+- those activations and the shard's labels become a **boundary shard**, a shard file named by
+  its hash and served like the job's own (§13), and an **upper task** is a train task on the
+  upper block (``widths[c:]``) over it.
 
-So the coordinator moves the boundary both ways as chunked, paced frames: up in a
-lower result's chunks, down in a boundary shard's ``data`` frames; no client ever
-holds the whole model. The blocks are not pinned to clients: any client that
-returns boundaries (``hello.boundary``) may take a lower task, and any client
-that fetches shards (``hello.data``) an upper one, so a client that leaves costs
-one task, never a block.
-
-This differs from the online DGL of the simulator (simulations/layersplit.py) in
-one way: the upper block trains on activations of the lower block as it was at
-the end of a task, not batch by batch before each step; at ``waiting`` shards
-the upper block trains on activations at most a few lower tasks old.
-
-The coordinator keeps the whole network (evaluated, checkpointed and exported as
-one model: the joined blocks) and, beside it, the lower block's auxiliary head,
-which is the strategy's state (it is checkpointed with it). Boundary shards
-waiting for an upper task are not: after a restart, lower tasks make new ones.
+The coordinator keeps the whole network (evaluated, checkpointed and exported as one model: the
+joined blocks) and, beside it, the lower block's auxiliary head, which is the strategy's state
+(checkpointed with it). Boundary shards waiting for an upper task are not: after a restart,
+lower tasks make new ones. Theory, and how this differs from the simulator's online DGL:
+docs/coordinator.md ("Layer-split jobs").
 """
 
 from __future__ import annotations

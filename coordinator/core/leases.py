@@ -1,16 +1,10 @@
 """Tasks (work units) and leases (attempts to get a task done by one client).
 
-Theory of operation. A *task* is a unit of work: "from model version v, on
-shard s with sampling seed z, compute a gradient / take tau local steps". A
-*lease* hands one task to one client until a deadline. A task may be leased
-several times (the first client vanished, the round still needs its slot); the
-first result to arrive for an OPEN task is taken and the task becomes ACCEPTED,
-so any later result for it (a duplicate, or the original client delivering after
-the task was reissued) is acknowledged but never applied. A task is DROPPED when
-its result is no longer wanted (its sync round closed, an async orphan's grace
-ran out, the job ended); results for it are acknowledged as stale.
-
-Transitions (a missing entry is a programming error, raised as ``LeaseError``)::
+A *task* is a unit of work ("from model version v, on shard s with sampling seed z, compute a
+gradient / take tau local steps"); a *lease* hands one task to one client until a deadline. A
+task may be leased several times: the first result for an OPEN task is taken (ACCEPTED), any
+later one is acknowledged but never applied, and a DROPPED task's results are acknowledged as
+stale. Transitions (a missing entry is a programming error, raised as ``LeaseError``)::
 
     task:  OPEN   -> ACCEPTED | DROPPED
     lease: LEASED -> DONE       result received from this lease's client
@@ -19,23 +13,12 @@ Transitions (a missing entry is a programming error, raised as ``LeaseError``)::
                    | CANCELLED  task accepted from another lease, or dropped
                    | DECLINED   the client said it will not do it (``decline``)
 
-Every lease therefore resolves; what happens to the task after EXPIRED/LOST
-(reissue, or wait for the resume grace) is the strategy's call.
-
-A client holds at most one *current* lease and, after it asked to prefetch
-(docs/protocol.md §3.12), at most one *queued* lease behind it: the task it will
-start when the current one is done. When the current lease resolves, the queued
-one becomes current; only when a client holds no lease at all is it released
-(``on_release``) to get new work.
-
-Memory stays bounded however long a job runs: a task that resolves leaves the
-book with all its leases. An accepted task's outcome is kept for ``retain_s``
-seconds, so that a late copy of its result is still answered ``duplicate``; a
-dropped task leaves nothing, since a result for an issued id (below
-``next_task_id``) that is neither open nor remembered as accepted is ``stale``
-anyway, and dropped tasks are what a flood of connections that take a task and
-vanish leaves behind. Without this a coordinator kept about 580 bytes per result
-forever (a gigabyte an hour at 500 results/s).
+Every lease resolves; what happens to the task after EXPIRED/LOST is the strategy's call. A
+client holds at most one *current* lease and, after a prefetch (docs/protocol.md §3.12), one
+*queued* lease that becomes current when the current one resolves; only a client holding no
+lease is released (``on_release``) to get new work. A resolved task leaves the book with its
+leases; an accepted one's outcome is kept ``retain_s`` seconds, so a late copy is answered
+``duplicate``. Why, and bounded memory: docs/coordinator.md ("Tasks and leases").
 """
 
 from __future__ import annotations

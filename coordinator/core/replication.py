@@ -1,70 +1,22 @@
 """Adaptive replication: verified results, as BOINC does (issue 17).
 
-Theory of operation. A task fixes the model version, the rows and the seed, so two
-honest clients return the same update up to float32 rounding (docs/protocol.md
-§12.8). When the core leases a new task (the *primary*), this module decides with
-the holder's rate whether to replicate it: then it keeps a snapshot of that model
-version and offers a *twin* (same version, shard, seed, steps and batch, its own
-task id) to the next idle client other than the holder. The two copies form a
-*unit*::
+When the core leases a new task (the *primary*), this module decides with the holder's rate
+whether to replicate it: then it keeps a snapshot of that model version and offers a *twin*
+(same version, shard, seed, steps and batch, its own task id) to the next idle client other
+than the holder. The two copies form a *unit*::
 
     WAITING  -> RUNNING | UNCHECKED | CANCELLED   twin leased / primary in first / lost
     RUNNING  -> HELD | UNCHECKED | CANCELLED      a result in / the other copy gone / lost
     HELD     -> AGREED | DISAGREED | UNCHECKED    the other result in / the other lost
               | RUNNING                           the held copy's client was excluded
 
-A unit CANCELLED before any result leaves its primary an ordinary task (applied
-unchecked if it comes); a lost primary takes its twin with it (dropped).
-
-**Hold, not apply.** The first result of a unit is held (acknowledged, and saved
-by ``state_dict``, so nothing acknowledged is lost) until the other arrives; only
-then does one of them reach the strategy. BOINC holds too: a liar's update never
-touches the model, whereas applying at once and reverting later cannot undo what
-the clients trained from it meanwhile (and a FedBuff outer step mixes it with
-others). The price is staleness: a held result goes in about one task time later,
-which the staleness function discounts. If the other copy is lost (expired, its
-client left or declined) the held result goes in unchecked; if the twin was not
-leased by the time the primary's result arrives (no other client was idle within
-a task time), the result goes in at once, unchecked.
-
-**Agreement.** ``|a − b| ≤ slack · (atol + rtol · max(|a|, |b|))`` for every value:
-two conforming clients are each within the tolerance of the exact result, so
-within twice it (``slack`` = 2) of each other; or, failing that, ``‖a − b‖ ≤
-distance · max(‖a‖, ‖b‖)`` (1e-3): a ReLU that flips on a rounding difference
-sends a few values far but leaves the update where it was. *Trust* is BOINC's count of
-consecutive valid results: an agreement adds one to the primary holder's, and so,
-once it is trusted, does each of its results that goes in unchallenged. Only
-primaries earn trust: a twin is recognisable (its version is older than the
-ones its client was given before), so a liar could be honest on twins alone; it
-cannot tell whether a primary is checked.
-
-**Disagreement** alone cannot tell who lied. The coordinator computes the task
-itself (``client.compute.run_task``, the function every client runs, from the
-snapshot): a copy that does not agree with it loses; the copy that does is
-applied (the coordinator's own result, if neither does). A loser's result is
-not used, its trust goes to 0 and it takes a strike. At ``strikes`` (3) proven
-disagreements (an honest client can land outside the tolerance once: one in
-~4,300 paired tasks did, issue 34) it is excluded: with ``exclude`` it is
-closed (``error`` BAD_FIELD, close 4003), its resume token is refused from then
-on, its results held in other units are discarded, and its updates are
-*accounted for*: those that went in unchecked are counted
-(``ClientExcluded.unverified``), and those still in the revert journal
-(FedAsync or central-async, where one result is one additive step; the last
-``revert_mib`` of them) are subtracted from the model, which takes a new
-version. The subtraction removes the lie itself, not what other clients
-trained from the model while it was in. Updates sitting in a FedBuff buffer or
-merged by its outer step cannot be told apart: they are counted only.
-
-**Rates.** A client with ``trust < trust_after`` is replicated with ``base_rate``;
-after that with ``max(min_rate, 1 / trust)``: at the default floor of 0.05 a
-trusted crowd spends 0.05 / 1.05 = 4.8 % of its compute on twins (BOINC aims at
-5-10 %). Counted in steps of the results delivered: ``replica_steps / steps``.
-
-Limits. The core knows no addresses: a client is its resume id, so one person
-running two clients can have them agree on a lie, and an excluded client may
-come back without its token as a new, untrusted one (then replicated at
-``base_rate``). Snapshots are bounded by ``snapshot_mib``: when full, a task is not
-replicated (counted as ``skipped``).
+A unit CANCELLED before any result leaves its primary an ordinary task (applied unchecked if
+it comes); a lost primary takes its twin with it (dropped). The first result of a unit is held
+(acknowledged, and saved by ``state_dict``) until the other arrives; only then does one of them
+reach the strategy. A disagreement is settled by the coordinator's own run of the task
+(``client.compute.run_task``, from the snapshot); a client at ``strikes`` proven disagreements
+is excluded and its updates are accounted for. Agreement, trust, rates, exclusion, what it
+costs and its limits: docs/coordinator.md ("Adaptive replication").
 """
 
 from __future__ import annotations

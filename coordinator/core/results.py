@@ -1,28 +1,22 @@
-"""A client's answers to its tasks: where a finished upload goes (refused,
-taken, held for replication, or applied), and a ``decline``.
+"""A client's answers to its tasks: where a finished upload goes, and a ``decline``.
 
-Theory of operation. The core hands each fully reassembled upload
-(coordinator/core/uploads.py) to :meth:`ResultPath.on_result`, which decides, in
-this order:
+The core hands each fully reassembled upload (coordinator/core/uploads.py) to
+:meth:`ResultPath.on_result`, which decides, in this order:
 
-1. whose it is: a result counts only from a client that holds (or held, before
-   it resumed) a lease on the task, since task ids are sequential and easy to
-   guess (``not_leased``, not counted against the client);
-2. whether it is still wanted: a resolved task is answered ``duplicate`` (taken
-   already) or ``stale`` (dropped), an id never issued ``unknown_task``;
-3. whether it is sound: the model version the task named, then the update
-   checks (coordinator/core/validation.py); these refusals count, and a client over
-   ``validation.max_rejections`` is closed;
-4. where it goes: a copy of a replicated task is taken now and applied once
-   compared (coordinator/core/replication.py, released through :meth:`release`);
-   any other goes to the strategy at once (:meth:`apply`), which may still
-   refuse it (too stale), and then the task is dropped.
+1. whose it is: a result counts only from a client that holds (or held, before it resumed) a
+   lease on the task, since task ids are sequential and easy to guess (``not_leased``, not
+   counted against the client);
+2. whether it is still wanted: a resolved task is answered ``duplicate`` (taken already) or
+   ``stale`` (dropped), an id never issued ``unknown_task``;
+3. whether it is sound: the task's model version, then the update checks (validation.py);
+   these refusals count, and a client over ``validation.max_rejections`` is closed;
+4. where it goes: a copy of a replicated task is taken (held) now and applied once compared
+   (replication.py, released through :meth:`release`); any other goes to the strategy at once
+   (:meth:`apply`), which may still refuse it (too stale), and then the task is dropped.
 
-A taken result is acknowledged ``accepted=True`` and resolves its task; every
-refusal is acknowledged with its reason. Only accepted updates move the
-reference norms and ``accepted`` (the count a checkpoint keeps).
-
-A ``decline`` (docs/protocol.md §3.13) ends the lease at once instead of at its
+A taken result is acknowledged ``accepted=True`` and resolves its task; every refusal with its
+reason. Only accepted updates move the reference norms and ``accepted`` (the count a checkpoint
+keeps). A ``decline`` (docs/protocol.md §3.13) ends the lease at once instead of at its
 deadline (:meth:`ResultPath.on_decline`).
 """
 

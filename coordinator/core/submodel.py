@@ -1,29 +1,20 @@
 """Sub-model tasks: which subnet each task trains, sized to its client.
 
-A job with ``[submodel]`` leases every train task over a subnet (nn/subnet.py):
-the client downloads only that slice of the model, trains it as an ordinary,
-narrower MLP and uploads the slice's delta; the result path places it back
-(``Subnet.expand``) and the strategy merges it (async: as it is, since a
-neuron is trained by the one client that had it; a sync round or a FedBuff
-buffer: per coordinate over the results that hold it, ``covered_mean``).
+A job with ``[submodel]`` leases every train task over a subnet (nn/subnet.py): the client
+downloads only that slice of the model, trains it as an ordinary, narrower MLP and uploads the
+slice's delta; the result path places it back (``Subnet.expand``) and the strategy merges it
+(async: as it is; a sync round or a FedBuff buffer: per coordinate over the results that hold
+it, ``covered_mean``).
 
-Which neurons (``submodel.mode``):
-
-- ``random``: each hidden layer's neurons drawn afresh per task (Federated
-  Dropout, Caldas et al. 2018).
-- ``ist``: each layer's neurons in a random order, handed out block by block, a
-  fresh order when one runs out or a sync round starts; consecutive tasks (a
-  round's) train disjoint subnets (independent subnet training, Yuan et al.).
-- ``nested``: each layer's first neurons, so a smaller client's subnet is a part
-  of a larger one's and the first neurons are trained by everyone (FjORD's
-  ordered dropout, Horváth et al. 2021).
-
-How many: at most ``fraction`` of each hidden layer, less for a client whose
-slice would exceed ``budget_bytes`` or whose task would take longer than
-``max_task_s`` (slice down, compute, delta up) at its link rate and measured
-speed: a slow phone still gets work, just a narrower subnet. With ``group`` > 1
-the modes pick whole groups of consecutive neurons (rounded down to fit), so a
-slice or a merge touches contiguous runs of memory.
+Which neurons (``submodel.mode``): ``random`` draws each hidden layer's neurons afresh per task;
+``ist`` hands out each layer's neurons in a random order, block by block, a fresh order when one
+runs out or a sync round starts, so consecutive tasks (a round's) train disjoint subnets;
+``nested`` takes each layer's first neurons, so a smaller client's subnet is a part of a larger
+one's. How many: at most ``fraction`` of each hidden layer, less for a client whose slice would
+exceed ``budget_bytes`` or whose task (slice down, compute, delta up) would take longer than
+``max_task_s`` at its link rate and measured speed. With ``group`` > 1 the modes pick whole
+groups of consecutive neurons (rounded down to fit). Where each mode comes from, and what it
+measured: docs/coordinator.md ("Sub-model tasks"); docs/decisions.md.
 """
 
 from __future__ import annotations

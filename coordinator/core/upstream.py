@@ -1,45 +1,21 @@
 """Federated coordinators: an edge serves its own crowd and syncs with a root.
 
-A game studio runs one coordinator per game server (an *edge*, ~700 players
-each) and one *root*; they want one model trained by all of them. Seed 004 §2.5
-names the shape (parameter servers that serve subgroups of workers) and DiLoCo
-the modern form: inner steps on each group, an outer step across groups.
-
-How it maps onto what exists. The root is an ordinary coordinator running a
-decentral strategy, and an edge joins it as one of its clients
-(``coordinator.federation.edge.EdgeUplink``, a desktop client whose "compute" is its
-crowd). This module is the sans-IO half: the state an edge keeps and the two
-operations on its core; the uplink is the IO half.
-
-A root task says "start from model version v": the edge takes that model
-(below), lets its crowd train until it has moved ``every_versions``
-versions (or ``every_s`` seconds passed), and answers with its pseudo-gradient
-``local − v`` through the root's normal result path (codecs, validation, leases,
-acks after durable). The root's strategy is the outer optimizer (DiLoCo's
-outer step, taken asynchronously as syncs arrive; the example root steps by
-0.375 of each, which beat an outer Nesterov step in the simulator).
-docs/operations.md ("One coordinator per game server") has a root job file and
-the bandwidth of each tier.
-
-Replace, and carry what is not sent (DiLoCo's workers restart from the global
-model each round). When a root task brings model ``g'``, the edge's model
-*becomes* ``g'``, and the progress its crowd made that the root does not have
-yet is *carried* into the next sync instead of being added on top: that
-progress is ``local − snap`` when the root accepted the last sync (taken at
-model ``snap``), otherwise everything since the last root model (``local −
-g``) plus what was carried before. Adding it on top (``g' + (local − g)``) was
-tried first: two edges that trained apart from the same initial model (one
-joined late, or the root was away for an hour) summed their full progress, the
-edge's loss jumped, its own players' honest updates then failed its norm check
-and they were closed. Before the first sync ``g`` is the job's seeded initial
-model, which an edge and a root with the same ``[model]`` share. ``g`` (the
-*base*), the carry and the sync in flight are part of the edge core's
-checkpoint (:class:`UpstreamState`), so a restarted edge loses nothing its own
-clients were told is in.
-
-What the core sees: a new model is one model version
-(``Coordinator.replace_model``), so its clients' deltas and staleness keep
-working.
+The root is an ordinary coordinator running a decentral strategy, and an edge joins it as one
+of its clients (``coordinator.federation.edge.EdgeUplink``, the IO half: a desktop client whose
+"compute" is its crowd). This module is the sans-IO half: the state an edge keeps and the two
+operations on its core. A root task says "start from model version v": ``rebase`` makes the
+edge's model *become* the task's model; its crowd trains until the edge moved
+``every_versions`` versions (or ``every_s`` seconds passed); ``sync`` answers with its
+pseudo-gradient through the root's normal result path, and the root's strategy is the outer
+optimizer. Progress the root does not have yet is *carried* into the next sync, never added on
+top: ``local − snap`` when the root accepted the last sync (taken at model ``snap``), otherwise
+everything since the last root model (``local − g``) plus what was carried before. Before the
+first sync ``g`` (the *base*) is the job's seeded initial model, which an edge and a root with
+the same ``[model]`` share. The base, the carry and the sync in flight are part of the edge
+core's checkpoint (:class:`UpstreamState`), so a restarted edge loses nothing its own clients
+were told is in. A new model is one model version to the core (``Coordinator.replace_model``),
+so its clients' deltas and staleness keep working. Operating it: docs/operations.md ("One
+coordinator per game server"); why replace and carry: docs/decisions.md.
 """
 
 from __future__ import annotations

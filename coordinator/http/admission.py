@@ -1,29 +1,21 @@
 """Who may open a connection: a handshake deadline and per-address limits.
 
-A volunteer platform is open to anyone, so the cheapest attack is to open
-connections and send nothing: each holds a file descriptor for as long as the
-server lets it. These rules, checked before a connection costs the core anything:
+These rules are checked before a connection costs the core anything:
 
-- **Handshake deadline.** A TCP connection must complete an HTTP request (for
-  ``/ws``, the websocket upgrade) within ``handshake_timeout_s`` of being accepted,
-  or it is closed. uvicorn's HTTP protocol starts its keep-alive timer only after
-  a first response, so a connection that never sends a byte (or sends half a
-  request line) was held forever.
-- **Open websocket connections per address** (``max_connections_per_ip``): an
-  upgrade from an address that holds that many is answered 429. The default,
-  1,024, lets a school or a LAN party behind one NAT join whole.
-- **Open TCP connections per address**: ``max_connections_per_ip +
-  http_spare_per_ip``, closed at accept beyond that (file descriptors stay
-  bounded). The spare ones serve plain HTTP only: the operator's own ``GET
-  /api/status`` from an address at its websocket bound is still answered, where
-  a bound applied at accept alone reset it with everything else.
-- **Websocket sessions opened per address per second** (``hellos_per_ip_per_s``,
-  a token bucket with ``hello_burst``): a client that reconnects in a tight loop
-  is closed with ``RATE_LIMITED`` (1008) before its hello reaches the core. The
-  defaults let 500 players behind one address join at once.
+- **Handshake deadline.** A TCP connection must complete an HTTP request (for ``/ws``, the
+  websocket upgrade) within ``handshake_timeout_s`` of being accepted, or it is closed.
+- **Open websocket connections per address** (``max_connections_per_ip``): an upgrade from an
+  address that holds that many is answered 429.
+- **Open TCP connections per address**: ``max_connections_per_ip + http_spare_per_ip``, closed
+  at accept beyond that (file descriptors stay bounded). The spare ones serve plain HTTP only:
+  the operator's own ``GET /api/status`` from an address at its websocket bound is answered.
+- **Websocket sessions opened per address per second** (``hellos_per_ip_per_s``, a token
+  bucket with ``hello_burst``): a client that reconnects in a tight loop is closed with
+  ``RATE_LIMITED`` (1008) before its hello reaches the core.
 
-The limits live on one ``Admission`` object per server; the HTTP protocol class
-uvicorn instantiates per connection is made for it by ``http_protocol``.
+The limits live on one ``Admission`` object per server; the HTTP protocol class uvicorn
+instantiates per connection is made for it by ``http_protocol``. Defaults and the operator's
+flags: docs/operations.md ("Facing strangers"); why each rule: docs/decisions.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,22 @@
-"""The journal: a log of in-place sub-model merges that makes an ack durable
-without writing the model.
+"""The journal: a log of in-place merges that makes an ack durable without writing the model.
 
 A job whose every result is one in-place merge of a sub-model delta
-(``Coordinator.merges_in_place``: FedAsync without a window, sub-model tasks)
-changes the model by ``params += scale * subnet.expand(update)`` per result. Logging
-``(subnet, update, scale)`` (about the size of the upload, not the model) is
-enough to redo it: after a restart, ``Coordinator.replay`` applies the logged
-merges newer than the restored checkpoint, in order, to the same bits. So for
-such a job the service releases an ack once its merge is in the log (one fsync
-per batch: storage.GroupCommit) instead of once a checkpoint holds it, and
-checkpoints (every ``checkpoint.every_versions`` and at the end) only bound how
-much is replayed; each one truncates the log it covers.
+(``Coordinator.merges_in_place``) changes the model by ``params += scale *
+subnet.expand(update)`` per result, so logging ``(subnet, update, scale)`` (about the size of
+the upload, not the model) is enough to redo it: after a restart, ``Coordinator.replay``
+applies the logged merges newer than the restored checkpoint, in order, to the same bits. The
+service releases an ack once its merge is in the log (one fsync per batch:
+storage.GroupCommit); checkpoints only bound the replay, and each truncates the log it covers.
 
-Theory of operation (core thread, except where said). ``observe`` submits every
-``MergedInPlace`` of a batch of outputs; a model step with no such merge (a
-rebase onto a root's model, a revert) is a *gap*: acks after it wait for a
-checkpoint taken after it, as without a journal, until one commits. ``sealed``,
-called once the batch's acks are held, asks the log writer to report the batch's
-durability with the last held sequence number: everything held up to it is
-durable when the report says so and no gap is open. The log lives in its own
-SQLite file beside the store (``<store>.journal``), so a checkpoint writing a
-big model never holds the log's write lock.
-
-Entries in wire form. A merge whose upload's chunks were kept (``MergedInPlace.wire``)
-is logged as those chunk frames plus the validator's clip factor, not as float32:
-with the int8 update codec a quarter of the bytes (the extreme preset's 3.3 MB
-per version). Replay decodes the frames with the same Reassembler and multiplies
-by the same float32 clip, so it redoes the same arithmetic bit for bit.
+Call order (core thread, except where said): ``observe`` submits every ``MergedInPlace`` of a
+batch of outputs; a model step with no such merge (a rebase onto a root's model, a revert) is
+a *gap*: acks after it wait for a checkpoint taken after it until one commits. ``sealed``,
+called once the batch's acks are held, asks the log writer to report the batch's durability
+with the last held sequence number: everything held up to it is durable when the report says
+so and no gap is open. The log is its own SQLite file beside the store (``<store>.journal``).
+A merge whose upload's chunks were kept (``MergedInPlace.wire``) is logged as those frames plus
+the validator's clip factor; replay decodes them with the same Reassembler and multiplies by
+the same float32 clip. Design and figures: docs/operations.md ("Jobs merged in place").
 """
 
 from __future__ import annotations

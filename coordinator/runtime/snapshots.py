@@ -1,27 +1,21 @@
 """What a checkpoint snapshot copies of the model: the neuron groups that changed.
 
-The service snapshots the core's state on the core thread and a writer thread
-stores it. Copying the whole model per snapshot costs a second model in memory
-and a full write per checkpoint; a model trained by sub-model tasks changes only
-its merged subnets' rows between two checkpoints (nn/changes.py tracks them), so
-a snapshot copies just the groups holding changed rows and the store writes them
-as an incremental checkpoint on the last one it committed (storage ``ParamsPatch``).
+The service snapshots the core's state on the core thread and a writer thread stores it. A
+snapshot copies just the groups holding rows changed since the one before it (nn/changes.py
+tracks them), and the store writes them as an incremental checkpoint (storage ``ParamsPatch``)
+on that snapshot (``base``). The writer commits snapshots one at a time, in the order they
+were taken, so by the time a patch is written its base is committed. A write that fails breaks
+that chain (the patches queued behind it find their base missing and fail too, holding their
+acks): on the report the next snapshot is whole again.
 
-Theory of operation. The writer thread commits snapshots one at a time, in the
-order they were taken, so each snapshot's patch is written on the one taken
-before it (``base``), holding the groups whose rows changed in between: by the
-time it is written, its base is committed. A write that fails breaks that chain
-(the patches queued behind it find their base missing and fail too, holding
-their acks): on the report the next snapshot is whole again.
-
-A model in a mapped file (nn/mapped.py) is never copied whole: a whole snapshot of
-it (the first one, or one after a step that moved everything), or a patch of more
-than ``COPY_MAX_BYTES``, is written from the file itself (``take`` says so);
-smaller patches are copied and written by the writer thread. With a journal
-(coordinator/runtime/journal.py) the service writes such a snapshot on the writer thread
-while merges go on, each group copied under the model's lock and tagged with
-its version (storage ``LiveParams``: a fuzzy checkpoint the journal completes on
-restart); without one, on the core thread, which waits for it.
+A model in a mapped file (nn/mapped.py) is never copied whole: a whole snapshot of it (the
+first one, or one after a step that moved everything), or a patch of more than
+``COPY_MAX_BYTES``, is written from the file itself (``take`` says so); smaller patches are
+copied and written by the writer thread. With a journal (coordinator/runtime/journal.py) such
+a snapshot is written on the writer thread while merges go on, each group copied under the
+model's lock and tagged with its version (storage ``LiveParams``: a fuzzy checkpoint the
+journal completes on restart); without one, on the core thread, which waits for it. Why:
+docs/operations.md ("Storage: checkpoints", "A model too big to hold twice").
 """
 
 from __future__ import annotations
