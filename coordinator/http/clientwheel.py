@@ -1,40 +1,15 @@
-"""The desktop client as a wheel, served by the coordinator itself (issue 36).
+"""The desktop client as a wheel, served by the coordinator itself.
 
-A volunteer installs the client with one command the volunteer page shows
-(``pipx install http://HOST:PORT/client/crowdgrad-<version>-py3-none-any.whl``)
-and starts it with a second (``crowdgrad client ws://HOST:PORT/ws``): the wheel is
-this coordinator's own version, so client and server always speak the same
-protocol, and nothing comes from anywhere but the coordinator and the
-volunteer's package index (for the dependencies).
-
-Where the wheel comes from, the first that applies to the running code:
-
-1. **A source checkout** (``pyproject.toml`` beside the packages, project name
-   ``crowdgrad``): built by pip's PEP 517 front end with the project's own
-   setuptools back end (``pip wheel --no-deps``, with build isolation: pip
-   fetches setuptools from the operator's package index, or its cache), from
-   a clean copy of the files that go into it, so a stale
-   ``build/`` folder never leaks old modules into it. It is built on the first
-   request and kept in the cache under the sha256 of those files: later
-   requests and later coordinators serve it at once, and any edit builds anew.
-2. **An installed wheel** (``pip install``/``pipx install`` of one, not
-   editable): repacked from the installed files its ``RECORD`` lists, each
-   checked against the hash recorded there (a modified install is refused, not
-   served), with the console script from its ``entry_points.txt``. A
-   coordinator installed from the page's own command serves it on.
-3. Otherwise (an editable install whose sources moved, a modified install, no
-   pip to build with) there is no wheel: ``/client/`` answers 503 with the
-   reason, ``/api/client`` says ``available: false`` and why, and the page shows
-   no command.
-
-The cache: ``$CROWDGRAD_WHEEL_DIR``, else ``$XDG_CACHE_HOME/crowdgrad/client-wheels``,
-else ``~/.cache/crowdgrad/client-wheels``. A build writes into a temporary
-folder there and renames the wheel into place, so coordinators building at once
-never see half a file.
-
-Routes: ``GET /client/`` (an HTML list of the wheel with its sha256, which pip's
-``--find-links`` reads too), ``GET /client/<wheel>`` (the file), ``GET
-/api/client`` (the version, the wheel's name and the two commands for this host).
+``ClientWheel`` finds the wheel of the running code: built from a source checkout
+(``pip wheel --no-deps`` from a clean copy of the files that go in, cached under
+their sha256), or repacked from an installed wheel's files as its ``RECORD``
+lists them, each hash checked; otherwise there is none, and it says why. Routes:
+``GET /client/`` (a link with its sha256, readable by ``pip --find-links``; 503
+with the reason when there is none), ``GET /client/<wheel>`` and ``GET
+/api/client`` (the version and the two commands for this host; the join token is
+never shown). Builds are renamed into place, so concurrent coordinators never see
+half a file. The rules and the cache's location: docs/operations.md, "The desktop
+client as a package".
 """
 
 from __future__ import annotations
@@ -46,7 +21,6 @@ import hashlib
 import html
 import importlib.metadata as md
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -150,17 +124,20 @@ class ClientWheel:
         tree = SourceTree.find(self._root)
         if tree is not None:
             return tree
-        try:
-            dist = md.distribution(PROJECT)
-        except md.PackageNotFoundError:
-            return f"{PROJECT} runs from {self._root}, neither a source checkout nor installed"
-        direct = dist.read_text("direct_url.json")
-        if direct and json.loads(direct).get("dir_info", {}).get("editable"):
-            return "an editable install whose source checkout is not where the code runs from"
-        located = Path(str(dist.locate_file("client/__init__.py"))).resolve()
-        if located != Path(client.__file__).resolve():
-            return f"the installed {PROJECT} at {located.parent.parent} is not the running one"
-        return dist
+        # An installed wheel's RECORD lists its files; an editable install's lists no
+        # package files, and a checkout's own egg-info (found first when the code runs
+        # from it) has no RECORD at all.
+        for dist in md.distributions(name=PROJECT):
+            if "\nclient/__init__.py," not in "\n" + (dist.read_text("RECORD") or ""):
+                continue
+            located = Path(str(dist.locate_file("client/__init__.py"))).resolve()
+            if located != Path(client.__file__).resolve():
+                return f"the installed {PROJECT} at {located.parent.parent} is not the running one"
+            return dist
+        return (
+            f"{PROJECT} runs from {self._root}, neither a source checkout nor an installed "
+            "wheel (an editable install whose checkout moved, or a modified install)"
+        )
 
     @property
     def version(self) -> str | None:

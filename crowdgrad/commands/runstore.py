@@ -1,28 +1,13 @@
 """Where ``crowdgrad coordinator`` keeps its run, and what it checks before opening it.
 
-Runs persist by default: without ``--store`` the run lives in
-``./<job name>.crowdgrad.db`` in the working directory (the job's ``name``, ``job``
-unless the job file names it; characters other than letters, digits, ``.``,
-``_`` and ``-`` become ``_``), so a crash or a Ctrl-C loses nothing and the same
-command started again in the same folder resumes. ``--no-store`` keeps nothing.
-SQLite keeps its ``-wal`` and ``-shm`` files beside the store, the coordinator its
-``.journal`` and a ``.lock`` file (docs/operations.md, "Where a run is kept").
-
-Two checks come before the store is opened for writing, for a default store and
-a named one alike:
-
-- **one coordinator a store**: the ``.lock`` file beside it is held with
-  ``flock`` for the process's life, so a second coordinator on the same store
-  (the same job started twice in one folder) is refused instead of both writing
-  checkpoints into one file. The kernel drops the lock when the process ends,
-  ``kill -9`` included. Where ``fcntl`` does not exist (Windows) there is no lock.
-- **the same model**: a store whose checkpoints hold another model (another
-  ``--widths`` under the default job name) is refused with what to do, instead
-  of failing in the restore.
-
-The rules of the store itself (restore the newest valid checkpoint, quarantine
-damaged ones, refuse a store none of whose checkpoints verifies) are the
-service's and apply unchanged.
+Without ``--store`` the run lives in ``./<job name>.crowdgrad.db`` (unsafe
+characters become ``_``), so the same command started again in the same folder
+resumes; ``--no-store`` keeps nothing. Before the store is opened for writing, for
+a default and a named store alike: one coordinator a store (a ``.lock`` file held
+with ``flock`` for the process's life; none where ``fcntl`` does not exist), and
+the same model (a store holding another model is refused with what to do). The
+store's own rules (restore, quarantine, fresh start) are the service's, unchanged.
+Details: docs/operations.md, "Where a run is kept".
 """
 
 from __future__ import annotations
