@@ -183,6 +183,12 @@ class CheckpointSection(_Section):
 class EvalSection(_Section):
     every_versions: int = Field(default=10, ge=1)
     max_samples: int | None = Field(default=None, ge=1)
+    max_share: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="most of the core thread's time spent on evaluations (timed runs only)",
+    )
 
 
 class ValidationSection(_Section):

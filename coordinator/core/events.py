@@ -203,6 +203,8 @@ class Evaluated:
     accuracy: float
     n: int
     now: float
+    #: how long it took, when the evaluator had a timer (the served coordinator)
+    seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

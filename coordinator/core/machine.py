@@ -477,13 +477,14 @@ class Coordinator:
         # whole pass over a huge model per version costs more than the merge itself,
         # so big models are checked when they are evaluated.
         small = self.spec.num_params <= FINITE_CHECK_EVERY_VERSION_MAX
-        if (small or self.evaluator.due(v)) and not self.model.params.is_finite():
+        due = self.evaluator.due(v, now)
+        if (small or due) and not self.model.params.is_finite():
             raise RuntimeError(f"model became non-finite at version {v}: a strategy bug")
         every = self.job.checkpoint.every_versions
         if every and v % every == 0:
             out.append(ev.Checkpoint(version=v))
         stop = self.job.stop
-        if self.evaluator.due(v):
+        if due:
             e = self.evaluator.run(self.model.params, v, now)
             out.append(e)
             self.strategy.on_evaluation(e.loss)

@@ -64,6 +64,11 @@ def status(crowd: CrowdServer) -> dict[str, Any]:
         },
         "throughput": {"results_per_s": round(st.throughput(), 3)},
         "last_evaluation": st.last_eval,
+        "evaluations": {
+            "count": st.evaluations,
+            "seconds": round(st.evaluation_seconds, 3),
+            "share_of_time": round(st.evaluation_share(), 4),
+        },
         "finished": st.finished,
         "paused": st.paused,
         "checkpoints": {

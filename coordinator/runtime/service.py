@@ -152,6 +152,8 @@ class CoreService:
         if self._thread is not None:
             return
         self.core = core = self._build_core()
+        # a clock of its own caps evaluations at eval.max_share of this thread
+        core.evaluator.timer = time.perf_counter
         if self._mapped is not None:  # the writer thread may copy it as merges go on
             core.model.lock = threading.Lock()
         if self.store is not None:

@@ -40,6 +40,9 @@ class Stats:
     joined: int = 0
     left: int = 0
     last_eval: dict[str, float] | None = None
+    #: evaluations run, and the seconds they took (timed by the evaluator)
+    evaluations: int = 0
+    evaluation_seconds: float = 0.0
     finished: dict[str, Any] | None = None
     checkpoints: int = 0
     last_checkpoint: int | None = None
@@ -75,6 +78,11 @@ class Stats:
         (t0, a0), (t1, a1) = self.window[0], self.window[-1]
         return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
 
+    def evaluation_share(self) -> float:
+        """The share of the time since start the core spent evaluating."""
+        up = time.monotonic() - self.started
+        return self.evaluation_seconds / up if up > 0 else 0.0
+
     def count(self, outputs: list[ev.Output]) -> None:
         """Count a batch of the core's outputs (a sink of the core thread)."""
         for o in outputs:
@@ -98,6 +106,8 @@ class Stats:
                     self.left += 1
                 case ev.Evaluated():
                     self.last_eval = {"version": o.version, "accuracy": o.accuracy, "loss": o.loss}
+                    self.evaluations += 1
+                    self.evaluation_seconds += o.seconds or 0.0
                     log.info("v%d: accuracy %.4f loss %.4f", o.version, o.accuracy, o.loss)
                 case ev.JobFinished():
                     self.finished = {

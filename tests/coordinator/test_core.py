@@ -565,3 +565,39 @@ def test_a_task_carries_its_shards_rows_from_the_coordinators_catalog() -> None:
         core.connect(name, hello(name), 0.0)
     tasks = list(core.book.tasks.values())
     assert tasks and all(t.rows == rows[t.shard] for t in tasks)
+
+
+def test_a_timed_evaluator_keeps_evaluations_under_their_share_of_time() -> None:
+    """100 versions a second, every version due, each evaluation taking 50 ms on the
+    evaluator's clock: at most ``max_share`` (5 %) of the time goes to them; without
+    a clock (the simulator) every due version is evaluated, as before."""
+    from coordinator.core.config import EvalSection
+    from coordinator.core.evaluation import Evaluator
+
+    class Clock:  # an evaluation reads it twice: it took 50 ms in between
+        def __init__(self) -> None:
+            self.t, self.reads = 0.0, 0
+
+        def __call__(self) -> float:
+            self.reads += 1
+            if self.reads % 2 == 0:
+                self.t += 0.05
+            return self.t
+
+    cfg = EvalSection(every_versions=1, max_samples=50)
+    params = make_core().params
+    clock = Clock()
+    timed, untimed = Evaluator(digits(), cfg, timer=clock), Evaluator(digits(), cfg)
+    runs = {"timed": 0, "untimed": 0}
+    for v in range(1, 1001):  # 10 s at 100 versions/s
+        now = v * 0.01
+        clock.t = max(clock.t, now)
+        for name, ev_ in (("timed", timed), ("untimed", untimed)):
+            if ev_.due(v, now):
+                ev_.run(params, v, now)
+                runs[name] += 1
+    assert timed.cost is not None and abs(timed.cost - 0.05) < 1e-9
+    assert timed.last is not None and timed.last.seconds is not None
+    assert 0.05 * runs["timed"] / 10.0 <= cfg.max_share + 0.005
+    assert runs["timed"] >= 9 and runs["untimed"] == 1000
+    assert untimed.last is not None and untimed.last.seconds is None
