@@ -46,6 +46,8 @@ class Capabilities:
     boundary: bool = True
     #: the join token hello carries (hello.token, §3.1; None: the job asks for none)
     token: str | None = None
+    #: the volunteer's secret key, kept across sessions (hello.volunteer, §3.1; credit)
+    volunteer: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

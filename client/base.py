@@ -107,6 +107,8 @@ class ClientBase:
             base=backoff_base, cap=backoff_cap, seed=seed, max_attempts=max_attempts
         )
         #: wss:// trusts these certificates instead of the system's store (None: it)
+        #: the volunteer key hello carries (client/identity.py); None: anonymous
+        self.volunteer: str | None = None
         self.tls = tls_context(url, ca)
         self._clock = clock
         self.session: ClientSession | None = None
@@ -133,6 +135,7 @@ class ClientBase:
             prefetch=prefetch,
             data=data,
             token=self.token,
+            volunteer=self.volunteer,
         )
 
     @property

@@ -36,6 +36,7 @@ from client.base import FATAL_CLOSE_CODES, MAX_FRAME_BYTES, ClientBase
 from client.compute import ComputeOutput, SlicedTask, run_task
 from client.datacache import DiskCache, MemoryCache, ShardCache, default_cache_dir
 from client.flops import cached_flops, measure_flops
+from client.identity import new_key, volunteer_key
 from client.report import (
     Failure,
     LogReporter,
@@ -52,6 +53,7 @@ from client.session import ClientSession
 from nn.data import Dataset
 from nn.spec import ModelSpec
 from protocol import messages as m
+from protocol.volunteer import check_name
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +102,15 @@ class DesktopClient(ClientBase):
         lower_pools: bool = False,
         reporter: Reporter | None = None,
         platform_name: str | None = None,
+        volunteer: bool | str = True,
     ) -> None:
         """``priority``: of the compute thread (``idle``: only CPU nothing else
         wants). ``lower_pools``: also lower the BLAS and numba threads native code
         started (client.priority); only for a process this client owns (the CLI),
         never inside someone else's. ``reporter``: where the sentences for a
-        person go (default: the log, client.report.LogReporter)."""
+        person go (default: the log, client.report.LogReporter). ``volunteer``: the
+        key credit is kept under (True: the one kept in the cache folder, made on
+        first use; False: none, anonymous)."""
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
         self.seed = seed if seed is not None else os.getpid()
@@ -119,7 +124,7 @@ class DesktopClient(ClientBase):
             ca=ca,
             clock=time.monotonic,
         )
-        self.name = name or f"{socket.gethostname()[:40]}-{os.getpid()}"
+        self.name = name or f"{socket.gethostname()[:24]}-{os.getpid()}"
         self.cpu_share = float(cpu_share)
         try:
             self.priority = prio.Priority(priority)
@@ -139,6 +144,15 @@ class DesktopClient(ClientBase):
         self.cache: ShardCache = DiskCache(folder) if cache else MemoryCache()
         #: where the FLOP/s measurement is kept between runs (None: measured each run)
         self.flops_file: Path | None = folder / FLOPS_FILE if cache else None
+        if volunteer is not False:
+            # shown beside the credit: the coordinator refuses a name it cannot show
+            why = check_name(self.name)
+            if why is not None:
+                raise ValueError(f"name: {why}")
+        if volunteer is True:
+            self.volunteer = volunteer_key(folder) if cache else new_key()
+        elif volunteer:
+            self.volunteer = volunteer
         self.fetch_data = fetch_data
         self.stats = ClientStats()
         self.reporter: Reporter = reporter if reporter is not None else LogReporter()

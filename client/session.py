@@ -169,6 +169,7 @@ class ClientSession:
             data=self.caps.data,
             boundary=self.caps.boundary,
             token=self.caps.token,
+            volunteer=self.caps.volunteer,
         )
         self._last_sent = self._hello_sent = now
         return [Send(message=hello, frame=m.encode(hello))]

@@ -79,8 +79,10 @@ class Hello(Message):
     data: bool = False
     init_schemes: tuple[str, ...] = ()
     boundary: bool = False
+    #: the volunteer's secret key, the same across sessions (credit, §3.1); None: anonymous
+    volunteer: str | None = None
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_schemes", "boundary"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_schemes", "boundary", "volunteer"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": ck.int_in(0, 65535),
         "client": ck.str_of(64, empty=False),
@@ -98,6 +100,7 @@ class Hello(Message):
         "data": ck.boolean,
         "init_schemes": ck.strs(8, 32),
         "boundary": ck.boolean,
+        "volunteer": ck.optional(ck.str_of(128)),
     }
 
 
@@ -120,8 +123,10 @@ class Welcome(Message):
     decline: bool = False
     #: the job's name, for the volunteer's console ("": not said)
     job: str = ""
+    #: the public id of hello.volunteer's key, under which credit is kept ("": none)
+    volunteer: str = ""
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "decline", "job"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "decline", "job", "volunteer"})
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": ck.int_in(0, 65535),
         "session_id": ck.str_of(128, empty=False),
@@ -133,6 +138,7 @@ class Welcome(Message):
         "data": ck.boolean,
         "decline": ck.boolean,
         "job": ck.str_of(128),
+        "volunteer": ck.str_of(16),
     }
 
 

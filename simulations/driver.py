@@ -45,9 +45,10 @@ from coordinator.core.machine import Coordinator
 from nn.data import Dataset
 from nn.mapped import MAP_ABOVE_PARAMS, create_mapped
 from protocol import messages as m
+from protocol.volunteer import volunteer_id
 from simulations.engine import Engine, Event, Priority, stream_seed
 from simulations.linear import linear_steps_to_target
-from simulations.player import Player, Stats
+from simulations.player import Player, Stats, player_key
 from simulations.report import RunResult, Sample, run_summary
 from simulations.scenario import Scenario
 
@@ -350,6 +351,23 @@ class Simulation:
                 self.scenario.run.sample_every_s, self._sample, priority=Priority.CONTROL
             )
 
+    def _credit(self) -> dict[str, float]:
+        """Credit granted (and pending) to honest and to Byzantine players, in FLOPs."""
+        ids = {
+            volunteer_id(player_key(self.scenario.seed, i)): i in self.byzantine
+            for i in range(self.scenario.clients.count)
+        }
+        out = dict.fromkeys(
+            ("credit_honest_flops", "credit_byzantine_flops", "credit_byzantine_pending"), 0.0
+        )
+        for acct in self.core.credit.accounts.values():
+            if ids.get(acct.volunteer):
+                out["credit_byzantine_flops"] += acct.flops
+                out["credit_byzantine_pending"] += acct.pending
+            else:
+                out["credit_honest_flops"] += acct.flops
+        return out
+
     def _result(self) -> RunResult:
         s = self.stats
         sc = self.scenario
@@ -394,6 +412,8 @@ class Simulation:
             "hijacks_sent": s.hijacks_sent,
             "events_run": self.engine.events_run,
         }
+        if sc.clients.volunteers:
+            summary |= self._credit()
         if self.job.replication.enabled:
             rep = self.core.verifier.summary()
             summary |= {"replica_steps": s.replica_steps} | {

@@ -44,6 +44,11 @@ from simulations.network import Link, LinkSpec
 from simulations.scenario import Scenario
 
 
+def player_key(seed: int, index: int) -> str:
+    """A simulated player's volunteer key (seeded, so a run is reproducible)."""
+    return f"sim-{seed}-player-{index:06d}"
+
+
 @dataclass(slots=True)
 class Stats:
     """A run's counters: the driver's, and the players' for their links and lies."""
@@ -133,6 +138,9 @@ class Player:
                 limits=sim.limits,
                 codecs=codecs,
                 prefetch=sim.scenario.clients.prefetch,
+                volunteer=player_key(sim.scenario.seed, index)
+                if sim.scenario.clients.volunteers
+                else None,
             ),
             seed=int(self.rng.integers(2**32)),
             cache=cache,

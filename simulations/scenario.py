@@ -129,6 +129,11 @@ class ClientsSection(_Section):
         description="players start with every data shard cached (returning players); "
         "otherwise each fetches a shard over its link the first time a task names it",
     )
+    volunteers: bool = Field(
+        default=False,
+        description="each player sends a volunteer key, so the run keeps credit per player "
+        "(coordinator/core/credit.py) and the summary reports it",
+    )
     frame_budget_ms: float | None = Field(
         default=None,
         gt=0,
@@ -278,6 +283,8 @@ class Scenario(_Section):
             "prefetch": c.prefetch,
             "warm_data": c.warm_data,
         }
+        if c.volunteers:
+            d["clients"]["volunteers"] = True
         if c.frame_budget_ms is not None:
             d["clients"]["frame_budget_ms"] = c.frame_budget_ms
             d["clients"]["frame_hz"] = c.frame_hz

@@ -14,6 +14,7 @@ import numpy as np
 from coordinator.core import checkpoint
 from coordinator.core.config import JobConfig
 from coordinator.core.connections import Connections
+from coordinator.core.credit import CreditBook
 from coordinator.core.data import DataCatalog, load_job_data
 from coordinator.core.downloads import ModelDistribution
 from coordinator.core.evaluation import Evaluator
@@ -159,6 +160,7 @@ def build_core(
         cap=2 * job.lease.max_resumable,
     )
     refusal_marks = RefusalMarks()
+    credit = CreditBook(verified_only=job.replication.enabled)
     flops_per_sample = spec.flops_per_sample()
     results = ResultPath(
         job=job,
@@ -172,6 +174,7 @@ def build_core(
         flops_per_sample=flops_per_sample,
         block_validators=block_validators,
         marks=refusal_marks,
+        credit=credit,
     )
     issuer = TaskIssuer(
         job=job,
@@ -216,6 +219,7 @@ def build_core(
         refusal_marks=refusal_marks,
         results=results,
         issuer=issuer,
+        credit=credit,
         flops_per_sample=flops_per_sample,
         reference_seq=submodel_seq,
         prefetch=serves_prefetch(job),

@@ -45,6 +45,8 @@ def state_of(core: Coordinator, *, params: bool = True) -> dict[str, Any]:
         state["upstream"] = core.upstream.state_dict()
     if core.submodels is not None:
         state["submodel"] = core.submodels.state_dict()
+    if core.credit.accounts:
+        state["credit"] = core.credit.state_dict()
     if params:
         state["params"] = core.model.params.data.copy()
     return state
@@ -69,6 +71,8 @@ def load_state(core: Coordinator, state: dict[str, Any]) -> None:
         core.upstream = UpstreamState.from_state(state["upstream"])
     if core.submodels is not None and "submodel" in state:
         core.submodels.load_state_dict(state["submodel"])
+    if "credit" in state:
+        core.credit.load_state_dict(state["credit"])
 
 
 def params_of(spec: ModelSpec, state: dict[str, Any]) -> Params:

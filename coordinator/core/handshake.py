@@ -104,6 +104,7 @@ def welcome(
     resume_token: str,
     limits: LinkLimits,
     prefetch: bool,
+    volunteer: str = "",
 ) -> m.Welcome:
     """The answer to an accepted hello: what this coordinator serves (it takes
     spanning chunks, serves shards by hash and takes declines)."""
@@ -118,4 +119,5 @@ def welcome(
         data=True,
         decline=True,
         job=job.name[:128],
+        volunteer=volunteer,
     )

@@ -28,6 +28,7 @@ from coordinator.core import checkpoint
 from coordinator.core import events as ev
 from coordinator.core.config import JobConfig
 from coordinator.core.connections import Conn, Connections, ConnState, finished_bye, refusal
+from coordinator.core.credit import CreditBook
 from coordinator.core.data import DataCatalog
 from coordinator.core.downloads import ModelDistribution
 from coordinator.core.evaluation import Evaluator
@@ -63,6 +64,7 @@ from protocol import messages as m
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
 from protocol.limits import LinkLimits, negotiate
 from protocol.states import advance_clock
+from protocol.volunteer import check_key, check_name
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,8 @@ class Coordinator:
     results: ResultPath
     #: giving a client a task: sized, its download, its lease (issuing.py)
     issuer: TaskIssuer
+    #: each volunteer's credit for accepted work (credit.py)
+    credit: CreditBook
     flops_per_sample: float
     #: the stream the norm check's sub-model reference tasks are drawn from
     reference_seq: np.random.SeedSequence
@@ -153,6 +157,13 @@ class Coordinator:
             version, offered = check_hello(self.job, hello, data_only=self.data_only)
         except ProtocolError as exc:
             return refusal(client_id, exc.code, exc.message)
+        if hello.volunteer is not None:
+            why = check_key(hello.volunteer) or None
+            where = "hello.volunteer"
+            if why is None and (why := check_name(hello.client)) is not None:
+                where = "hello.client"  # shown beside the volunteer's credit
+            if why is not None:
+                return refusal(client_id, ErrorCode.BAD_FIELD, f"{where}: {why}")
         if self.verifier.refuses(hello.resume):
             return refusal(
                 client_id,
@@ -186,6 +197,9 @@ class Coordinator:
             limit = self.job.validation.max_rejections
             rec.rejections = max(rec.rejections, limit - 1)
         self.connections.add(conn)
+        vid = ""
+        if hello.volunteer is not None:
+            vid = self.credit.join(client_id, hello.volunteer, hello.client, now)
         answer = welcome(
             self.job,
             version=version,
@@ -193,6 +207,7 @@ class Coordinator:
             resume_token=rec.resume_id,
             limits=limits,
             prefetch=self.prefetch,
+            volunteer=vid,
         )
         self.connections.queue(conn, answer)
         out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
@@ -455,6 +470,8 @@ class Coordinator:
         if f.step is not None:
             self._stepped(f.step, now, out)
         out.extend(f.after)
+        for e in f.after:
+            self.credit.observe(e)
         if f.close is not None and f.close[0] in self.conns:
             client_id, code, message = f.close
             self._close(self.conns[client_id], code, message, now, out)

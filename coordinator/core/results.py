@@ -30,6 +30,7 @@ import numpy as np
 from coordinator.core import events as ev
 from coordinator.core.config import JobConfig
 from coordinator.core.connections import Conn, Connections
+from coordinator.core.credit import CreditBook
 from coordinator.core.layersplit import BOUNDARY
 from coordinator.core.leases import Lease, LeaseBook, LeaseState, Task, TaskState
 from coordinator.core.orphans import Orphans
@@ -67,6 +68,7 @@ class ResultPath:
     __slots__ = (
         "_book",
         "_conns",
+        "_credit",
         "_flops_per_sample",
         "_job",
         "_marks",
@@ -93,6 +95,7 @@ class ResultPath:
         flops_per_sample: float,
         block_validators: dict[int, UpdateValidator] | None = None,
         marks: RefusalMarks | None = None,
+        credit: CreditBook | None = None,
     ) -> None:
         self._job = job
         #: closes for refused updates, remembered past the connection (refusals.py)
@@ -107,6 +110,8 @@ class ResultPath:
         self._conns = conns
         self._orphans = orphans
         self._flops_per_sample = flops_per_sample
+        #: each volunteer's credit (credit.py); None: not kept
+        self._credit = credit
         #: results applied to the model (a checkpoint keeps it)
         self.accepted = 0
 
@@ -191,6 +196,9 @@ class ResultPath:
         samples = result.samples or task.steps * task.batch
         per_sample = self._flops_per_sample if sub is None else sub.sub.flops_per_sample()
         rec.observe_speed(per_sample * samples, result.compute_seconds)
+        if self._credit is not None:  # the FLOPs the server sized, not the client's claim
+            work = per_sample * task.steps * task.batch
+            self._credit.accepted(conn.client_id, task.task_id, work, replicated=unit is not None)
         self._conns.queue(conn, m.Ack.trusted(task_id=result.task_id, accepted=True))
         out.append(
             ev.ResultAccepted(

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from client import WEB_ROOT
 from coordinator.http import clientwheel
+from coordinator.http.creditroutes import add_credit_routes
 from coordinator.http.dashboard import estimate_left
 from coordinator.runtime.service import ServiceStopped
 
@@ -203,6 +204,8 @@ def build_app(crowd: CrowdServer) -> FastAPI:
         description="Websocket /ws speaks docs/protocol.md; the rest is JSON.",
         lifespan=crowd.lifespan,
     )
+
+    add_credit_routes(app, crowd)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

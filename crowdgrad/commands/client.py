@@ -128,7 +128,16 @@ class ConsoleReporter:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="the coordinator's websocket URL (ws://host:port/ws)")
-    p.add_argument("--name", help="shown on the coordinator (default: host-pid)")
+    p.add_argument(
+        "--name", help="shown on the coordinator and beside your credit (default: host-pid)"
+    )
+    p.add_argument(
+        "--anonymous",
+        dest="volunteer",
+        action="store_false",
+        help="send no volunteer key: no credit, no link between your runs (default: the "
+        "key kept in the cache folder)",
+    )
     p.add_argument("--token", default=os.environ.get("CROWDGRAD_JOIN_TOKEN"), help="join token")
     p.add_argument(
         "--cpu-share",
@@ -207,7 +216,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 #: The option each DesktopClient argument comes from, to name it in an error.
-OPTION_OF = {"cpu_share": "--cpu-share", "priority": "--priority", "ca": "--ca"}
+OPTION_OF = {
+    "cpu_share": "--cpu-share",
+    "priority": "--priority",
+    "ca": "--ca",
+    "name": "--name",
+}
 
 
 def client_from_args(args: argparse.Namespace, reporter: Reporter | None = None) -> DesktopClient:
@@ -241,6 +255,7 @@ def _client(args: argparse.Namespace, reporter: Reporter | None) -> DesktopClien
         priority=args.priority,
         lower_pools=True,
         reporter=reporter,
+        volunteer=args.volunteer,
     )
 
 

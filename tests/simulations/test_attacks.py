@@ -107,3 +107,15 @@ def test_replication_excludes_sign_flippers_and_no_honest_player(digits) -> None
     assert s["byzantine"] == 2 and s["replication_excluded"] == 2
     assert s["honest_closes"] == 0 and s["replication_agreed"] > 0
     assert s["replica_steps"] > 0 and 0 < s["replication_overhead"] < 0.5
+
+
+@pytest.mark.parametrize("kind", ["sign_flip", "free_rider"])
+def test_with_replication_liars_and_free_riders_end_with_no_credit(kind: str, digits) -> None:
+    """Issue 36: credit counts checked work only, and a proven liar forfeits all."""
+    d = _scenario(kind)
+    d["job"]["replication"] = {"enabled": True}
+    d["clients"]["volunteers"] = True
+    s = Simulation(parse_scenario(d), dataset=digits).run().summary
+    assert s["byzantine"] == 2 and s["replication_excluded"] == 2
+    assert s["credit_byzantine_flops"] == 0 and s["credit_byzantine_pending"] == 0
+    assert s["credit_honest_flops"] > 0
