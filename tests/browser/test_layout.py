@@ -110,14 +110,15 @@ def test_the_dashboard_fits_a_desktop_and_a_phone_and_its_events_are_not_evaluat
 ) -> None:
     """Mid-run (paused, so every size sees the same numbers, "time left" among
     them) and after the end, at both sizes: nothing overflows. The run makes
-    dozens of evaluations; the events list shows every join and leave and the
-    end, and its evaluation lines are the fewer."""
-    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 600, "max_time_s": 300})
+    dozens of evaluations (hundreds at the default cadence, fewer where the
+    coordinator caps their share of its time); the events list shows every join
+    and leave and the end, and its evaluation lines are the fewer."""
+    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 3000, "max_time_s": 300})
     with running(job) as (bg, service, rec), clients(bg.url, ["desktop-0"]):
         base = bg.url.replace("ws://", "http://").removesuffix("/ws")
         board = open_tab(context, f"{base}/dashboard")
         tabs = [open_tab(context, page_url(bg.url)) for _ in range(2)]
-        wait_until(lambda: len(rec.of(ev.Evaluated)) >= 10, 120, "ten evaluations")
+        wait_until(lambda: len(rec.of(ev.Evaluated)) >= 40, 120, "40 evaluations")
         service.set_paused(True)
         wait_until(lambda: (dash(board).get("left") or {}).get("seconds") is not None
                    and len(dash(board).get("clients", [])) == 3 and dash(board)["status"]["paused"],
@@ -146,7 +147,6 @@ def test_the_dashboard_fits_a_desktop_and_a_phone_and_its_events_are_not_evaluat
         shown = f"{evaluations} evaluations; the list: {lines}; screenshots: {paths}"
         assert kinds.count("join") == joins and kinds.count("leave") >= leaves, shown
         assert kinds.count("finished") == 1, shown
-        assert evaluations >= 40, f"too few evaluations to show any thinning: {shown}"
         assert 1 <= evaluation_lines <= evaluations / 10, shown
         assert evaluation_lines < len(kinds) - evaluation_lines, shown
 
