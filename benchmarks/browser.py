@@ -10,12 +10,14 @@ Three measurements, all in one run (docs/performance.md, "The browser client"):
   thread). Warm start for all: each contender runs 0.3 s before it is timed.
   Contenders alternate within each round; each figure is the median of the
   rounds. Ratios: ``wasm/js`` and ``wasm/numba``.
-* **frames** — the volunteer page animates at 60 Hz (its requestAnimationFrame
-  crowd view) while its worker trains a CPU-bound job (digits on a
-  [64, 512, 512, 10] MLP, 100 local steps a task) at CPU share 1.0 and 0.5:
-  frame time p50/p99/max, long animation frames (LoAF), the worker's steps/s
-  and its busy fraction (compute seconds per wall second: what the share
-  sets; the rest of its time it waits for tasks, uploads, or sleeps).
+* **frames** — the volunteer page's 60 Hz frames (a requestAnimationFrame
+  probe; until issue 36 the page also animated a crowd of dots each frame, since
+  then it redraws its accuracy curve on new points) while its worker trains a
+  CPU-bound job (digits on a [64, 512, 512, 10] MLP, 100 local steps a task)
+  at CPU share 1.0 and 0.5: frame time p50/p99/max, long animation frames
+  (LoAF), the worker's steps/s and its busy fraction (compute seconds per wall
+  second: what the share sets; the rest of its time it waits for tasks,
+  uploads, or sleeps).
 * **crowd** — 8 headless tabs and no desktop client train the digits job of
   the end-to-end tests ([64, 64, 10], decentral-async, τ = 10) to 0.95
   accuracy: seconds from the first tab opening to the target.

@@ -3,10 +3,14 @@ the recent events, plus an estimate of the time left (``/dashboard``).
 
 Theory of operation. ``Dashboard`` is a sink of the core's outputs (core thread):
 it folds each event into its client's row and keeps the notable ones (rejections,
-lease expiries, declines, joins and leaves, evaluations, checkpoints, the end)
-in a bounded list with increasing ids, so a stream can send only what is new.
-Reads (``snapshot``) come from the network thread; every structure is only
-appended to or replaced whole, and a snapshot copies what it returns.
+lease expiries, declines, joins and leaves, checkpoints, the end: every one) in a
+bounded list with increasing ids, so a stream can send only what is new.
+Evaluations come up to ~18 a second and the tiles and charts already show each
+one, so one is a line only when it moved accuracy (``EVAL_RISE`` up or
+``EVAL_FALL`` down from the last line's) and ``EVAL_GAP_S`` passed since that
+line; the first one always is. Reads (``snapshot``) come from the network
+thread; every structure is only appended to or replaced whole, and a snapshot
+copies what it returns.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from coordinator.http.metrics import client_kind
 #: rows kept for clients that left (the newest), and events kept
 MAX_GONE = 256
 MAX_EVENTS = 500
+#: an evaluation is a line when accuracy rose this much (or fell this much) since
+#: the last evaluation line, and at least EVAL_GAP_S seconds after it
+EVAL_RISE = 0.01
+EVAL_FALL = 0.05
+EVAL_GAP_S = 10.0
 
 
 @dataclass(slots=True)
@@ -87,6 +96,9 @@ class Dashboard:
         self.rows: OrderedDict[str, ClientRow] = OrderedDict()
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self._ids = itertools.count(1)
+        #: the last evaluation written as a line: (time, version, accuracy)
+        self._eval_line: tuple[float, int, float] | None = None
+        self._evals_unsaid = 0  # evaluations since that line
 
     def note(self, kind: str, text: str) -> None:
         """An event the network side saw (a slow consumer closed, say)."""
@@ -136,15 +148,35 @@ class Dashboard:
                         row.declined += 1
                     self.note("declined", f"task {o.task_id} declined by {o.client_id}: {o.reason}")
                 case ev.Evaluated():
-                    self.note(
-                        "evaluated", f"v{o.version}: accuracy {o.accuracy:.4f}, loss {o.loss:.4f}"
-                    )
+                    self._evaluated(o)
                 case ev.Checkpoint():
                     self.note("checkpoint", f"checkpoint of v{o.version} requested")
                 case ev.JobFinished():
-                    self.note("finished", f"job finished at v{o.version}: {o.reason}")
+                    acc = "" if o.accuracy is None else f", accuracy {o.accuracy:.4f}"
+                    self.note("finished", f"job finished at v{o.version}: {o.reason}{acc}")
                 case _:
                     pass
+
+    def _evaluated(self, o: ev.Evaluated) -> None:
+        """A line for the first evaluation and for one that moved accuracy (see the
+        module docstring); the others are only counted, and the next line says how
+        many it stands for."""
+        now, last = self.clock(), self._eval_line
+        if last is None:
+            text = f"v{o.version}: accuracy {o.accuracy:.4f}, loss {o.loss:.4f} (first evaluation)"
+        else:
+            t, version, accuracy = last
+            moved = o.accuracy - accuracy
+            if now - t < EVAL_GAP_S or -EVAL_FALL < moved < EVAL_RISE:
+                self._evals_unsaid += 1
+                return
+            n = self._evals_unsaid + 1
+            text = (
+                f"v{o.version}: accuracy {o.accuracy:.4f} ({moved:+.4f} since v{version}, "
+                f"{n} evaluation{'s' if n > 1 else ''}), loss {o.loss:.4f}"
+            )
+        self._eval_line, self._evals_unsaid = (now, o.version, o.accuracy), 0
+        self.note("evaluated", text)
 
     def _evict(self) -> None:
         gone = [cid for cid, r in self.rows.items() if not r.connected]

@@ -1,9 +1,12 @@
-"""coordinator.http.dashboard: client rows from events, bounded events, time-left guesses."""
+"""coordinator.http.dashboard: client rows from events, bounded events, evaluations
+thinned in the events, time-left guesses."""
 
 from __future__ import annotations
 
+import itertools
+
 from coordinator.core import events as ev
-from coordinator.http.dashboard import MAX_GONE, Dashboard, estimate_left
+from coordinator.http.dashboard import EVAL_GAP_S, MAX_GONE, Dashboard, estimate_left
 
 
 def test_rows_follow_the_events() -> None:
@@ -60,6 +63,56 @@ def test_rows_of_clients_that_left_are_bounded() -> None:
            ev.ClientLeft(client_id=cid, reason="gone", now=1.0)])  # fmt: skip
     assert len(d.rows) == MAX_GONE
     assert next(iter(d.rows)) == "c50"  # the oldest went first
+
+
+def evaluated(version: int, accuracy: float) -> ev.Evaluated:
+    return ev.Evaluated(version=version, loss=1.0 - accuracy, accuracy=accuracy, n=360, now=0.0)
+
+
+def test_evaluations_are_lines_only_when_accuracy_moved_and_never_flood() -> None:
+    """A minute of 18 evaluations a second, accuracy climbing with noise, among
+    joins, a leave, a rejection, a checkpoint and the end: every one of those is a
+    line; the evaluations are the first one and at most one per EVAL_GAP_S, each
+    saying how many it stands for and how far accuracy moved."""
+    now = [0.0]
+    d = Dashboard(clock=lambda: now[0])
+    d([ev.ClientJoined(client_id=f"c{i}", name="x", resumed=False, now=0.0) for i in range(3)])
+    n = 18 * 60
+    for i in range(n):
+        now[0] = i / 18
+        noise = 0.02 * ((i * 7919) % 13 - 6) / 6  # ±2 points, deterministic
+        d([evaluated(i + 1, min(0.97, 0.2 + i / n) + noise)])
+        if i == n // 2:
+            d([ev.ResultRejected(client_id="c1", task_id=9, reason="norm", now=0.0),
+               ev.ClientLeft(client_id="c2", reason="gone", now=0.0),
+               ev.Checkpoint(version=i)])  # fmt: skip
+    d([ev.JobFinished(version=n, reason="target_accuracy", accuracy=0.97, now=0.0)])
+    events = d.snapshot(lambda cid: None)["events"]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("join") == 3 and kinds.count("leave") == 1
+    assert {"rejected", "checkpoint", "finished"} <= set(kinds)
+    lines = [e for e in events if e["kind"] == "evaluated"]
+    assert 3 <= len(lines) <= 1 + 60 / EVAL_GAP_S, [e["text"] for e in lines]
+    assert lines[0]["text"].startswith("v1: accuracy") and "first evaluation" in lines[0]["text"]
+    times = [e["t"] for e in lines]
+    assert all(b - a >= EVAL_GAP_S for a, b in itertools.pairwise(times))
+    assert "evaluations), loss" in lines[1]["text"]
+    assert events[-1]["text"] == f"job finished at v{n}: target_accuracy, accuracy 0.9700"
+
+
+def test_a_flat_run_has_one_evaluation_line_and_a_fall_has_another() -> None:
+    now = [0.0]
+    d = Dashboard(clock=lambda: now[0])
+    for i in range(1000):
+        now[0] = float(i)
+        d([evaluated(i, 0.9 + (0.004 if i % 2 else -0.004))])
+    assert [e["kind"] for e in d.snapshot(lambda cid: None)["events"]] == ["evaluated"]
+    now[0] += 1
+    d([evaluated(1000, 0.6)])  # diverged: 30 points down
+    (_, fall) = d.snapshot(lambda cid: None)["events"]
+    assert fall["text"] == (
+        "v1000: accuracy 0.6000 (-0.2960 since v0, 1000 evaluations), loss 0.4000"
+    )
 
 
 def test_time_left_takes_the_first_bound() -> None:

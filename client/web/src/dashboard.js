@@ -73,7 +73,7 @@ const rateValues = (u, vals) => vals.map((v) => (v == null ? "" : `${bytes(Math.
 /** @param {HTMLElement} el @param {string} title @param {uPlot.Series[]} series @param {uPlot.Scales} scales
  *  @param {uPlot.Axis.Values} [values] */
 function chart(el, title, series, scales, xTime = true, values = undefined) {
-  const width = Math.max(320, el.clientWidth || 560);
+  const width = Math.max(200, el.clientWidth || 560);
   /** @type {uPlot.Options} */
   const opts = {
     title,
@@ -156,6 +156,12 @@ function duration(s) {
   return `${(s / 3600).toFixed(1)} h`;
 }
 
+/** A reason or bound as words ("target accuracy", not target_accuracy: it wraps).
+ *  @param {string} name */
+function words(name) {
+  return name.replaceAll("_", " ");
+}
+
 /** @param {string | number} text */
 function cell(text) {
   const td = document.createElement("td");
@@ -177,11 +183,13 @@ function showStatus(st, left) {
     ? `${ck.written} (last v${ck.last})`
     : ck.restored_from != null ? `restored v${ck.restored_from}` : "none";
   if (st.finished) {
-    $("state").textContent = `finished: ${st.finished.reason}`;
+    $("state").textContent = `finished: ${words(st.finished.reason)}`;
     $("left").textContent = "0 s";
+    $("left-by").textContent = "";
   } else {
     $("state").textContent = st.paused ? "paused" : "training";
-    $("left").textContent = left.seconds == null ? "unknown" : `${duration(left.seconds)} (${left.by})`;
+    $("left").textContent = left.seconds == null ? "unknown" : duration(left.seconds);
+    $("left-by").textContent = left.seconds == null ? "" : `by ${words(left.by)}`;
   }
 }
 
@@ -300,11 +308,11 @@ $("auth").addEventListener("submit", (ev) => {
   sessionStorage.setItem(TOKEN_KEY, element("token", HTMLInputElement).value);
   stream();
 });
-addEventListener("resize", () => {
-  for (const c of Object.values(charts)) {
-    c.setSize({ width: Math.max(320, (c.root.parentElement?.clientWidth ?? 0) - 12), height: 220 });
-  }
-});
+// Each chart takes its box's width (the box, not the chart, follows the layout).
+for (const c of Object.values(charts)) {
+  const box = c.root.parentElement;
+  if (box) new ResizeObserver(() => c.setSize({ width: Math.max(200, box.clientWidth), height: 220 })).observe(box);
+}
 stream();
 
 // A module (bundled into a script by build.mjs): its names stay its own.

@@ -1,10 +1,13 @@
-// The volunteer page's main thread: controls, numbers, the crowd view and the
-// drawing pad. It never trains: the worker (worker.js) does, so this thread
-// only draws and stays within its frame budget.
+// The volunteer page's main thread: controls, numbers, the crowd's accuracy
+// curve (uPlot, from /api/history) and the drawing pad. It never trains: the
+// worker (worker.js) does, so this thread only draws and stays within its frame
+// budget.
 //
 // URL: `?autostart=1` joins without a click (kiosks, tests); `#token=…` or the
 // field gives a join token; `?share=0.5` the CPU share; `?kernels=js` forces
 // the plain-JS kernels (benchmarks).
+
+import uPlot from "uplot";
 
 /** @typedef {import("./pagemessages.js").ToWorker} ToWorker */
 /** @typedef {import("./pagemessages.js").ToPage} ToPage */
@@ -12,6 +15,8 @@
 /** /api/status, the part this page shows.
  *  @typedef {{clients: number, accepted_results: number, job: {name: string, widths: number[]},
  *    last_evaluation?: {accuracy?: number | null} | null}} Status */
+/** /api/history's evaluations, the part this page draws.
+ *  @typedef {{evaluations: {fields: string[], rows: number[][]}}} History */
 
 /** The element `#id` of index.html, of class `Type` (a missing one is our bug).
  *  @template {HTMLElement} T
@@ -41,8 +46,8 @@ const state = {
   /** @type {string | null} */
   finished: null,
   joined: false,
-  /** @type {{last: number | null, times: number[]} | null} the crowd view's frame times */
-  frames: null,
+  /** the crowd's curve: the run's evaluations (wall seconds, accuracy), as drawn */
+  curve: { t: /** @type {number[]} */ ([]), accuracy: /** @type {number[]} */ ([]) },
 };
 Object.assign(globalThis, { crowdgrad: state });
 
@@ -167,19 +172,64 @@ async function pollCrowd() {
       $("accuracy").textContent = acc == null ? "not measured yet" : `${(100 * acc).toFixed(1)}%`;
       $("crowd-accepted").textContent = st.accepted_results.toLocaleString();
     }
+    await pollCurve();
   } catch {
     // the coordinator is away; the worker reconnects, the numbers wait
   }
   setTimeout(pollCrowd, 2000);
 }
 
-// -- the crowd view: one dot per volunteer, animated every frame -------------
+// -- the crowd's curve: the run's accuracy over time -------------------------
+// The whole series once, then each poll only the points after the last one
+// (`?since=`); kept as /api/history keeps it (runtime/history.py): past
+// CURVE_POINTS, every other point of the older half goes.
 
-const view = element("crowd-view", HTMLCanvasElement);
-const vctx = context2d(view);
-/** @type {{last: number | null, times: number[]}} */
-const frames = { last: null, times: [] };
-state.frames = frames;
+const CURVE_POINTS = 4096;
+const curveBox = $("crowd-curve");
+
+/** @param {HTMLElement} el */
+function curveWidth(el) {
+  return Math.max(200, el.clientWidth);
+}
+
+const curve = new uPlot(
+  {
+    width: curveWidth(curveBox),
+    height: 150,
+    scales: { x: { time: true }, y: { range: [0, 1] } },
+    series: [{}, { label: "accuracy", stroke: "#2f6fdb", width: 2, points: { show: false } }],
+    axes: [{}, { size: 52, values: (_u, vals) => vals.map((v) => `${Math.round(100 * v)}%`) }],
+    legend: { show: false },
+    cursor: { show: false },
+  },
+  [[], []],
+  curveBox,
+);
+new ResizeObserver(() => curve.setSize({ width: curveWidth(curveBox), height: 150 })).observe(curveBox);
+
+async function pollCurve() {
+  const c = state.curve;
+  const url = new URL("api/history", location.href);
+  if (c.t.length) url.searchParams.set("since", String(c.t[c.t.length - 1]));
+  const res = await fetch(url, { cache: "no-store" });
+  if (!res.ok) return;
+  /** @type {History} */
+  const h = await res.json();
+  const f = h.evaluations.fields;
+  const [ti, ai] = [f.indexOf("t"), f.indexOf("accuracy")];
+  if (!h.evaluations.rows.length) return;
+  for (const r of h.evaluations.rows) {
+    c.t.push(r[ti]);
+    c.accuracy.push(r[ai]);
+  }
+  if (c.t.length > CURVE_POINTS) {
+    const half = c.t.length >> 1;
+    for (const arr of [c.t, c.accuracy]) arr.splice(0, half, ...arr.slice(0, half).filter((_, i) => i % 2 === 0));
+  }
+  curve.setData([c.t, c.accuracy]);
+}
+
+// -- the drawing pad: 160×160 strokes read as the digits job's 8×8 input -----
 
 /** The 2-D context of `canvas` (every browser the page supports has one).
  *  @param {HTMLCanvasElement} canvas */
@@ -188,32 +238,6 @@ function context2d(canvas) {
   if (ctx === null) throw new Error("page: no 2-D canvas context");
   return ctx;
 }
-
-/** @param {number} t */
-function drawCrowd(t) {
-  if (frames.last !== null) {
-    frames.times.push(t - frames.last);
-    if (frames.times.length > 600) frames.times.shift();
-  }
-  frames.last = t;
-  const n = Math.min(200, state.crowd?.clients ?? 1);
-  const w = view.width;
-  const h = view.height;
-  vctx.clearRect(0, 0, w, h);
-  for (let i = 0; i < n; i++) {
-    const phase = t / 900 + i * 2.399;
-    const x = ((i * 37) % (w - 16)) + 8 + 4 * Math.sin(phase);
-    const y = h / 2 + (h / 3) * Math.sin(phase * 0.7 + i);
-    vctx.fillStyle = i === 0 ? "#2f6fdb" : "#9bb3d9";
-    vctx.beginPath();
-    vctx.arc(x, y, i === 0 ? 5 : 3, 0, 2 * Math.PI);
-    vctx.fill();
-  }
-  requestAnimationFrame(drawCrowd);
-}
-requestAnimationFrame(drawCrowd);
-
-// -- the drawing pad: 160×160 strokes read as the digits job's 8×8 input -----
 
 const pad = element("pad", HTMLCanvasElement);
 const pctx = context2d(pad);
