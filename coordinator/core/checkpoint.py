@@ -34,7 +34,8 @@ def state_of(core: Coordinator, *, params: bool = True) -> dict[str, Any]:
         "version": core.model.version,
         "contributions": core.model.contributions,
         "strategy": core.strategy.state_dict(),
-        "accepted_tasks": sorted(core.book.accepted_ids()),
+        "accepted_tasks": core.book.accepted_ids(),
+        "accepted_ages": core.book.accepted_ages(core.now),
         "accepted_results": core.accepted_results,
         "next_task_id": core.book.next_task_id,
         "norms": list(core.validator.norms),
@@ -57,7 +58,11 @@ def load_state(core: Coordinator, state: dict[str, Any]) -> None:
     core.model.version = int(state["version"])
     core.model.contributions = int(state["contributions"])
     core.strategy.load_state_dict(state["strategy"])
-    core.book.remember_accepted(int(t) for t in state["accepted_tasks"])
+    ages = state.get("accepted_ages")  # (a checkpoint of before ages were kept: none)
+    core.book.remember_accepted(
+        [int(t) for t in state["accepted_tasks"]],
+        None if ages is None else [float(a) for a in ages],
+    )
     core.results.accepted = int(state["accepted_results"])
     # Ids issued after this checkpoint and before the crash are in clients'
     # hands; skip them, so a result resent for one of them is answered stale

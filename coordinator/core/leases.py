@@ -245,7 +245,8 @@ class LeaseBook:
         #: accepted task id -> (ACCEPTED, when), oldest first, for ``retain_s``
         self.outcomes: OrderedDict[int, tuple[TaskState, float]] = OrderedDict()
         self.retain_s = retain_s
-        self._unstamped: list[int] = []  # remembered without a time (restored)
+        #: remembered without a time (restored), with their age then
+        self._unstamped: list[tuple[int, float]] = []
         self._by_client: dict[str, int] = {}  # current lease per client
         self._queued: dict[str, int] = {}  # prefetched lease behind it
         self._deadlines: list[tuple[float, int]] = []
@@ -411,19 +412,32 @@ class LeaseBook:
         """Accepted tasks still remembered, in the order they resolved."""
         return [t for t, (state, _) in self.outcomes.items() if state is TaskState.ACCEPTED]
 
-    def remember_accepted(self, task_ids: Iterable[int]) -> None:
-        """Outcomes of an earlier run (a checkpoint); their ``retain_s`` starts at the
-        next ``forget`` (the book has no clock of its own)."""
-        for t in task_ids:
+    def accepted_ages(self, now: float) -> list[float]:
+        """How long ago each of ``accepted_ids`` resolved (0 where unknown), so a
+        checkpoint keeps their ages and a restart does not make them young again."""
+        return [
+            max(0.0, now - when) if math.isfinite(when) and math.isfinite(now) else 0.0
+            for state, when in self.outcomes.values()
+            if state is TaskState.ACCEPTED
+        ]
+
+    def remember_accepted(
+        self, task_ids: Iterable[int], ages: Iterable[float] | None = None
+    ) -> None:
+        """Outcomes of an earlier run (a checkpoint), ``ages`` seconds old then; their
+        ``retain_s`` counts from the next ``forget`` less their age (the book has no
+        clock of its own)."""
+        ages = list(ages) if ages is not None else None
+        for i, t in enumerate(task_ids):
             if t not in self.outcomes:
                 self.outcomes[t] = (TaskState.ACCEPTED, -math.inf)
-                self._unstamped.append(t)
+                self._unstamped.append((t, ages[i] if ages is not None else 0.0))
 
     def forget(self, now: float) -> int:
         """Drop outcomes older than ``retain_s``; returns how many."""
         if self._unstamped:
-            for t in self._unstamped:
-                self.outcomes[t] = (TaskState.ACCEPTED, now)
+            for t, age in self._unstamped:
+                self.outcomes[t] = (TaskState.ACCEPTED, now - age)
             self._unstamped.clear()
         horizon, outcomes, n = now - self.retain_s, self.outcomes, 0
         while outcomes:

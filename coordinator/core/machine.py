@@ -329,11 +329,8 @@ class Coordinator:
         )
 
     def replace_model(self, data: np.ndarray, now: float) -> list[ev.Output]:
-        """The model becomes ``data``, one version on (an edge rebasing onto its
-        root's model: coordinator/core/upstream.py). Clients holding older versions
-        keep working: their deltas are still deltas, their staleness counts this
-        version like any other, and the next download to them is a delta or full
-        model as usual."""
+        """The model becomes ``data``, one version on (an edge rebasing onto its root's
+        model, upstream.py); clients on older versions go on as after any step."""
         out: list[ev.Output] = []
         self._advance(now)
         if self.finished is not None:
@@ -544,15 +541,17 @@ class Coordinator:
     # -- connections and pacing ----------------------------------------------------
 
     def _take_over(self, resume_id: str | None, now: float, out: list[ev.Output]) -> None:
-        """A hello resuming a session whose connection is still open here closes
-        that connection (``REPLACED``), so the resume takes its record and leases.
-        The older one is most likely half-open: the client's network changed and
-        it reconnected before its old connection's end reached us (MQTT gives a
-        client id the same rule). The token is a secret only its client holds."""
+        """A resume of a session still connected here closes the older connection
+        (``REPLACED``, most likely half-open; MQTT's rule): the resume takes over."""
         old = self.registry.lookup(resume_id) if resume_id else None
         if old is not None and old.connected and old.client_id in self.conns:
             msg = "a newer connection resumed this session"
             self._close(self.conns[old.client_id], ErrorCode.REPLACED, msg, now, out)
+
+    @property
+    def now(self) -> float:
+        """The latest time the driver gave (-inf before the first call)."""
+        return self._now
 
     def _advance(self, now: float) -> None:
         self._now = advance_clock("coordinator", self._now, now)

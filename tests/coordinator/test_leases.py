@@ -61,3 +61,26 @@ def test_leases_resolved_long_before_their_deadline_do_not_pile_up_in_the_heap()
         assert len(book._deadlines) <= 2 * 2 + 64  # two live at its largest
     assert book.outcomes == {}  # a dropped task leaves no outcome
     assert book.next_deadline() == 50.0 and book.due(70.0) == [keep]
+
+
+def test_a_restored_outcome_keeps_its_age_and_is_forgotten_on_time() -> None:
+    """A checkpoint keeps how old each accepted id is: a coordinator restarted more
+    often than ``retain_s`` still forgets them (the soak's restarts every 1-2 min
+    kept every id of the run before)."""
+    from coordinator.core.leases import LeaseBook
+
+    old = LeaseBook(retain_s=600.0)
+    old.remember_accepted([1, 2, 3], [500.0, 300.0, 0.0])
+    old.forget(1000.0)
+    assert old.accepted_ages(1000.0) == [500.0, 300.0, 0.0]
+    again = LeaseBook(retain_s=600.0)
+    again.remember_accepted(old.accepted_ids(), old.accepted_ages(1000.0))
+    again.forget(0.0)  # a new process: its clock starts anywhere
+    again.forget(150.0)
+    assert again.accepted_ids() == [2, 3]
+    again.forget(350.0)
+    assert again.accepted_ids() == [3]
+    legacy = LeaseBook(retain_s=600.0)
+    legacy.remember_accepted([7])  # a checkpoint without ages: young at the restart
+    legacy.forget(5.0)
+    assert legacy.accepted_ages(5.0) == [0.0]
