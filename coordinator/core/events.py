@@ -60,6 +60,9 @@ class ClientJoined:
     name: str
     resumed: bool
     now: float
+    #: hello.platform: free text, but the volunteer page's worker starts it with
+    #: its software's name (its ``name`` is the volunteer's display name)
+    platform: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -210,7 +210,15 @@ class Coordinator:
             volunteer=vid,
         )
         self.connections.queue(conn, answer)
-        out.append(ev.ClientJoined(client_id=client_id, name=rec.name, resumed=resumed, now=now))
+        out.append(
+            ev.ClientJoined(
+                client_id=client_id,
+                name=rec.name,
+                resumed=resumed,
+                now=now,
+                platform=hello.platform,
+            )
+        )
         self._dispatch(now, out)
         self.connections.flush_all(now, out)
         return out

@@ -111,7 +111,8 @@ class Dashboard:
                 case ev.ClientJoined():
                     row = rows.get(o.client_id)
                     if row is None or not o.resumed:
-                        row = ClientRow(o.client_id, o.name, client_kind(o.name), self.clock())
+                        kind = client_kind(o.name, o.platform)
+                        row = ClientRow(o.client_id, o.name, kind, self.clock())
                     else:
                         row.resumed += 1
                     row.connected, row.left = True, None

@@ -25,7 +25,8 @@ from prometheus_client.registry import Collector
 
 from coordinator.core import events as ev
 
-#: Where a browser tab says who it is (client/web/src/session.js CLIENT_NAME).
+#: Where a browser tab says who it is (client/web/src/session.js CLIENT_NAME): its
+#: hello.platform starts with it, and so does hello.client when it sends no key.
 BROWSER_CLIENT = "crowdgrad-web/"
 
 #: Task round trip: lease to accepted result, from a tiny task on a LAN to a
@@ -39,9 +40,11 @@ RTT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 MAX_RTT_S = 600.0
 
 
-def client_kind(name: str) -> str:
-    """``browser`` for the volunteer page's worker, ``other`` for anything else."""
-    return "browser" if name.startswith(BROWSER_CLIENT) else "other"
+def client_kind(name: str, platform: str = "") -> str:
+    """``browser`` for the volunteer page's worker, ``other`` for anything else. A tab
+    with a volunteer key sends its display name as ``name``, so ``platform`` says it."""
+    browser = name.startswith(BROWSER_CLIENT) or platform.startswith(BROWSER_CLIENT)
+    return "browser" if browser else "other"
 
 
 class _Readings(Collector):
@@ -166,7 +169,7 @@ class Metrics:
                 case ev.TaskDeclined():
                     self.declined.labels(o.reason.split(":", 1)[0][:32] or "none").inc()
                 case ev.ClientJoined():
-                    kind = self._kinds[o.client_id] = client_kind(o.name)
+                    kind = self._kinds[o.client_id] = client_kind(o.name, o.platform)
                     self.clients.labels(kind=kind).inc()
                     self.joins.labels(kind, str(o.resumed).lower()).inc()
                 case ev.ClientLeft():

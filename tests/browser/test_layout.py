@@ -1,12 +1,15 @@
 """Both pages at a desktop's 1280×800 and a phone's 390×844 in real Chromium,
 against a real coordinator with real clients (issue 36 item 5): no element's
-text or content leaves its box, the dashboard's recent events are not a wall of
-evaluations, and the volunteer page draws the crowd's accuracy as a curve.
+text or content leaves its box (credit too: the volunteer page's "your
+contribution" and the dashboard's leaderboard, with the longest names), the
+dashboard's recent events are not a wall of evaluations, and the volunteer page
+draws the crowd's accuracy as a curve.
 Screenshots of each page at each size go to pytest's tmp dir; a failure names
 them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from coordinator.core import events as ev
@@ -15,6 +18,16 @@ from tests.browser.test_volunteer_page import open_tab, page_url, wait_until
 from tests.e2e.e2e_helpers import clients, digits_job, running
 
 VIEWPORTS = {"desktop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
+#: The widest display names a volunteer may choose (32 characters, no space to
+#: wrap at): the leaderboard and "your contribution" must hold them.
+LONG_NAME = "W" * 32
+LONG_TAB_NAME = "\U0001f642" * 32  # 🙂: wide glyphs, 32 code points, 64 UTF-16 units
+
+
+def name_the_tabs(context, name: str) -> None:
+    """Every page of ``context`` finds ``name`` as its volunteer's display name."""
+    context.add_init_script(f"localStorage.setItem('crowdgrad-volunteer-name', {json.dumps(name)})")
+
 
 #: Every rendered element whose content is wider or taller than its box, where
 #: the box does not scroll (overflow visible, hidden or clip: the content spills
@@ -114,7 +127,8 @@ def test_the_dashboard_fits_a_desktop_and_a_phone_and_its_events_are_not_evaluat
     coordinator caps their share of its time); the events list shows every join
     and leave and the end, and its evaluation lines are the fewer."""
     job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 3000, "max_time_s": 300})
-    with running(job) as (bg, service, rec), clients(bg.url, ["desktop-0"]):
+    name_the_tabs(context, LONG_TAB_NAME)
+    with running(job) as (bg, service, rec), clients(bg.url, [LONG_NAME]):
         base = bg.url.replace("ws://", "http://").removesuffix("/ws")
         board = open_tab(context, f"{base}/dashboard")
         tabs = [open_tab(context, page_url(bg.url)) for _ in range(2)]
@@ -123,6 +137,11 @@ def test_the_dashboard_fits_a_desktop_and_a_phone_and_its_events_are_not_evaluat
         wait_until(lambda: (dash(board).get("left") or {}).get("seconds") is not None
                    and len(dash(board).get("clients", [])) == 3 and dash(board)["status"]["paused"],
                    30, "the dashboard to show the paused run and its time left")  # fmt: skip
+        # The leaderboard: the desktop client and the tabs (one browser profile: one volunteer).
+        leaders = lambda: (dash(board).get("credit") or {}).get("volunteers", [])  # noqa: E731
+        wait_until(lambda: {v["name"] for v in leaders()} == {LONG_NAME, LONG_TAB_NAME}, 30,
+                   "the leaderboard's two volunteers")  # fmt: skip
+        assert board.locator("#leaderboard tbody tr").count() == 2
         problems, shots = overflows_at_each_size(board, "dashboard-training", tmp_path, charts_fit)
         service.set_paused(False)
         assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=280)
@@ -158,12 +177,18 @@ def test_the_volunteer_page_fits_a_desktop_and_a_phone_and_draws_the_crowd_curve
     the run's accuracy as a line from the points it polls; paused after a few
     dozen evaluations, at both sizes, nothing on it overflows."""
     job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    name_the_tabs(context, LONG_TAB_NAME)
     with running(job) as (bg, service, rec), clients(bg.url, ["desktop-0"]):
         page = open_tab(context, page_url(bg.url))
         points = lambda: len(page.evaluate("globalThis.crowdgrad.curve.t"))  # noqa: E731
         wait_until(lambda: len(rec.of(ev.Evaluated)) >= 30 and points() >= 30, 120, "30 points")
         service.set_paused(True)
         wait_until(lambda: page.inner_text("#accuracy").endswith("%"), 30, "an accuracy shown")
+        # "Your contribution" filled in: credit, results, a rank of two volunteers, the id.
+        assert page.input_value("#name") == LONG_TAB_NAME
+        wait_until(lambda: page.inner_text("#credit-flops").endswith("FLOP")
+                   and page.inner_text("#credit-rank").endswith("of 2"),
+                   30, "your contribution")  # fmt: skip
         problems, shots = overflows_at_each_size(page, "volunteer", tmp_path, charts_fit)
         assert not problems, f"{problems}; screenshots: {[str(s) for s in shots]}"
         # The curve: every evaluation the coordinator kept, drawn as a line.

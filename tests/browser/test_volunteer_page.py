@@ -47,8 +47,14 @@ def wait_until(pred, timeout: float, what: str, every: float = 0.25):
         time.sleep(every)
 
 
+def web_joins(rec) -> list[ev.ClientJoined]:
+    """The tabs' joins: a tab's hello.client is its volunteer's display name, its
+    hello.platform starts with the web client's name."""
+    return [j for j in rec.of(ev.ClientJoined) if j.platform.startswith(WEB_CLIENT)]
+
+
 def web_client_ids(rec) -> set[int]:
-    return {j.client_id for j in rec.of(ev.ClientJoined) if j.name.startswith(WEB_CLIENT)}
+    return {j.client_id for j in web_joins(rec)}
 
 
 def test_four_tabs_and_a_desktop_client_train_digits_to_095(context) -> None:
@@ -136,7 +142,7 @@ def test_a_tab_closed_mid_task_loses_only_its_lease(context) -> None:
         doomed.click("#pause")
         wait_until(lambda: stats(doomed).get("computing") and stats(doomed).get("paused"), 30,
                    "the tab holding a task it has started")  # fmt: skip
-        me = next(j.client_id for j in rec.of(ev.ClientJoined) if j.name.startswith(WEB_CLIENT))
+        me = next(j.client_id for j in web_joins(rec))
         held = [t for t in rec.of(ev.TaskLeased) if t.client_id == me]
         done = {a.task_id for a in rec.of(ev.ResultAccepted) if a.client_id == me}
         lease = next(t for t in reversed(held) if t.task_id not in done)
@@ -270,7 +276,7 @@ def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
         assert lost and "retry 1 in" in lost[0]["text"], lost
         before = stats(page)["accepted"]
         wait_until(lambda: stats(page)["accepted"] > before, 60, "results after the reconnect")
-        joins = [j for j in rec.of(ev.ClientJoined) if j.name.startswith(WEB_CLIENT)]
+        joins = web_joins(rec)
         assert len(joins) >= 2 and joins[-1].resumed, joins
         page.evaluate(HIDE_TAB)
         wait_until(lambda: stats(page).get("hidden"), 10, "the worker told the tab is hidden")
@@ -320,13 +326,16 @@ def test_a_screenshot_shows_the_progress(context) -> None:
         page.click("#join")
         wait_until(lambda: stats(page).get("accepted", 0) >= 3, 60, "three accepted results")
         wait_until(lambda: page.inner_text("#accuracy").endswith("%"), 30, "an accuracy shown")
-        # Draw a stroke on the pad: the model the tab helps train reads it.
+        # Draw a stroke on the pad: the model the tab helps train reads it (the pad
+        # is below the first screen: mouse events go to the viewport).
+        page.locator("#pad").scroll_into_view_if_needed()
         box = page.locator("#pad").bounding_box()
         page.mouse.move(box["x"] + 80, box["y"] + 30)
         page.mouse.down()
         page.mouse.move(box["x"] + 80, box["y"] + 130, steps=8)
         page.mouse.up()
         wait_until(lambda: "reads a" in page.inner_text("#guess"), 10, "a prediction")
+        page.evaluate("scrollTo(0, 0)")  # boxes below are the full-page screenshots' places
         after = artifacts_dir() / "page-training.png"
         page.screenshot(path=str(after), full_page=True)
         fields = ("tasks", "accepted", "accuracy", "crowd", "guess")

@@ -35,6 +35,18 @@ def test_rows_follow_the_events() -> None:
     assert d.snapshot(lambda cid: None)["clients"][0]["connected"] is False
 
 
+def test_a_tab_with_a_display_name_is_a_browser_by_its_platform() -> None:
+    """A tab that sends a volunteer key gives its display name as hello.client; its
+    hello.platform still starts with the web client's name, so its row says browser."""
+    d = Dashboard(clock=lambda: 0.0)
+    d([ev.ClientJoined(client_id="c1", name="tab-1a2b", resumed=False, now=0.0,
+                       platform="crowdgrad-web/0.1 (Mozilla/5.0)"),
+       ev.ClientJoined(client_id="c2", name="ada", resumed=False, now=0.0,
+                       platform="Linux-6.1-x86_64")])  # fmt: skip
+    kinds = {r["client_id"]: r["kind"] for r in d.snapshot(lambda cid: None)["clients"]}
+    assert kinds == {"c1": "browser", "c2": "other"}
+
+
 def test_a_row_says_what_the_client_costs_its_link_an_hour() -> None:
     """Both directions' bytes per hour connected, from the first minute on (before
     it a few tasks' bytes say little), and frozen once the client left."""

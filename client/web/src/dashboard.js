@@ -6,6 +6,7 @@
 // the URL) or the form, and is kept in sessionStorage for this tab only.
 
 import uPlot from "uplot";
+import { formatFlops } from "./volunteer.js";
 
 /** A table of the stream's history: rows of numbers, named by `fields`.
  *  @typedef {{fields: string[], rows: number[][]}} Table */
@@ -25,6 +26,12 @@ import uPlot from "uplot";
 /** One server-sent update.
  *  @typedef {{status: Status, left: Left, clients: ClientRow[], events: Event[],
  *    history: {evaluations: Table, throughput: Table}}} Update */
+
+/** A row of /api/credit (coordinator/http/creditroutes.py).
+ *  @typedef {{rank: number, volunteer: string, name: string, flops: number, pending_flops: number,
+ *    results: number, forfeited: number, excluded: boolean}} Credit */
+/** /api/credit: a page of the leaderboard.
+ *  @typedef {{total: number, offset: number, limit: number, total_flops: number, volunteers: Credit[]}} CreditPage */
 
 /** The element `#id` of dashboard.html, of class `Type` (a missing one is our bug).
  *  @template {HTMLElement} T
@@ -50,6 +57,8 @@ const state = {
   /** @type {Event[]} */
   events: [],
   connected: false,
+  /** @type {CreditPage | null} the leaderboard's top rows, as last polled */
+  credit: null,
 };
 Object.assign(globalThis, { dashboard: state });
 
@@ -247,6 +256,66 @@ function onUpdate(u) {
   redraw();
 }
 
+// -- the leaderboard: /api/credit, public (no admin token), its own poll ---------------
+
+const LEADERS = 10;
+const CREDIT_POLL_MS = 3000;
+
+/** @param {string} text @param {string} [small] a muted second line */
+function cellWithNote(text, small) {
+  const td = cell(text);
+  if (small) {
+    const s = document.createElement("small");
+    s.textContent = small;
+    td.append(s);
+  }
+  return td;
+}
+
+/** @param {CreditPage} page */
+function showLeaderboard(page) {
+  $("leaderboard-summary").textContent = page.total
+    ? `${page.total} volunteer${page.total === 1 ? "" : "s"} · ${formatFlops(page.total_flops)} credited`
+    : "";
+  const body = element("leaderboard", HTMLTableElement).tBodies[0];
+  if (!page.volunteers.length) {
+    const td = cell("no volunteer has credit yet");
+    td.colSpan = 4;
+    td.className = "muted";
+    const tr = document.createElement("tr");
+    tr.append(td);
+    body.replaceChildren(tr);
+    return;
+  }
+  body.replaceChildren(
+    ...page.volunteers.map((v) => {
+      const tr = document.createElement("tr");
+      tr.dataset.volunteer = v.volunteer;
+      if (v.excluded) tr.className = "excluded";
+      const who = cellWithNote(v.name, v.excluded ? `${v.volunteer} · excluded: caught lying` : v.volunteer);
+      who.className = "who";
+      const pending = v.pending_flops > 0 ? `+ ${formatFlops(v.pending_flops)} to check` : "";
+      const lost = v.forfeited > 0 ? `${v.forfeited} forfeited` : "";
+      tr.append(cell(v.rank), who, cellWithNote(formatFlops(v.flops), pending),
+        cellWithNote(v.results.toLocaleString(), lost));
+      return tr;
+    }),
+  );
+}
+
+async function pollCredit() {
+  try {
+    const res = await fetch(new URL(`api/credit?limit=${LEADERS}`, location.href), { cache: "no-store" });
+    if (res.ok) {
+      state.credit = /** @type {CreditPage} */ (await res.json());
+      showLeaderboard(state.credit);
+    }
+  } catch {
+    // the coordinator is away: the stream says so
+  }
+  setTimeout(pollCredit, CREDIT_POLL_MS);
+}
+
 // -- the stream -----------------------------------------------------------------------
 
 async function stream() {
@@ -314,6 +383,7 @@ for (const c of Object.values(charts)) {
   if (box) new ResizeObserver(() => c.setSize({ width: Math.max(200, box.clientWidth), height: 220 })).observe(box);
 }
 stream();
+pollCredit();
 
 // A module (bundled into a script by build.mjs): its names stay its own.
 export {};

@@ -8,6 +8,7 @@
 // the plain-JS kernels (benchmarks).
 
 import uPlot from "uplot";
+import { checkName, formatFlops, loadIdentity, saveName } from "./volunteer.js";
 
 /** @typedef {import("./pagemessages.js").ToWorker} ToWorker */
 /** @typedef {import("./pagemessages.js").ToPage} ToPage */
@@ -17,6 +18,9 @@ import uPlot from "uplot";
  *    last_evaluation?: {accuracy?: number | null} | null}} Status */
 /** /api/history's evaluations, the part this page draws.
  *  @typedef {{evaluations: {fields: string[], rows: number[][]}}} History */
+/** /api/credit/{volunteer}: one volunteer's account (coordinator/http/creditroutes.py).
+ *  @typedef {{rank: number, volunteer: string, name: string, flops: number, pending_flops: number,
+ *    results: number, forfeited: number, excluded: boolean}} Account */
 
 /** The element `#id` of index.html, of class `Type` (a missing one is our bug).
  *  @template {HTMLElement} T
@@ -35,6 +39,18 @@ const button = (id) => element(id, HTMLButtonElement);
 const params = new URLSearchParams(location.search);
 const hashParams = new URLSearchParams(location.hash.slice(1));
 
+/** The page's storage, or null where the browser refuses it (a sandboxed frame). */
+function storage() {
+  try {
+    return globalThis.localStorage ?? null;
+  } catch {
+    return null;
+  }
+}
+// The volunteer: a key kept in this origin's localStorage (every visit and tab
+// of this coordinator earns under it) and a display name (volunteer.js).
+const identity = loadIdentity(storage());
+
 /** What tests and a curious volunteer can read: the worker's latest numbers. */
 const state = {
   /** @type {Stats | null} */
@@ -48,6 +64,19 @@ const state = {
   joined: false,
   /** the crowd's curve: the run's evaluations (wall seconds, accuracy), as drawn */
   curve: { t: /** @type {number[]} */ ([]), accuracy: /** @type {number[]} */ ([]) },
+  /** your contribution: the public id welcome.volunteer said, its account (null:
+   *  none yet, 404) and how many volunteers have one, as last polled */
+  credit: {
+    /** @type {string | null} */
+    volunteer: null,
+    /** @type {Account | null} */
+    account: null,
+    /** @type {number | null} */
+    total: null,
+    polls: 0,
+  },
+  /** the display name this page sends (the key stays out of this object) */
+  name: identity.name,
 };
 Object.assign(globalThis, { crowdgrad: state });
 
@@ -67,7 +96,7 @@ function wsUrl() {
 }
 
 function join() {
-  if (state.joined) return;
+  if (state.joined || !takeName()) return;
   state.joined = true;
   const token = input("token").value || hashParams.get("token") || "";
   tell({
@@ -76,12 +105,42 @@ function join() {
     token,
     share: Number(input("share").value),
     kernels: params.get("kernels") || "wasm",
+    volunteer: identity.key,
+    name: state.name,
   });
   button("join").disabled = true;
   input("token").disabled = true;
   button("pause").disabled = false;
   button("leave").disabled = false;
   setStatus("connecting…");
+}
+
+/** The name in the field, checked as the coordinator will (protocol/volunteer.py):
+ *  kept and used when it passes, else the field says why. True when it passes. */
+function takeName() {
+  const field = input("name");
+  const name = field.value;
+  const why = checkName(name);
+  const note = $("name-note");
+  field.setAttribute("aria-invalid", String(why !== null));
+  if (why !== null) {
+    note.textContent = `Your name needs ${why}.`;
+    note.className = "note bad";
+    return false;
+  }
+  if (name !== state.name) {
+    saveName(storage(), name);
+    state.name = name;
+    tell({ cmd: "name", value: name });
+    if (state.joined) {
+      note.textContent = "Saved: the leaderboard shows it from this page's next connection.";
+      note.className = "note";
+      return true;
+    }
+  }
+  note.textContent = "";
+  note.className = "note";
+  return true;
 }
 
 /** @param {string} text */
@@ -97,6 +156,10 @@ function onWorker(msg) {
     case "stats":
       state.stats = msg;
       showStats(msg);
+      if (msg.volunteer !== null && msg.volunteer !== state.credit.volunteer) {
+        state.credit.volunteer = msg.volunteer;
+        pollCredit(); // at once: its own timer goes on every few seconds
+      }
       break;
     case "log":
       state.logs.push(msg);
@@ -177,6 +240,68 @@ async function pollCrowd() {
     // the coordinator is away; the worker reconnects, the numbers wait
   }
   setTimeout(pollCrowd, 2000);
+}
+
+// -- your contribution: this volunteer's credit --------------------------------
+// /api/credit/{id} (404 until the coordinator knows the key) and
+// /api/credit?limit=1 for how many volunteers there are, every few seconds
+// from the moment welcome.volunteer names the id.
+
+const CREDIT_POLL_MS = 3000;
+/** @type {number | undefined} */
+let creditTimer;
+let creditPolling = false;
+
+async function pollCredit() {
+  if (creditPolling) return; // the poll under way sets the next one
+  creditPolling = true;
+  clearTimeout(creditTimer);
+  const id = state.credit.volunteer;
+  if (id !== null) {
+    try {
+      const [one, page] = await Promise.all([
+        fetch(new URL(`api/credit/${encodeURIComponent(id)}`, location.href), { cache: "no-store" }),
+        fetch(new URL("api/credit?limit=1", location.href), { cache: "no-store" }),
+      ]);
+      if (one.ok) state.credit.account = /** @type {Account} */ (await one.json());
+      else if (one.status === 404) state.credit.account = null;
+      if (page.ok) state.credit.total = /** @type {{total: number}} */ (await page.json()).total;
+      state.credit.polls += 1;
+      showCredit();
+    } catch {
+      // the coordinator is away: the numbers wait
+    }
+  }
+  creditPolling = false;
+  creditTimer = setTimeout(pollCredit, CREDIT_POLL_MS);
+}
+
+function showCredit() {
+  const { volunteer, account, total } = state.credit;
+  $("credit-id").textContent = volunteer ?? "–";
+  const pending = account?.pending_flops ?? 0;
+  $("credit-pending").textContent = formatFlops(pending);
+  $("credit-pending").hidden = $("credit-pending-label").hidden = !(pending > 0);
+  let note = "";
+  if (account === null || (account.flops === 0 && account.results === 0 && !account.excluded)) {
+    $("credit-flops").textContent = "no credit yet";
+    $("credit-results").textContent = "0";
+    $("credit-rank").textContent = "–";
+    note = "Credit counts once the coordinator accepts a result of yours.";
+  } else if (account.excluded) {
+    $("credit-flops").textContent = "none: excluded";
+    $("credit-results").textContent = `0 · ${account.forfeited} forfeited`;
+    $("credit-rank").textContent = "–";
+    note = "A result of this browser's was found wrong: its credit is forfeited.";
+  } else {
+    $("credit-flops").textContent = formatFlops(account.flops);
+    const lost = account.forfeited ? ` · ${account.forfeited} forfeited` : "";
+    $("credit-results").textContent = `${account.results.toLocaleString()}${lost}`;
+    $("credit-rank").textContent = total === null ? String(account.rank) : `${account.rank} of ${total}`;
+  }
+  if (pending > 0) note = `${note} Some of it waits for a check by another volunteer's copy.`.trim();
+  if (!identity.kept) note = `${note} This browser does not keep your key: credit is for this visit only.`.trim();
+  $("credit-note").textContent = note;
 }
 
 // -- the crowd's curve: the run's accuracy over time -------------------------
@@ -325,6 +450,9 @@ $("join-panel").addEventListener("submit", (ev) => {
   join();
 });
 $("clear").addEventListener("click", clearPad);
+// Checked as it is typed: the note comes and goes then, not when the field loses
+// focus (a click on Join would find the button moved under it).
+input("name").addEventListener("input", () => takeName());
 input("share").addEventListener("input", () => {
   const v = Number(input("share").value);
   $("share-out").textContent = `${Math.round(v * 100)}%`;
@@ -351,6 +479,8 @@ if (share !== null) {
 }
 const token = hashParams.get("token");
 if (token !== null) input("token").value = token;
+input("name").value = identity.name;
+if (!identity.kept) showCredit();
 clearPad();
 pollCrowd();
 if (params.get("autostart") === "1") join();

@@ -1,20 +1,24 @@
 // The messages between the volunteer page (page.js) and its worker (worker.js),
 // as types only: each side imports them in JSDoc, so neither loads the other.
 
-/** The page to the worker.
- *  @typedef {{cmd: "join", url: string, token: string, share: number, kernels: string, flops?: number}
+/** The page to the worker. `volunteer` and `name`: the volunteer's key and display
+ *  name (volunteer.js), for every hello; "name" changes it for the next hello.
+ *  @typedef {{cmd: "join", url: string, token: string, share: number, kernels: string, flops?: number,
+ *      volunteer: string, name: string}
+ *    | {cmd: "name", value: string}
  *    | {cmd: "share", value: number}
  *    | {cmd: "hidden", value: boolean}
  *    | {cmd: "pause", value: boolean}
  *    | {cmd: "leave"}
  *    | {cmd: "predict", id: number, x: Float32Array}} ToWorker */
 
-/** The worker's numbers, every half second and on each change.
+/** The worker's numbers, every half second and on each change; `volunteer`: the
+ *  public id of the key, as welcome.volunteer said it (null before).
  *  @typedef {{type: "stats", status: string, phase: string, kernels: string, share: number, hidden: boolean,
  *    paused: boolean, tasks: number, accepted: number, refused: number, declined: number,
  *    refusals: Record<string, number>, unacked: number, computing: boolean, bytesIn: number, bytesOut: number,
  *    modelVersion: number | null, steps: number, busySeconds: number, connects: number, drops: number,
- *    rtt: number | null, finished: string | null, widths: number[] | null}} Stats */
+ *    rtt: number | null, finished: string | null, widths: number[] | null, volunteer: string | null}} Stats */
 
 /** The worker to the page.
  *  @typedef {Stats

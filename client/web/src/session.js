@@ -52,9 +52,12 @@ import { linkLimits, Pacer } from "./pacer.js";
  *  activations when the task asks for them, and the seconds it computed.
  *  @typedef {Omit<TaskResult, "loss"> & {loss?: number | null, computeSeconds?: number}} ComputeResult */
 /** @typedef {"new" | "hello_sent" | "ready" | "offline" | "finished"} Phase */
-/** What the client says of itself in hello (everything optional).
+/** What the client says of itself in hello (everything optional). `volunteer`:
+ *  the volunteer's key (hello.volunteer, credit is kept under it; volunteer.js
+ *  makes and keeps it), and then `name` is hello.client, the name shown beside
+ *  the credit; without a key the client is CLIENT_NAME (anonymous, no credit).
  *  @typedef {{flops?: number, cores?: number, memory?: number, platform?: string, limits?: WireLimits | null,
- *    token?: string | null, prefetch?: boolean}} Caps */
+ *    token?: string | null, prefetch?: boolean, volunteer?: string | null, name?: string}} Caps */
 
 export const CLIENT_NAME = "crowdgrad-web/0.1";
 export const INIT_SCHEME = "x128ss-ih12";
@@ -109,7 +112,7 @@ export class Session {
    */
   constructor(caps = {}) {
     this.caps = { flops: 1e9, cores: 1, memory: 0, platform: "", limits: null, token: null,
-      prefetch: true, ...caps };
+      prefetch: true, volunteer: null, name: CLIENT_NAME, ...caps };
     /** @type {Phase} */
     this.phase = "new";
     /** @type {string | null} */
@@ -166,6 +169,8 @@ export class Session {
       refusals: /** @type {Record<string, number>} */ ({}) };
     /** @type {import("./wire.js").Bye | null} */
     this.bye = null;
+    /** @type {string | null} the public id of our key (welcome.volunteer), once said */
+    this.volunteerId = null;
   }
 
   // -- driver API ---------------------------------------------------------------
@@ -180,7 +185,7 @@ export class Session {
     const hello = {
       type: "hello",
       version: 1,
-      client: CLIENT_NAME,
+      client: this.caps.volunteer ? this.caps.name : CLIENT_NAME,
       platform: this.caps.platform.slice(0, 64),
       cores: this.caps.cores,
       memory: this.caps.memory,
@@ -195,6 +200,7 @@ export class Session {
       data: true,
       init_schemes: [INIT_SCHEME],
       boundary: true,
+      volunteer: this.caps.volunteer || null,
     };
     this.lastSent = this.helloSent = now;
     return [this.#send(hello)];
@@ -490,6 +496,7 @@ export class Session {
     this.limits = linkLimits(msg.limits);
     this.pacer = new Pacer(this.limits);
     this.heartbeatInterval = msg.heartbeat_interval;
+    if (msg.volunteer) this.volunteerId = msg.volunteer;
     this.server = {
       spans: !!msg.spans,
       prefetch: !!msg.prefetch && this.caps.prefetch,

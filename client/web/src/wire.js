@@ -44,8 +44,8 @@ export const MAX_CHUNK_BLOCKS = 1 << 17;
 
 /** @typedef {{bytes_per_s: number | null, messages_per_s: number | null, max_message_bytes: number, burst: number}} Limits */
 /** @typedef {import("./spec.js").FullSpec} FullSpec */
-/** @typedef {{type: "hello", version: number, client: string, platform: string, cores: number, memory: number, flops: number, limits: Limits | null, codecs: string[], token: string | null, resume: string | null, deltas: boolean, seeded_init: boolean, spans: boolean, data: boolean, init_schemes: string[], boundary: boolean}} Hello */
-/** @typedef {{type: "welcome", version: number, session_id: string, resume_token: string, limits: Limits, heartbeat_interval: number, spans: boolean, prefetch: boolean, data: boolean, decline: boolean, job: string}} Welcome */
+/** @typedef {{type: "hello", version: number, client: string, platform: string, cores: number, memory: number, flops: number, limits: Limits | null, codecs: string[], token: string | null, resume: string | null, deltas: boolean, seeded_init: boolean, spans: boolean, data: boolean, init_schemes: string[], boundary: boolean, volunteer: string | null}} Hello */
+/** @typedef {{type: "welcome", version: number, session_id: string, resume_token: string, limits: Limits, heartbeat_interval: number, spans: boolean, prefetch: boolean, data: boolean, decline: boolean, job: string, volunteer: string}} Welcome */
 /** @typedef {{type: "task", task_id: string, kind: string, model_version: number, spec: FullSpec, dataset: string, shard: number, indices: NdArray | null, steps: number, batch: number, optimizer: Record<string, number | string | boolean>, seed: number | bigint, deadline: number, base_version: number | null, model_transfer: string | null, num_chunks: number, upload_codec: string, error_feedback: boolean, delta_base: number | null, teacher_logits: NdArray | null, temperature: number, distill_alpha: number, init_seed: number | bigint | null, init_crc: number | null, data: string | null, init_scheme: string | null, subnet: NdArray | null, boundary: number | null}} Task */
 /** @typedef {{type: "result", task_id: string, model_version: number, kind: string, num_chunks: number, loss: number | null, samples: number, steps: number, compute_seconds: number, metrics: Record<string, number>}} Result */
 /** @typedef {{type: "chunk", transfer: string, seq: number, total: number, layer: number, part: string, row_start: number, row_end: number, codec: number, crc: number, blocks: number, payload: Uint8Array}} Chunk */
@@ -574,8 +574,9 @@ const SCHEMAS = {
       ["data", bool, false],
       ["init_schemes", strs(8, 32), []],
       ["boundary", bool, false],
+      ["volunteer", opt(str(128)), null],
     ],
-    sparse: ["data", "init_schemes", "boundary"],
+    sparse: ["data", "init_schemes", "boundary", "volunteer"],
   },
   welcome: {
     fields: [
@@ -589,8 +590,9 @@ const SCHEMAS = {
       ["data", bool, false],
       ["decline", bool, false],
       ["job", str(128), ""],
+      ["volunteer", str(16), ""],
     ],
-    sparse: ["data", "decline", "job"],
+    sparse: ["data", "decline", "job", "volunteer"],
   },
   task: {
     fields: [

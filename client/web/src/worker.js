@@ -8,14 +8,14 @@
 // (heartbeats, chunks, acks) and the CPU share is honoured. A hidden tab runs at
 // a quarter of its share.
 //
-// Messages from the page: {cmd: "join", url, token, share, kernels},
-// {cmd: "share", value}, {cmd: "hidden", value}, {cmd: "pause", value},
+// Messages from the page: {cmd: "join", url, token, share, kernels, volunteer,
+// name}, {cmd: "name", value}, {cmd: "share", value}, {cmd: "hidden", value}, {cmd: "pause", value},
 // {cmd: "leave"}, {cmd: "predict", id, x}. To the page: {type: "stats", ...},
 // {type: "log", ...}, {type: "prediction", ...}, {type: "finished", reason}.
 
 import { decodeFrame } from "./wire.js";
 import { ProtocolError } from "./errors.js";
-import { Session } from "./session.js";
+import { Session, CLIENT_NAME } from "./session.js";
 import { jsKernels, loadWasmKernels } from "./kernels.js";
 import { startTask, predict } from "./nn.js";
 import { parseShard, sha256Hex } from "./shard.js";
@@ -88,13 +88,17 @@ class Volunteer {
   }
 
   /** @param {Extract<ToWorker, {cmd: "join"}>} msg */
-  async join({ url, token, share, kernels, flops }) {
+  async join({ url, token, share, kernels, flops, volunteer, name }) {
     this.url = url;
     this.share = clampShare(share);
     this.kernels = await chooseKernels(kernels);
     this.session = new Session({
       token: token || null,
-      platform: `${navigator.userAgent}`.slice(0, 64),
+      // The software first: hello.client is the volunteer's name (it has a key),
+      // and the coordinator tells a tab from other clients by this (metrics.py).
+      platform: `${CLIENT_NAME} (${navigator.userAgent})`.slice(0, 64),
+      volunteer: volunteer || null,
+      name,
       cores: 1,
       flops: flops ?? (this.kernels.name === "js" ? 2e8 : 2e9),
     });
@@ -323,6 +327,9 @@ class Volunteer {
       case "join":
         this.join(msg).catch((err) => this.log("error", `join: ${messageOf(err)}`));
         break;
+      case "name":
+        if (this.session !== null) this.session.caps.name = msg.value; // said in the next hello
+        break;
       case "share":
         this.share = clampShare(msg.value);
         break;
@@ -412,6 +419,7 @@ class Volunteer {
       rtt: s.rtt,
       finished: this.finished,
       widths: this.spec?.widths ?? null,
+      volunteer: s.volunteerId,
     });
   }
 }

@@ -2,7 +2,7 @@
 // here and decoded by the real decoder, as the worker would feed them.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { Session, CODECS, taskRows } from "../src/session.js";
+import { Session, CODECS, CLIENT_NAME, taskRows } from "../src/session.js";
 import { NdArray, decodeFrame, encodeRaw } from "../src/wire.js";
 import { Reassembler, encodeTransfer } from "../src/chunks.js";
 import { initParams } from "../src/nn.js";
@@ -53,6 +53,31 @@ test("hello announces what this client does", () => {
   assert.deepEqual(hello.init_schemes, ["x128ss-ih12"]);
   assert.deepEqual(hello.codecs, CODECS);
   for (const name of CODECS) parseCodec(name); // every codec announced is one we have
+});
+
+test("with a volunteer key, hello sends it and the name; welcome's id is kept", () => {
+  const key = "A".repeat(43);
+  const s = new Session({ volunteer: key, name: "Ada", platform: "crowdgrad-web/0.1 (test)" });
+  const [hello] = sent(s.start(0));
+  assert.equal(hello.volunteer, key);
+  assert.equal(hello.client, "Ada");
+  assert.equal(hello.platform, "crowdgrad-web/0.1 (test)");
+  assert.equal(s.volunteerId, null);
+  s.receive(welcome({ volunteer: "0123456789abcdef" }), 0.01);
+  assert.equal(s.volunteerId, "0123456789abcdef");
+  // a new name goes out in the next hello (a reconnect), with the same key
+  s.caps.name = "Ada L.";
+  s.connectionLost(1);
+  const [again] = sent(s.start(2));
+  assert.deepEqual([again.client, again.volunteer], ["Ada L.", key]);
+  s.receive(welcome(), 2.01); // a welcome that does not say it keeps the id
+  assert.equal(s.volunteerId, "0123456789abcdef");
+});
+
+test("without a key, hello is anonymous and names the software", () => {
+  const [hello] = sent(new Session({ name: "ignored" }).start(0));
+  assert.equal(hello.volunteer, null);
+  assert.equal(hello.client, CLIENT_NAME);
 });
 
 test("a seeded task waits for its shard, then computes its rows", () => {

@@ -11,8 +11,8 @@ const BIG = 1 << 24;
 
 /** Keys the reference encoder leaves off at their default (§10 rule 3). */
 const SPARSE = {
-  hello: { data: false, init_schemes: [], boundary: false },
-  welcome: { data: false, decline: false, job: "" },
+  hello: { data: false, init_schemes: [], boundary: false, volunteer: null },
+  welcome: { data: false, decline: false, job: "", volunteer: "" },
   task: { data: null, init_scheme: null, subnet: null, boundary: null },
   chunk: { blocks: 1 },
   bye: { detail: "" },
@@ -324,6 +324,24 @@ test("chunk and data cross-field checks", () => {
 });
 
 // -- encoding ----------------------------------------------------------------------------
+
+test("hello.volunteer and welcome.volunteer: sparse, last, checked (§3.1, §3.2)", () => {
+  const raw = (m) => decodeRaw(encodeMessage(m));
+  const key = "k".repeat(43);
+  const h = raw({ type: "hello", client: "Ada", volunteer: key });
+  assert.equal(h.volunteer, key);
+  assert.equal(Object.keys(h).at(-1), "volunteer");
+  assert.ok(!("volunteer" in raw({ type: "hello", client: "web/1", volunteer: null })), "nil: left off");
+  assert.equal(decodeFrame(encodeRaw({ type: "hello", client: "c" })).volunteer, null);
+  assert.equal(decodeFrame(encodeMessage({ type: "hello", client: "Ada", volunteer: key })).volunteer, key);
+  rejects(() => decodeFrame(encodeRaw({ type: "hello", client: "c", volunteer: "k".repeat(129) })), "BAD_FIELD", "hello.volunteer");
+  rejects(() => decodeFrame(encodeRaw({ type: "hello", client: "c", volunteer: 5 })), "BAD_FIELD", "hello.volunteer");
+  const w = (extra) => encodeRaw({ type: "welcome", session_id: "s", limits: { bytes_per_s: null, messages_per_s: 30,
+    max_message_bytes: 2048 }, ...extra });
+  assert.equal(decodeFrame(w({})).volunteer, "");
+  assert.equal(decodeFrame(w({ volunteer: "0123456789abcdef" })).volunteer, "0123456789abcdef");
+  rejects(() => decodeFrame(w({ volunteer: "0123456789abcdef0" })), "BAD_FIELD", "welcome.volunteer");
+});
 
 test("encodeMessage: §3 key order, sparse keys only when set, defaults written", () => {
   const raw = (m) => decodeRaw(encodeMessage(m));
