@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coordinator.core import events as ev
 from coordinator.core.config import JobConfig
 from nn.data import Dataset, load_dataset, shard
 from nn.datafile import check_against, load_file
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.limits import LinkLimits
 from protocol.shardfile import encode_shard, sha256_hex
 
 #: Bytes of a ``data`` frame besides its payload, rounded up (type, a 64-digit
@@ -97,6 +99,20 @@ class DataCatalog:
     @property
     def total_bytes(self) -> int:
         return sum(len(s.blob) for s in self.shards)
+
+    def answer(
+        self, client_id: str, msg: m.Fetch, limits: LinkLimits, now: float
+    ) -> tuple[list[tuple[m.Data, bytes]], ev.DataServed]:
+        """The ``data`` frames that answer a fetch, and the event that says so."""
+        frames, nbytes = self.serve(msg, limits.frame_bytes)
+        served = ev.DataServed(
+            client_id=client_id,
+            sha256=msg.data,
+            nbytes=nbytes,
+            frame_bytes=sum(len(f) for _, f in frames),
+            now=now,
+        )
+        return frames, served
 
     def serve(self, msg: m.Fetch, frame_bytes: int) -> tuple[list[tuple[m.Data, bytes]], int]:
         """A client's ``fetch`` (docs/protocol.md §13.1): the frames that answer it

@@ -407,7 +407,9 @@ class Coordinator:
             case m.Prefetch():
                 self.connections.prefetch(conn, msg, self.book, served=self.prefetch)
             case m.Fetch():
-                self._on_fetch(conn, msg, now, out)
+                frames, served = self.data.answer(conn.client_id, msg, conn.limits, now)
+                self.connections.queue_frames(conn, frames)  # behind what is queued (§13)
+                out.append(served)
             case m.Decline():
                 self.results.on_decline(conn, rec, msg, now, out)
             case m.Bye():
@@ -421,20 +423,6 @@ class Coordinator:
                 )
             case _:
                 raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"{msg.TYPE}: not handled")
-
-    def _on_fetch(self, conn: Conn, msg: m.Fetch, now: float, out: list[ev.Output]) -> None:
-        """Queue the shard's ``data`` frames behind whatever is queued (§13)."""
-        frames, nbytes = self.data.serve(msg, conn.limits.frame_bytes)
-        self.connections.queue_frames(conn, frames)
-        out.append(
-            ev.DataServed(
-                client_id=conn.client_id,
-                sha256=msg.data,
-                nbytes=nbytes,
-                frame_bytes=sum(len(f) for _, f in frames),
-                now=now,
-            )
-        )
 
     # -- dispatch ------------------------------------------------------------------
 

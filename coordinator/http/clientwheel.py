@@ -297,7 +297,8 @@ def add_routes(app: FastAPI, crowd: CrowdServer, wheel: ClientWheel | None = Non
         )
         return HTMLResponse(body)
 
-    @app.api_route("/client/{name}", methods=["GET", "HEAD"])
+    @app.head("/client/{name}", include_in_schema=False)
+    @app.get("/client/{name}")
     async def client_file(name: str) -> Response:
         """The wheel (``crowdgrad-<version>-py3-none-any.whl``; built on the first
         request, then kept in the cache)."""
