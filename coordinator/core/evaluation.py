@@ -25,7 +25,7 @@ COST_GAIN = 0.2
 
 
 class Evaluator:
-    __slots__ = ("X", "config", "cost", "last", "timer", "y")
+    __slots__ = ("X", "_timed", "config", "cost", "last", "timer", "y")
 
     def __init__(
         self, dataset: Dataset, config: EvalSection, timer: Callable[[], float] | None = None
@@ -37,8 +37,9 @@ class Evaluator:
         self.last: Evaluated | None = None
         #: seconds of a running clock (e.g. ``time.perf_counter``), or None
         self.timer = timer
-        #: running mean of an evaluation's seconds, once timed
+        #: running mean of an evaluation's seconds, from the second timed run on
         self.cost: float | None = None
+        self._timed = 0
 
     def due(self, version: int, now: float | None = None) -> bool:
         if version % self.config.every_versions != 0:
@@ -60,7 +61,9 @@ class Evaluator:
         if timer is not None:
             seconds = timer() - t0
             c = self.cost
-            self.cost = seconds if c is None else c + COST_GAIN * (seconds - c)
+            if self._timed:  # (the first run compiles the kernels: not its cost)
+                self.cost = seconds if c is None else c + COST_GAIN * (seconds - c)
+            self._timed += 1
         self.last = Evaluated(
             version=version, loss=r.loss, accuracy=r.accuracy, n=r.n, now=now, seconds=seconds
         )
