@@ -75,9 +75,13 @@ def test_four_tabs_and_a_desktop_client_train_digits_to_095(context) -> None:
         assert len(web) >= 4
         by_web = [a for a in rec.of(ev.ResultAccepted) if a.client_id in web]
         assert len({a.client_id for a in by_web}) >= 4, "every tab's results count"
+        # No tab's result was refused: the server rejected none, and a tab's only
+        # refusal can be a result still uploading when the job ended, acked stale (§6).
+        assert not [r for r in rec.of(ev.ResultRejected) if r.client_id in web]
         for tab in tabs:
             s = wait_until(lambda t=tab: stats(t).get("finished") and stats(t), 30, "finished")
-            assert s["accepted"] >= 1 and s["refused"] == 0, s
+            assert s["accepted"] >= 1 and s["refused"] <= 1, s
+            assert set(s["refusals"]) <= {"stale"}, s
             assert s["kernels"] == "wasm-simd", s
             assert "finished" in tab.inner_text("#status").lower()
 
