@@ -79,6 +79,7 @@ async def fuzz_server(
 
     async def one_connection(i: int) -> None:
         report.connections += 1
+        ws = None
         hello = m.encode(m.Hello(client=f"fuzz-{i}", data=rng.random() < 0.5))
         try:
             async with connect(
@@ -117,7 +118,7 @@ async def fuzz_server(
         except (OSError, TimeoutError) as exc:
             report.refused[type(exc).__name__] += 1
         finally:
-            code = _close_code(locals().get("ws"))
+            code = _close_code(ws)
             if code is not None:
                 report.closes[code] += 1
 

@@ -15,7 +15,7 @@ results earn nothing. Kept in checkpoints; ranked by granted FLOPs
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -55,6 +55,8 @@ class CreditBook:
         self._by_client: OrderedDict[str, str] = OrderedDict()
         #: replicated results taken and awaiting their comparison: task -> (volunteer, flops)
         self._waiting: dict[int, tuple[str, float]] = {}
+        #: per volunteer, how many of ``_waiting`` are its
+        self._held: Counter[str] = Counter()
         #: per volunteer, accepted results that went in unchecked: (count, flops)
         self._unchecked: dict[str, tuple[int, float]] = {}
         self._ranked: list[Account] | None = None
@@ -83,6 +85,7 @@ class CreditBook:
             return
         if replicated:
             self._waiting[task_id] = (vid, flops)
+            self._held[vid] += 1
             acct.pending += flops
         elif self.verified_only:
             n, f = self._unchecked.get(vid, (0, 0.0))
@@ -106,6 +109,7 @@ class CreditBook:
                     if held is None:
                         continue
                     vid, flops = held
+                    self._held[vid] -= 1
                     acct = self.accounts[vid]
                     if client_id in losers:
                         self._settle(acct, flops, 1, grant=False)
@@ -120,6 +124,7 @@ class CreditBook:
                     return
                 acct = self.accounts[vid]
                 for task_id in [t for t, (v, _) in self._waiting.items() if v == vid]:
+                    self._held[vid] -= 1
                     self._settle(acct, self._waiting.pop(task_id)[1], 1, grant=False)
                 n, f = self._unchecked.pop(vid, (0, 0.0))
                 self._settle(acct, f, n, grant=False)
@@ -134,9 +139,7 @@ class CreditBook:
     def _settle(self, acct: Account, flops: float, results: int, *, grant: bool) -> None:
         """Pending FLOPs of ``results`` results become granted, or are forfeited."""
         acct.pending = max(0.0, acct.pending - flops)
-        if not any(v == acct.volunteer for v, _ in self._waiting.values()) and (
-            acct.volunteer not in self._unchecked
-        ):
+        if not self._held[acct.volunteer] and acct.volunteer not in self._unchecked:
             acct.pending = 0.0  # nothing is pending: no float crumbs either
         if grant:
             acct.flops += flops
@@ -184,6 +187,7 @@ class CreditBook:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.accounts = {a["volunteer"]: Account(**a) for a in state["accounts"]}
         self._waiting = {int(t): (str(v), float(f)) for t, v, f in state["waiting"]}
+        self._held = Counter(v for v, _ in self._waiting.values())
         self._unchecked = {str(v): (int(n), float(f)) for v, (n, f) in state["unchecked"].items()}
         self._ranked = None
 
