@@ -138,6 +138,7 @@ def server_run(args: argparse.Namespace) -> dict[str, Any]:
             asyncio.run(fuzz_server(ws, 20_000, seed=args.seed + 1, workers=args.workers))
             before = _proc_rss_mb(coord.pid)
             accepted = [_get(f"{http}/api/status")["accepted_results"]]
+            rss = [round(before, 1)]
             t0 = time.perf_counter()
             total = None
             tenth = max(1, args.frames // 10)
@@ -147,6 +148,7 @@ def server_run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 total = part if total is None else _merge(total, part)
                 accepted.append(_get(f"{http}/api/status")["accepted_results"])
+                rss.append(round(_proc_rss_mb(coord.pid), 1))
             seconds = time.perf_counter() - t0
             after = _proc_rss_mb(coord.pid)
             alive = coord.poll() is None and _get(f"{http}/healthz").get("ok") is True
@@ -165,6 +167,7 @@ def server_run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_mb_before": round(before, 1),
         "rss_mb_after": round(after, 1),
         "rss_growth": round(after / before - 1, 4),
+        "rss_mb_by_tenth": rss,
         "still_serving": alive,
         "traceback_in_log": crashed,
         "honest_accepted_by_tenth": accepted,

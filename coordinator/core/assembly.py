@@ -87,7 +87,12 @@ def build_core(
         on_release=connections.released,
         retain_s=max(600.0, 2 * job.lease.resume_grace_s),
     )
-    registry = Registry(seed, max_left=job.lease.max_resumable, key=session_key)
+    registry = Registry(
+        seed,
+        max_left=job.lease.max_resumable,
+        max_left_unproven=job.lease.max_resumable_unproven,
+        key=session_key,
+    )
     validator = UpdateValidator(job.validation, size=spec.num_params)
     dataset = dataset or load_job_data(job)
     data = DataCatalog.for_job(job, dataset)

@@ -156,6 +156,12 @@ class LeaseSection(_Section):
         description="clients that left kept for resuming, at most (their records, and "
         "two tasks each held open for their resume grace); the first to leave goes first",
     )
+    max_resumable_unproven: int = Field(
+        default=1_000,
+        ge=0,
+        description="of those, clients that left before any result of theirs was "
+        "accepted (a flood of connections that take a task and vanish is all such)",
+    )
     prefetch: bool = Field(
         default=True,
         description="lease a task behind the running one when a client asks (protocol §3.12)",

@@ -264,6 +264,7 @@ class Coordinator:
         self._advance(now)
         self.book.forget(now)
         self.registry.forget(now - self.book.retain_s)
+        self.orphans.forget_holders(self.registry.take_forgotten(), now)
         if self.finished is None:
             timeout = self.job.lease.heartbeat_timeout_s
             late: list[str] = []
@@ -570,6 +571,7 @@ class Coordinator:
                 self.book.end(lease, LeaseState.LOST, now)
                 task = self.book.tasks[lease.task_id]
                 self.orphans.lost(task, now, finished=self.finished is not None)
+        self.orphans.forget_holders(self.registry.take_forgotten(), now)
         out.append(ev.ClientLeft(client_id=client_id, reason=reason, now=now))
 
     # -- introspection (tests, dashboard) ------------------------------------------

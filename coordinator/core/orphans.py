@@ -14,12 +14,12 @@ runs out the task is DROPPED and an async strategy revisits its shard with a new
 task. A declined task gets no grace (its client said it will not deliver), and
 after the job finished a task that lost its lease is simply dropped.
 
-The held tasks are a dict in ``orphaned_at`` order (the caller's time never
-decreases, and a task orphaned again is re-inserted), so expiry and the next
-wake-up look at its head only. A task leased again, taken or dropped since is
-skipped when it reaches the head. At most ``cap`` are held (the core holds two
+The held tasks are a dict in ``orphaned_at`` order (time never decreases; a task
+orphaned again is re-inserted), so expiry and the next wake-up look at its head
+only; one leased again, taken or dropped since is skipped there. At most ``cap`` are held (the core holds two
 per resumable client: a current and a queued task); past that, and for a holder
-the registry forgot, the oldest goes as if its grace ran out.
+the registry forgot, the oldest goes as if its grace ran out; and when the
+registry forgets a holder (``forget_holders``), its held tasks go at once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ from coordinator.core.strategies import Strategy
 class Orphans:
     """The resume grace's one timer owner (see the module docstring)."""
 
-    __slots__ = ("_book", "_held", "_registry", "_strategy", "_verifier", "cap", "grace_s")
+    __slots__ = (
+        "_book", "_by_holder", "_held", "_holder_of", "_registry", "_strategy", "_verifier",
+        "cap", "grace_s",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -53,6 +56,9 @@ class Orphans:
         self.grace_s = grace_s
         self.cap = cap
         self._held: dict[int, Task] = {}
+        #: held task ids by the resume id of the client that may deliver them, and back
+        self._by_holder: dict[str, set[int]] = {}
+        self._holder_of: dict[int, str] = {}
 
     # -- leases that ended without a result ----------------------------------------
 
@@ -114,23 +120,45 @@ class Orphans:
         """Hold an OPEN task that lost its lease, dropping the oldest over the cap."""
         task.orphaned_at = now
         held = self._held
-        held.pop(task.task_id, None)
+        self.discard(task.task_id)
         held[task.task_id] = task
+        holder = self._book.leases[task.leases[-1]].holder
+        self._holder_of[task.task_id] = holder
+        self._by_holder.setdefault(holder, set()).add(task.task_id)
         while held:
             oldest = next(iter(held.values()))
             if oldest.state is TaskState.OPEN and oldest.orphaned_at is not None:
-                holder = self._book.leases[oldest.leases[-1]].holder
+                holder = self._holder_of[oldest.task_id]
                 if len(held) <= self.cap and self._registry.lookup(holder) is not None:
                     break
                 self._book.resolve_task(oldest, TaskState.DROPPED, now)
-            del held[oldest.task_id]
+            self.discard(oldest.task_id)
+
+    def forget_holders(self, resume_ids: list[str], now: float) -> None:
+        """The registry forgot these clients: the tasks held for them go now, not
+        when they reach the head (a flood of strangers would fill ``cap`` first)."""
+        for resume_id in resume_ids:
+            for tid in sorted(self._by_holder.get(resume_id, ())):
+                task = self._held[tid]
+                self.discard(tid)
+                if task.state is TaskState.OPEN and task.orphaned_at is not None:
+                    self._book.resolve_task(task, TaskState.DROPPED, now)
 
     def discard(self, task_id: int) -> None:
         """The task was leased again, taken or dropped: no longer held."""
-        self._held.pop(task_id, None)
+        if self._held.pop(task_id, None) is None:
+            return
+        holder = self._holder_of.pop(task_id)
+        ids = self._by_holder.get(holder)
+        if ids is not None:
+            ids.discard(task_id)
+            if not ids:
+                del self._by_holder[holder]
 
     def clear(self) -> None:
         self._held.clear()
+        self._by_holder.clear()
+        self._holder_of.clear()
 
     def expire(self, now: float) -> None:
         """Drop the held tasks whose grace ran out by ``now``."""
@@ -138,9 +166,9 @@ class Orphans:
         while held:
             tid, task = next(iter(held.items()))
             if task.state is not TaskState.OPEN or task.orphaned_at is None:
-                del held[tid]  # taken, dropped or leased again since
+                self.discard(tid)  # taken, dropped or leased again since
             elif now >= task.orphaned_at + self.grace_s:
-                del held[tid]
+                self.discard(tid)
                 self._book.resolve_task(task, TaskState.DROPPED, now)
             else:
                 break

@@ -16,7 +16,9 @@ What a flood of short connections may leave behind is bounded by count, not
 only by time: a client never given a task has nothing to resume (no lease, no
 result, no measured speed), so its record goes when it leaves; and at most
 ``max_left`` records of clients that left are kept, the one that left first
-going first (a resumed record is connected again and leaves that queue).
+going first (a resumed record is connected again and leaves that queue), and of
+those at most ``max_left_unproven`` whose client never had a result accepted (a
+connection that takes a task and vanishes, as a flood of strangers does).
 """
 
 from __future__ import annotations
@@ -73,24 +75,41 @@ class Registry:
         "_by_conn",
         "_by_resume",
         "_counter",
+        "_evicted",
         "_key",
         "_left",
+        "_left_unproven",
         "_salt",
         "_seen",
         "max_left",
+        "max_left_unproven",
     )
 
-    def __init__(self, seed: int, *, max_left: int | None = None, key: bytes | None = None) -> None:
-        if max_left is not None and max_left < 0:
-            raise ValueError(f"max_left: must be >= 0 or None, got {max_left!r}")
+    def __init__(
+        self,
+        seed: int,
+        *,
+        max_left: int | None = None,
+        max_left_unproven: int | None = None,
+        key: bytes | None = None,
+    ) -> None:
+        for name, cap in (("max_left", max_left), ("max_left_unproven", max_left_unproven)):
+            if cap is not None and cap < 0:
+                raise ValueError(f"{name}: must be >= 0 or None, got {cap!r}")
         #: records of clients that left kept for resuming, at most (None: no cap)
         self.max_left = max_left
+        #: of those, records of clients never credited an accepted result
+        self.max_left_unproven = max_left_unproven
         self._by_conn: dict[str, ClientRecord] = {}
         #: connected records, least recently seen first (``touch`` moves to the end)
         self._seen: dict[str, ClientRecord] = {}
         self._by_resume: dict[str, ClientRecord] = {}
         #: resume id -> when its client left, oldest first (resumable, not connected)
         self._left: OrderedDict[str, float] = OrderedDict()
+        #: the same for clients with no accepted result (also counted in ``_left``)
+        self._left_unproven: OrderedDict[str, float] = OrderedDict()
+        #: resume ids forgotten since ``take_forgotten`` last drained them
+        self._evicted: list[str] = []
         self._counter = 0
         if key is not None and not 16 <= len(key) <= 64:
             raise ValueError(f"key: 16 to 64 bytes, got {len(key)}")
@@ -116,6 +135,7 @@ class Registry:
         old = self._by_resume.get(resume_id) if resume_id else None
         if old is not None and not old.connected:
             self._left.pop(old.resume_id, None)
+            self._left_unproven.pop(old.resume_id, None)
             old.client_id = client_id
             old.connected = True
             old.name = name
@@ -162,12 +182,30 @@ class Registry:
         if rec.version_sent is None:  # never given a task: nothing to resume
             del self._by_resume[rec.resume_id]
             return rec
-        left = self._left
+        left, unproven = self._left, self._left_unproven
         left[rec.resume_id] = now
+        if rec.accepted == 0:
+            unproven[rec.resume_id] = now
+            if self.max_left_unproven is not None:
+                while len(unproven) > self.max_left_unproven:
+                    self._drop(unproven.popitem(last=False)[0])
         if self.max_left is not None:
             while len(left) > self.max_left:
-                del self._by_resume[left.popitem(last=False)[0]]
+                self._drop(next(iter(left)))
         return rec
+
+    def _drop(self, resume_id: str) -> None:
+        """Forget a record of a client that left (from both queues)."""
+        self._left.pop(resume_id, None)
+        self._left_unproven.pop(resume_id, None)
+        del self._by_resume[resume_id]
+        self._evicted.append(resume_id)
+
+    def take_forgotten(self) -> list[str]:
+        """Resume ids of records forgotten since the last call (the core drops the
+        tasks held open for them)."""
+        out, self._evicted = self._evicted, []
+        return out
 
     def forget(self, before: float) -> int:
         """Drop the records of clients that left before ``before``; returns how many."""
@@ -176,8 +214,7 @@ class Registry:
             resume_id, at = next(iter(left.items()))
             if at >= before:
                 break
-            left.popitem(last=False)
-            del self._by_resume[resume_id]
+            self._drop(resume_id)
             n += 1
         return n
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from coordinator.http.wsasgi import drop_transport_cycle
 from protocol.limits import TokenBucket
 
 if TYPE_CHECKING:
@@ -178,12 +179,15 @@ def http_protocol(admission: Admission) -> type[H11Protocol]:
             # The websocket protocol owns the transport now: it gives the address's
             # counts back when that connection ends (this protocol hears no more).
             self._ip = None
-            lost = ws.connection_lost
+            lost = type(ws).connection_lost
 
             def connection_lost(exc: Exception | None) -> None:
+                # Off the instance first: it refers to ``ws``, a reference cycle that
+                # would keep every closed connection's buffers until a full collection.
+                ws.__dict__.pop("connection_lost", None)
                 admission.websocket_closed(ip)
                 admission.connection_closed(ip)
-                lost(exc)
+                lost(ws, exc)
 
             ws.connection_lost = connection_lost
 
@@ -214,6 +218,7 @@ def http_protocol(admission: Admission) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._release()
             super().connection_lost(exc)
+            drop_transport_cycle(self.transport)
 
         def _release(self) -> None:
             if self._deadline is not None:

@@ -42,6 +42,17 @@ FRAME_CAP_EXTENSION = "crowdgrad.frame_cap"
 LIFT_FRAME_CAP = "crowdgrad.frame_cap.lift"
 
 
+def drop_transport_cycle(transport: Any) -> None:
+    """Unhook a closed socket transport from itself. CPython 3.11's selector transport
+    keeps its read callback as a bound method of itself (``_read_ready_cb``), a
+    reference cycle: every closed connection's transport and socket then waited for
+    a full collection, which ``crowdgrad.process.tune_gc`` runs rarely. Called from
+    ``connection_lost``, when the transport reads no more; harmless where the
+    attribute is absent."""
+    if getattr(transport, "_read_ready_cb", None) is not None:
+        transport._read_ready_cb = None
+
+
 class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-IO websocket protocol, pausing the socket only when the app
     is ``READ_AHEAD_FRAMES`` frames behind instead of after every frame.
@@ -94,6 +105,10 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
             with contextlib.suppress(OSError):  # the peer may be gone already
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        drop_transport_cycle(self.transport)
 
     def send_receive_event_to_app(self) -> None:
         data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)

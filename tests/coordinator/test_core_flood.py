@@ -105,3 +105,24 @@ def test_hostile_frames_leave_state_bounded_beside_an_honest_client() -> None:
     # the honest client's current and queued tasks, the last CAP hostile clients' tasks
     assert r["records"] <= CAP + 1 and r["tasks"] <= 2 * CAP + 2 and r["leases"] <= r["tasks"]
     assert r["outcomes"] == report.honest_accepted  # accepted results only
+
+
+def test_a_flood_keeps_few_strangers_and_a_volunteer_with_accepted_results_resumes() -> None:
+    """``max_resumable_unproven``: strangers who took a task and vanished keep at
+    most that many records; a volunteer whose results were accepted keeps its own
+    and resumes after the flood."""
+    core = flood_core(max_resumable_unproven=5)
+    welcome, task = sent(core.connect("v", hello("v"), 0.0), "v")[:2]
+    out = deliver(core, "v", result_messages(task), 0.1)
+    assert (task.task_id, True, "") in acks(out, "v")
+    follow = [msg for msg in sent(out, "v") if isinstance(msg, m.Task)]
+    core.disconnect("v", 0.5, "network")
+    t = flood(core, 1000, 1.0, prefix="h")
+    # the flood's 1,000 held tasks went with their forgotten holders, not by the cap
+    # of 80, so the volunteer's is still held for it
+    assert retained(core)["records"] == retained(core)["tasks"] == 5 + 1
+    out = core.connect("v2", hello("v", resume=welcome.resume_token), t)
+    assert only(out, ev.ClientJoined)[0].resumed
+    assert len(follow) == 1
+    out = deliver(core, "v2", result_messages(follow[0]), t + 0.1)
+    assert (follow[0].task_id, True, "") in acks(out, "v2")

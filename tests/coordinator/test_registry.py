@@ -88,3 +88,27 @@ def test_records_of_clients_that_left_are_capped_first_left_first_forgotten() ->
     ] == [False, True, True, True]
     with pytest.raises(ValueError, match="max_left"):
         Registry(0, max_left=-1)
+
+
+def test_records_of_clients_with_no_accepted_result_have_their_own_lower_cap() -> None:
+    """A flood that takes tasks and vanishes fills only the unproven queue: the
+    records of volunteers with accepted results stay resumable."""
+    r = Registry(0, max_left=10, max_left_unproven=2)
+    proven = [r.join(f"p{i}", name="n", flops=1, resume_id=None, now=0.0)[0] for i in range(3)]
+    for rec in proven:
+        rec.version_sent, rec.accepted = 0, 5
+        r.leave(rec.client_id, 1.0)
+    strangers = [r.join(f"s{i}", name="n", flops=1, resume_id=None, now=2.0)[0] for i in range(6)]
+    for rec in strangers:
+        rec.version_sent = 0
+        r.leave(rec.client_id, 3.0)
+    assert r.known() == 3 + 2
+    back = [r.join(f"{rec.client_id}b", name="n", flops=1, resume_id=rec.resume_id, now=4.0)[1]
+            for rec in proven + strangers]  # fmt: skip
+    assert back == [True] * 3 + [False] * 4 + [True, True]  # the last two strangers kept
+    # the overall cap still holds, and forgetting by time empties both queues
+    for rec in proven:
+        r.leave(rec.client_id, 5.0)  # p0b, p1b, p2b since they resumed
+    assert r.forget(before=6.0) == 3 and r.known() == 2 + 4  # connected: s4b, s5b + 4 fresh
+    with pytest.raises(ValueError, match="max_left_unproven"):
+        Registry(0, max_left_unproven=-1)

@@ -1,0 +1,317 @@
+"""Honest replicas across implementations: do conforming clients ever get excluded?
+
+Replication (coordinator/core/replication.py) compares two clients' results of one
+task with ``agree`` at the job's tolerances; on a disagreement the coordinator's
+own run (``client.compute.run_task``) decides, and a client whose result it
+disproves ``strikes`` times is excluded. This computes the same tasks with the three
+implementations a crowd holds, all conforming to docs/protocol.md §12:
+
+- ``python``: the desktop client (numba kernels, float32 BLAS sums), also the
+  coordinator's own run;
+- ``js``: the browser client's plain JavaScript kernels (float64 sums);
+- ``wasm``: its WebAssembly SIMD kernels (float32 sums, another order),
+
+the last two under node (client/web/bench/pairs.mjs, the worker's code), and
+compares every pair with the coordinator's rule. Tasks are of the job's kind: its
+model, its shards as the coordinator cuts them, model versions along a training
+run, seeds, steps, the linear lr scaling's lrs and every §12.5 optimizer. On a
+sample of tasks each planted lie of simulations/attacks.py is checked against the
+honest result: a liar must keep disagreeing, or it would never be excluded.
+
+    .venv/bin/python benchmarks/replicas.py [--workload digits] [--tasks 100000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import msgpack  # noqa: E402
+import numpy as np  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from client.compute import run_task  # noqa: E402
+from coordinator.core.config import JobConfig, parse_job  # noqa: E402
+from coordinator.core.data import DataCatalog, load_job_data  # noqa: E402
+from coordinator.core.replication import agree  # noqa: E402
+from nn.optim import Optimizer, OptState  # noqa: E402
+from nn.params import Params  # noqa: E402
+from nn.rng import Xoshiro128ss  # noqa: E402
+from nn.train import train_steps  # noqa: E402
+from protocol import messages as m  # noqa: E402
+from protocol.shardfile import ShardData, decode_shard  # noqa: E402
+from simulations.attacks import Attacker, AttackSpec  # noqa: E402
+
+WEB = Path(__file__).resolve().parents[1] / "client" / "web"
+IMPLS = ("python", "js", "wasm")
+PAIRS = (("python", "js"), ("python", "wasm"), ("js", "wasm"))
+#: lies a replica can catch (``hijack`` is refused by the lease, not by replication)
+LIES = ("sign_flip", "scaled", "noise", "label_flip", "alie", "free_rider", "stale")
+
+#: workload -> (job tables, training steps of the model versions, task steps lo..hi)
+WORKLOADS: dict[str, tuple[dict[str, Any], list[int], tuple[int, int]]] = {
+    # the default job: one pass over a 168-row shard at batch 16 is ~10 steps
+    "digits": ({}, [0, 20, 100, 400, 1500, 5000], (5, 21)),
+    # benchmarks/crowd.py's generated job: tau auto gives hundreds of steps
+    "generated": (
+        {"model": {"widths": [64, 256, 256, 10]}, "data": {"dataset": "classify:200000"}},
+        [0, 100, 500, 2000],
+        (50, 400),
+    ),
+}
+
+
+def versions(job: JobConfig, X: np.ndarray, y: np.ndarray, marks: list[int]) -> list[Params]:
+    """The model at each of ``marks`` training steps of the job's own optimizer."""
+    params = job.spec.init_params(job.model.init_seed)
+    opt = Optimizer(kind=job.strategy.client_optimizer, lr=job.strategy.lr)
+    state = OptState.init(opt, job.spec)
+    rng = Xoshiro128ss(job.data.seed, 0)
+    out, done = [], 0
+    for mark in marks:
+        if mark > done:
+            train_steps(params, state, X, y, mark - done, job.data.batch, rng)
+            done = mark
+        out.append(params.copy())
+    return out
+
+
+def draw_task(job: JobConfig, i: int, rng: np.random.Generator, n_versions: int,
+              catalog: DataCatalog, steps: tuple[int, int]) -> tuple[m.Task, int, int]:  # fmt: skip
+    """A task as the coordinator leases one: a version, a shard, a seed, steps, and
+    the job's lr times the linear scaling's 1..4 (mostly its own optimizer)."""
+    version = int(rng.integers(n_versions))
+    shard = int(rng.integers(len(catalog.shards)))
+    lr = job.strategy.lr * float(rng.uniform(1, job.strategy.lr_scale_max))
+    kind = rng.choice(["own", "momentum", "nesterov", "adam"], p=[0.7, 0.1, 0.1, 0.1])
+    if kind == "own":
+        opt = Optimizer(kind=job.strategy.client_optimizer, lr=lr)
+    elif kind == "adam":
+        opt = Optimizer(kind="adam", lr=lr / 50)
+    else:
+        opt = Optimizer(kind="momentum", lr=lr / 5, nesterov=kind == "nesterov")
+    task = m.Task(
+        task_id=str(i), model_version=version, spec=job.spec, dataset="replicas",
+        base_version=version, data=catalog.shards[shard].sha256, kind="train",
+        steps=int(rng.integers(*steps)), batch=job.data.batch,
+        seed=int(rng.integers(2**63)), optimizer=opt.to_dict(),
+    )  # fmt: skip
+    return task, version, shard
+
+
+def node_batch(
+    job: JobConfig,
+    models: list[Params],
+    shards: list[ShardData],
+    items: list[tuple[m.Task, int, int]],
+    folder: Path,
+    k: int,
+) -> subprocess.Popen:
+    """Starts node on one batch of tasks; its output is ``folder/out{k}.msgpack``."""
+    doc = {
+        "spec": job.spec.to_dict(),
+        "models": [p.data.astype("<f4").tobytes() for p in models],
+        "shards": [
+            {
+                "X": s.X.astype("<f4").tobytes(),
+                "y": s.y.astype("<i4").tobytes(),
+                "n": s.rows,
+                "f": int(s.X.shape[1]),
+            }
+            for s in shards
+        ],
+        "tasks": [
+            {
+                "model": v,
+                "shard": s,
+                "task": {
+                    "kind": t.kind,
+                    "steps": t.steps,
+                    "batch": t.batch,
+                    "seed": t.seed,
+                    "optimizer": t.optimizer,
+                },
+            }
+            for t, v, s in items
+        ],
+    }
+    src, out = folder / f"in{k}.msgpack", folder / f"out{k}.msgpack"
+    src.write_bytes(msgpack.packb(doc, use_bin_type=True))
+    return subprocess.Popen(["node", "bench/pairs.mjs", str(src), str(out)], cwd=WEB)
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    longer = max(float(np.linalg.norm(a64)), float(np.linalg.norm(b64)))
+    return float(np.linalg.norm(a64 - b64)) / longer if longer else 0.0
+
+
+class Tally:
+    """Pairs compared, disagreements, the strikes they cost, and lies caught."""
+
+    def __init__(self, job: JobConfig) -> None:
+        r = job.replication
+        self.rule = {"rtol": r.slack * r.rtol, "atol": r.slack * r.atol, "distance": r.distance}
+        self.strict = {**self.rule, "distance": 0.0}
+        self.strikes_to_exclude = r.strikes
+        self.pairs = {f"{a}-{b}": {"compared": 0, "disagreed": 0, "outside_values": 0,
+                                   "max_distance": 0.0} for a, b in PAIRS}  # fmt: skip
+        self.strikes = dict.fromkeys(IMPLS, 0)
+        self.struck: list[dict[str, Any]] = []
+        self.max_loss_rel = 0.0
+        self.lies = {kind: {"planted": 0, "caught": 0} for kind in LIES}
+
+    def add(self, task: m.Task, ups: dict[str, np.ndarray], losses: dict[str, float]) -> None:
+        own = ups["python"]  # the coordinator's own run of the task
+        struck: set[str] = set()  # a task costs an implementation one strike at most
+        for a, b in PAIRS:
+            row = self.pairs[f"{a}-{b}"]
+            row["compared"] += 1
+            row["max_distance"] = max(row["max_distance"], rel_l2(ups[a], ups[b]))
+            if not agree(ups[a], ups[b], **self.strict):
+                row["outside_values"] += 1
+            if agree(ups[a], ups[b], **self.rule):
+                continue
+            row["disagreed"] += 1
+            for impl in (a, b):
+                if impl != "python" and not agree(ups[impl], own, **self.rule):
+                    struck.add(impl)
+        for impl in sorted(struck):
+            self.strikes[impl] += 1
+            self.struck.append({"task": task.task_id, "impl": impl,
+                                "distance": rel_l2(ups[impl], own)})  # fmt: skip
+        for impl in ("js", "wasm"):
+            want = losses["python"]
+            if want:
+                self.max_loss_rel = max(self.max_loss_rel, abs(losses[impl] - want) / abs(want))
+
+    def lie(self, kind: str, lie: np.ndarray, honest: np.ndarray) -> None:
+        self.lies[kind]["planted"] += 1
+        if not agree(lie, honest, **self.rule):
+            self.lies[kind]["caught"] += 1
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "strikes_to_exclude": self.strikes_to_exclude,
+            "pairs": self.pairs,
+            "strikes": self.strikes,
+            "honest_exclusions": sum(s >= self.strikes_to_exclude for s in self.strikes.values()),
+            "struck": self.struck[:20],
+            "max_loss_rel": self.max_loss_rel,
+            "lies": {
+                k: {**v, "excluded": v["caught"] >= self.strikes_to_exclude}
+                for k, v in self.lies.items()
+            },
+        }
+
+
+def run(workload: str, tasks: int, batch: int, lie_every: int, seed: int) -> dict[str, Any]:
+    tables, marks, steps = WORKLOADS[workload]
+    job = parse_job(tables, source=workload)
+    dataset = load_job_data(job)
+    catalog = DataCatalog.for_job(job, dataset)
+    shards = [decode_shard(s.blob) for s in catalog.shards]
+    models = versions(job, dataset.X_train, dataset.y_train, marks)
+    rng = np.random.default_rng(seed)
+    tally = Tally(job)
+    liars = {kind: Attacker(AttackSpec(kind=kind, fraction=1.0), np.random.default_rng(seed))
+             for kind in LIES}  # fmt: skip
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for k, start in enumerate(range(0, tasks, batch)):
+            items = [draw_task(job, i, rng, len(models), catalog, steps)
+                     for i in range(start, min(tasks, start + batch))]  # fmt: skip
+            node = node_batch(job, models, shards, items, folder, k)
+            mine = []
+            for task, v, s in items:
+                out = run_task(task, models[v], shards[s])
+                mine.append((out.update, out.loss))
+                if int(task.task_id) % lie_every == 0:
+                    for kind, liar in liars.items():
+                        lie = liar.compute(task, models[v], shards[s]).update
+                        tally.lie(kind, lie, out.update)
+            if node.wait() != 0:
+                raise SystemExit(f"node failed on batch {k} (exit {node.returncode})")
+            got = msgpack.unpackb((folder / f"out{k}.msgpack").read_bytes(), raw=False)
+            names = {"js": 0, "wasm-simd": 1}
+            if sorted(got["kernels"]) != sorted(names):
+                raise SystemExit(f"node ran kernels {got['kernels']}, expected {sorted(names)}")
+            for j, (task, _, _) in enumerate(items):
+                ups = {"python": mine[j][0]}
+                losses = {"python": mine[j][1]}
+                for impl, name in (("js", "js"), ("wasm", "wasm-simd")):
+                    col = got["kernels"].index(name)
+                    ups[impl] = np.frombuffer(got["updates"][j][col], "<f4")
+                    losses[impl] = got["losses"][j][col]
+                tally.add(task, ups, losses)
+            (folder / f"in{k}.msgpack").unlink()
+            (folder / f"out{k}.msgpack").unlink()
+            print(f"  {min(tasks, start + batch):>7} tasks, {time.perf_counter() - t0:6.0f} s",
+                  file=sys.stderr)  # fmt: skip
+    return {
+        "workload": workload,
+        "tasks": tasks,
+        "params": job.spec.num_params,
+        "steps": list(steps),
+        "versions_at_steps": marks,
+        "lie_every": lie_every,
+        "seed": seed,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        **tally.report(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="digits")
+    ap.add_argument("--tasks", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=2000, help="tasks per node call")
+    ap.add_argument("--lie-every", type=int, default=10, help="plant each lie on every Nth task")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    for name in ("tasks", "batch", "lie_every"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    r = run(args.workload, args.tasks, args.batch, args.lie_every, args.seed)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return
+    con = Console()
+    table = Table(
+        title=f"{r['tasks']:,} {r['workload']} tasks, each pair under the coordinator's rule"
+    )
+    for col in ("pair", "compared", "outside §12.8 values", "disagreed", "max rel L2"):
+        table.add_column(col, justify="right")
+    for name, row in r["pairs"].items():
+        table.add_row(name, f"{row['compared']:,}", f"{row['outside_values']:,}",
+                      f"{row['disagreed']:,}", f"{row['max_distance']:.2e}")  # fmt: skip
+    con.print(table)
+    con.print(f"strikes {r['strikes']} (exclusion at {r['strikes_to_exclude']}): "
+              f"{r['honest_exclusions']} honest exclusions; max loss difference "
+              f"{r['max_loss_rel']:.1e} relative")  # fmt: skip
+    lies = Table(title=f"planted lies, on every {r['lie_every']}th task")
+    for col in ("lie", "planted", "caught", "excluded"):
+        lies.add_column(col, justify="right")
+    for kind, row in r["lies"].items():
+        lies.add_row(kind, f"{row['planted']:,}", f"{row['caught']:,}", str(row["excluded"]))
+    con.print(lies)
+    if not math.isfinite(r["max_loss_rel"]):
+        raise SystemExit("a loss was not finite")
+
+
+if __name__ == "__main__":
+    main()
