@@ -3,7 +3,8 @@
 Replication (coordinator/core/replication.py) compares two clients' results of one
 task with ``agree`` at the job's tolerances; on a disagreement the coordinator's
 own run (``client.compute.run_task``) decides, and a client whose result it
-disproves ``strikes`` times is excluded. This computes the same tasks with the three
+disproves ``strikes`` times among its last ``strike_window`` checked results is
+excluded. This computes the same tasks with the three
 implementations a crowd holds, all conforming to docs/protocol.md §12:
 
 - ``python``: the desktop client (numba kernels, float32 BLAS sums), also the
@@ -164,13 +165,25 @@ class Tally:
         r = job.replication
         self.rule = {"rtol": r.slack * r.rtol, "atol": r.slack * r.atol, "distance": r.distance}
         self.strict = {**self.rule, "distance": 0.0}
-        self.strikes_to_exclude = r.strikes
+        self.strikes_to_exclude, self.window = r.strikes, r.strike_window
         self.pairs = {f"{a}-{b}": {"compared": 0, "disagreed": 0, "outside_values": 0,
                                    "max_distance": 0.0} for a, b in PAIRS}  # fmt: skip
         self.strikes = dict.fromkeys(IMPLS, 0)
+        #: each implementation as one client all of whose results are checked: its
+        #: window of checked results (coordinator/core/replication.py) and exclusions
+        self.windows = dict.fromkeys(IMPLS, 0)
+        self.exclusions = dict.fromkeys(IMPLS, 0)
         self.struck: list[dict[str, Any]] = []
         self.max_loss_rel = 0.0
-        self.lies = {kind: {"planted": 0, "caught": 0} for kind in LIES}
+        self.lies = {kind: {"planted": 0, "caught": 0, "min_distance": math.inf,
+                            "excluded_after": None} for kind in LIES}  # fmt: skip
+        self.liar_windows = dict.fromkeys(LIES, 0)
+
+    def _check(self, windows: dict[str, int], who: str, struck: bool) -> bool:
+        """The coordinator's rule: excluded at ``strikes`` in the last ``window``."""
+        w = ((windows[who] << 1) | int(struck)) & ((1 << self.window) - 1)
+        windows[who] = w
+        return w.bit_count() >= self.strikes_to_exclude
 
     def add(self, task: m.Task, ups: dict[str, np.ndarray], losses: dict[str, float]) -> None:
         own = ups["python"]  # the coordinator's own run of the task
@@ -192,26 +205,41 @@ class Tally:
             self.struck.append({"task": task.task_id, "impl": impl,
                                 "distance": rel_l2(ups[impl], own)})  # fmt: skip
         for impl in ("js", "wasm"):
+            if self._check(self.windows, impl, impl in struck):
+                self.exclusions[impl] += 1
+                self.windows[impl] = 0  # as a fresh client from here
+        for impl in ("js", "wasm"):
             want = losses["python"]
             if want:
                 self.max_loss_rel = max(self.max_loss_rel, abs(losses[impl] - want) / abs(want))
 
     def lie(self, kind: str, lie: np.ndarray, honest: np.ndarray) -> None:
-        self.lies[kind]["planted"] += 1
-        if not agree(lie, honest, **self.rule):
-            self.lies[kind]["caught"] += 1
+        row = self.lies[kind]
+        row["planted"] += 1
+        if not np.array_equal(lie, honest):  # a stale liar's first upload is honest
+            row["min_distance"] = min(row["min_distance"], rel_l2(lie, honest))
+        caught = not agree(lie, honest, **self.rule)
+        row["caught"] += caught
+        if self._check(self.liar_windows, kind, caught) and row["excluded_after"] is None:
+            row["excluded_after"] = row["planted"]
 
     def report(self) -> dict[str, Any]:
         return {
             "rule": self.rule,
             "strikes_to_exclude": self.strikes_to_exclude,
+            "strike_window": self.window,
             "pairs": self.pairs,
             "strikes": self.strikes,
-            "honest_exclusions": sum(s >= self.strikes_to_exclude for s in self.strikes.values()),
-            "struck": self.struck[:20],
+            "exclusions": self.exclusions,
+            "honest_exclusions": sum(self.exclusions.values()),
+            "struck": self.struck[:50],
             "max_loss_rel": self.max_loss_rel,
             "lies": {
-                k: {**v, "excluded": v["caught"] >= self.strikes_to_exclude}
+                k: {
+                    **v,
+                    "excluded": v["excluded_after"] is not None,
+                    "min_distance": v["min_distance"] if v["min_distance"] < math.inf else None,
+                }
                 for k, v in self.lies.items()
             },
         }
@@ -300,14 +328,16 @@ def main() -> None:
         table.add_row(name, f"{row['compared']:,}", f"{row['outside_values']:,}",
                       f"{row['disagreed']:,}", f"{row['max_distance']:.2e}")  # fmt: skip
     con.print(table)
-    con.print(f"strikes {r['strikes']} (exclusion at {r['strikes_to_exclude']}): "
+    con.print(f"strikes {r['strikes']} (exclusion at {r['strikes_to_exclude']} in "
+              f"{r['strike_window']} checked): "
               f"{r['honest_exclusions']} honest exclusions; max loss difference "
               f"{r['max_loss_rel']:.1e} relative")  # fmt: skip
     lies = Table(title=f"planted lies, on every {r['lie_every']}th task")
-    for col in ("lie", "planted", "caught", "excluded"):
+    for col in ("lie", "planted", "caught", "excluded after", "closest (rel L2)"):
         lies.add_column(col, justify="right")
     for kind, row in r["lies"].items():
-        lies.add_row(kind, f"{row['planted']:,}", f"{row['caught']:,}", str(row["excluded"]))
+        lies.add_row(kind, f"{row['planted']:,}", f"{row['caught']:,}",
+                     str(row["excluded_after"]), f"{row['min_distance']:.3g}")  # fmt: skip
     con.print(lies)
     if not math.isfinite(r["max_loss_rel"]):
         raise SystemExit("a loss was not finite")

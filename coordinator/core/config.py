@@ -236,7 +236,17 @@ class ReplicationSection(_Section):
         "flips on a rounding difference moves a few values far, not the update)",
     )
     strikes: int = Field(
-        default=3, ge=1, description="proven disagreements before a client is excluded"
+        default=3,
+        ge=1,
+        description="proven disagreements among its last strike_window checked results "
+        "that exclude a client",
+    )
+    strike_window: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="checked results a client's strikes are counted over (a conforming "
+        "client lands outside the tolerance about once in 2,000, a liar every time)",
     )
     exclude: bool = Field(default=True, description="close and refuse a client caught lying")
     snapshot_mib: float = Field(
@@ -245,6 +255,14 @@ class ReplicationSection(_Section):
     revert_mib: float = Field(
         default=64.0, ge=0, description="memory for recent unverified steps, to revert a liar's"
     )
+
+    @model_validator(mode="after")
+    def _window_holds_the_strikes(self) -> ReplicationSection:
+        if self.strike_window < self.strikes:
+            raise ValueError(
+                f"strike_window ({self.strike_window}) must be >= strikes ({self.strikes})"
+            )
+        return self
 
 
 class CodecSection(_Section):

@@ -54,8 +54,10 @@ class ClientRecord:
     #: went in unchecked, and caught disagreeing
     trust: int = 0
     unverified: int = 0
-    #: disagreements with the coordinator's own run of a task (replication.py)
+    #: disagreements with the coordinator's own run of a task (replication.py), in
+    #: all, and its last checked results as bits (1: struck), newest lowest
     strikes: int = 0
+    recent_checks: int = 0
     excluded: bool = False
 
     def rate(self) -> float:

@@ -14,8 +14,9 @@ A unit CANCELLED before any result leaves its primary an ordinary task (applied 
 it comes); a lost primary takes its twin with it (dropped). The first result of a unit is held
 (acknowledged, and saved by ``state_dict``) until the other arrives; only then does one of them
 reach the strategy. A disagreement is settled by the coordinator's own run of the task
-(``client.compute.run_task``, from the snapshot); a client at ``strikes`` proven disagreements
-is excluded and its updates are accounted for. Agreement, trust, rates, exclusion, what it
+(``client.compute.run_task``, from the snapshot); a client with ``strikes`` proven
+disagreements among its last ``strike_window`` checked results is excluded and its updates
+are accounted for. Agreement, trust, rates, exclusion, what it
 costs and its limits: docs/coordinator.md ("Adaptive replication").
 """
 
@@ -427,6 +428,7 @@ class Replicator:
             unit.move(UnitState.AGREED)
             self.stats.agreed += 1
             self._trusted(a.holder)
+            self._passed(a.holder, b.holder)
             self.ready.append(self._verified(unit, a, b, (), now))
             self.ready.append(
                 Release(task=p, update=a.update, norm=a.norm, holder=a.holder, checked=True)
@@ -444,6 +446,7 @@ class Replicator:
         self.ready.append(self._verified(unit, a, b, losers, now))
         if a_ok:
             self._trusted(a.holder)
+        self._passed(*(c.holder for c, ok in ((a, a_ok), (b, b_ok)) if ok))
         for loser in losers:
             self._struck(loser, now)
         if a_ok or b_ok:
@@ -471,15 +474,29 @@ class Replicator:
         if rec is not None:
             rec.trust += 1
 
+    def _checked(self, rec: ClientRecord, struck: bool) -> int:
+        """Shift one checked result into the holder's window; its strikes in it."""
+        mask = (1 << self.config.strike_window) - 1
+        rec.recent_checks = ((rec.recent_checks << 1) | int(struck)) & mask
+        return rec.recent_checks.bit_count()
+
+    def _passed(self, *holders: str) -> None:
+        for holder in holders:
+            rec = self.registry.lookup(holder)
+            if rec is not None:
+                self._checked(rec, False)
+
     def _struck(self, loser: Copy, now: float) -> None:
         """A copy the coordinator's own run disproved: its result is not used and
-        its holder's trust is 0; ``strikes`` of them exclude it. One is not proof
-        of a lie: an honest client can land outside the tolerance by rounding."""
+        its holder's trust is 0; ``strikes`` of them among its last
+        ``strike_window`` checked results exclude it. One is not proof of a lie: a
+        conforming client lands outside the tolerance by rounding about once in
+        2,000 tasks (benchmarks/replicas.py), a liar on every checked one."""
         rec = self.registry.lookup(loser.holder)
         if rec is not None:
             rec.strikes += 1
             rec.trust = 0
-            if rec.strikes < self.config.strikes:
+            if self._checked(rec, True) < self.config.strikes:
                 self.stats.struck += 1
                 return
         self._exclude(loser, now)

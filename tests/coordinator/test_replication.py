@@ -17,7 +17,7 @@ from coordinator.core import events as ev
 from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.config import JobConfigError
 from coordinator.core.machine import Coordinator
-from coordinator.core.replication import agree
+from coordinator.core.replication import Copy, agree
 from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from coordinator.runtime.service import CoreService
 from nn.params import Params
@@ -152,6 +152,30 @@ def test_one_disagreement_does_not_exclude_an_honest_client() -> None:
     alpha = np.float32(core.job.strategy.alpha)
     # a's own update stays in (not reverted), b's goes in for the unit, not a's copy
     np.testing.assert_allclose(core.params.data, v0 + alpha * (ua + u), atol=1e-6)
+
+
+def test_strikes_count_over_the_last_checked_results_only() -> None:
+    """A conforming client lands outside the tolerance about once in 2,000 tasks
+    (benchmarks/replicas.py): strikes spread wider than ``strike_window`` checked
+    results never exclude it, as many close together do (a liar: every one)."""
+    core, *_ = a_pair(strikes=2, strike_window=3)
+    rec = {r.client_id: r for r in core.clients()}["a"]
+    copy = Copy(task_id=1, holder=rec.resume_id, client_id="a",
+                update=np.zeros(3, np.float32), norm=0.0)  # fmt: skip
+    verifier = core.verifier
+    for _ in range(4):  # a strike, then three clean checks push it out of the window
+        verifier._struck(copy, 1.0)
+        verifier._passed(rec.resume_id, rec.resume_id, rec.resume_id)
+    assert (rec.strikes, rec.excluded) == (4, False) and not verifier.ready
+    verifier._struck(copy, 2.0)
+    verifier._passed(rec.resume_id)
+    verifier._struck(copy, 3.0)  # two strikes within the last three checks
+    assert rec.excluded and [type(x).__name__ for x in verifier.ready] == ["Exclusion"]
+
+
+def test_the_strike_window_must_hold_the_strikes() -> None:
+    with pytest.raises(JobConfigError, match="strike_window"):
+        make_job(replication={**ON, "strikes": 5, "strike_window": 4})
 
 
 def test_a_few_far_values_agree_by_distance_and_a_lie_never_does() -> None:
