@@ -85,6 +85,9 @@ class _Peer:
     joined: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
     writer: asyncio.Task[None] | None = None
+    #: the writer is inside ``send_bytes`` with a frame taken off the queue: nothing
+    #: may be written past it (``_send_now``) until it is out
+    sending: bool = False
 
 
 @dataclass(slots=True)
@@ -215,12 +218,14 @@ class CrowdServer:
         with self._inbound_lock:
             outputs, self._inbound = self._inbound, []
             self._scheduled = False
+        touched: dict[str, _Peer] = {}
         for o in outputs:
             match o:
                 case ev.Send():
                     peer = self.peers.get(o.client_id)
                     if peer is not None:
                         self._enqueue(peer, o.frame)
+                        touched[o.client_id] = peer
                 case ev.Close():
                     peer = self.peers.get(o.client_id)
                     if peer is not None:
@@ -228,6 +233,30 @@ class CrowdServer:
                         self._request_close(peer, o.code, o.reason)
                 case _:
                     pass
+        for peer in touched.values():  # a peer's frames of the batch in one write
+            self._flush(peer)
+
+    def _flush(self, peer: _Peer) -> None:
+        """Write the peer's queued frames now if its socket takes them, else leave
+        them to its writer (it also sends the close after them)."""
+        if peer.close is not None or not self._send_now(peer):
+            peer.wake.set()
+
+    def _send_now(self, peer: _Peer) -> bool:
+        """All of the peer's queue in one write, at once, when nothing is ahead of it
+        (the writer is not inside a send) and the websocket layer can
+        (``RawWebSocket.send_now``); says whether it did."""
+        send_now = peer.ws.send_now
+        if send_now is None or peer.sending or not peer.queue:
+            return False
+        frames = list(peer.queue)
+        if not send_now(frames):
+            return False
+        peer.queue.clear()
+        peer.queued = 0
+        self.net.frames_out += len(frames)
+        self.net.bytes_out += sum(map(len, frames))
+        return True
 
     def _enqueue(self, peer: _Peer, frame: bytes) -> None:
         if peer.close is not None:
@@ -248,7 +277,6 @@ class CrowdServer:
         peer.queued += len(frame)
         peer.max_queued = max(peer.max_queued, peer.queued)
         self.net.max_queued = max(self.net.max_queued, peer.queued)
-        peer.wake.set()
 
     def _request_close(self, peer: _Peer, code: int, reason: str) -> None:
         if peer.close is None:
@@ -267,9 +295,13 @@ class CrowdServer:
         try:
             while True:
                 while peer.queue:
+                    if self._send_now(peer):
+                        break
                     frame = peer.queue.popleft()
                     peer.queued -= len(frame)
+                    peer.sending = True
                     await ws.send_bytes(frame)
+                    peer.sending = False
                     self.net.frames_out += 1
                     self.net.bytes_out += len(frame)
                 if peer.close is not None:
@@ -367,6 +399,7 @@ class CrowdServer:
                     echo = heartbeat_echo(msg.seq, now, msg.time)
                     self.metrics.frame_out("heartbeat", len(echo))
                     self._enqueue(peer, echo)
+                    self._flush(peer)
                 self.service.submit_receive(peer.client_id, msg, len(data))
             except ProtocolError as exc:
                 self._refuse(peer, exc)
