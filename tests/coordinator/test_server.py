@@ -296,3 +296,36 @@ def test_a_batch_goes_out_in_one_write_per_client_and_never_past_the_writer() ->
         assert peers["c"].wake.is_set()
 
     asyncio.run(go())
+
+
+def test_heartbeats_reach_the_core_together_and_never_after_a_later_frame() -> None:
+    """The network thread gathers heartbeats for one hand-over (the core thread wakes
+    once for many); any other frame goes at once, after the heartbeats before it."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[list[tuple[str, m.Message, int]]] = []
+
+        def submit_receive(self, client_id: str, msg: m.Message, nbytes: int) -> None:
+            self.calls.append([(client_id, msg, nbytes)])
+
+        def submit_receives(self, received: list[tuple[str, m.Message, int]]) -> None:
+            self.calls.append(list(received))
+
+    async def go() -> None:
+        crowd = CrowdServer(CoreService(parse_job(JOB)))
+        rec = Recorder()
+        crowd.service = rec  # type: ignore[assignment]
+        beats = [m.Heartbeat(seq=i, time=1.0) for i in range(3)]
+        decline = m.Decline(task_id="9", reason="busy")
+        crowd._submit("a", beats[0], 10)
+        crowd._submit("b", beats[1], 10)
+        assert rec.calls == []  # waiting for more
+        crowd._submit("a", decline, 20)
+        assert rec.calls == [[("a", beats[0], 10), ("b", beats[1], 10), ("a", decline, 20)]]
+        crowd._submit("b", beats[2], 10)
+        assert await _until(lambda: len(rec.calls) == 2)  # the timer hands it over
+        assert rec.calls[1] == [("b", beats[2], 10)]
+        assert crowd._handover is None
+
+    asyncio.run(go())
