@@ -9,6 +9,7 @@ or a payload the codec refuses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -20,6 +21,16 @@ from protocol.checksum import crc32
 from protocol.chunking import Block, params_layout
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import Chunk
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_starts(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """Per block of ``params_layout(spec)``: its start in the flat Params buffer and
+    its values per row (W: the layer's inputs; b: 1)."""
+    out = []
+    for (_o, i), (w0, b0, _) in zip(spec.layer_shapes, spec.layer_offsets(), strict=True):
+        out += [(w0, i), (b0, 1)]
+    return tuple(out)
 
 
 def _where(chunk: Chunk) -> str:
@@ -52,11 +63,15 @@ class Reassembler:
         self._params: Params | None = None
         if out is not None and (spec is None or out.spec.widths != spec.widths):
             raise ValueError("reassembler: out must be Params of the given spec")
+        #: each block's start in the flat Params buffer and its values per row, when
+        #: the transfer lands in one (``spec``): fp32 chunks are then copied whole
+        self._flat: tuple[tuple[int, int], ...] | None = None
         if spec is not None:
             if self.layout != params_layout(spec):
                 raise ValueError("reassembler: layout is not the params layout of spec")
             self._params = out if out is not None else Params.zeros(spec)
             views = [a for W, b in zip(self._params.W, self._params.b, strict=True) for a in (W, b)]
+            self._flat = _flat_starts(spec)
         else:
             views = [np.zeros(b.shape, dtype=np.float32) for b in self.layout]
         # one byte per row (1 = received): find/assign on slices copy nothing
@@ -151,6 +166,19 @@ class Reassembler:
         if crc32(chunk.payload) != chunk.crc:
             raise ProtocolError(ErrorCode.CHECKSUM, f"{_where(chunk)}: crc32 mismatch")
         payload = chunk.payload
+        flat = self._flat
+        if flat is not None and codec.id == codecs.CodecId.FP32:
+            # The pieces are adjacent in the flat buffer (layout order): one copy of
+            # the whole payload, when it is exactly their size; anything else takes
+            # the path below, which refuses it as before.
+            (start, per_row), (end_start, end_per_row) = flat[first], flat[first + k - 1]
+            a = start + pieces[0][1] * per_row
+            b = end_start + pieces[-1][2] * end_per_row
+            if len(payload) == 4 * (b - a):
+                assert self._params is not None
+                self._params.data[a:b] = np.frombuffer(payload, dtype="<f4", count=b - a)
+                self._received(pieces, chunk.seq)
+                return
         if k > 1:  # split at each piece's size (the codec may read it from its header)
             view, at, slices = memoryview(payload), 0, []
             try:
@@ -176,11 +204,15 @@ class Reassembler:
         except codecs.CodecError as exc:
             raise ProtocolError(ErrorCode.BAD_CHUNK, f"{_where(chunk)}: {exc}") from None
         for v, (blk, r0, r1) in zip(values, pieces, strict=True):
-            _, target, have = self._blocks[blk.key]
-            target[r0:r1] = v
-            have[r0:r1] = b"\x01" * (r1 - r0)
+            self._blocks[blk.key][1][r0:r1] = v
+        self._received(pieces, chunk.seq)
+
+    def _received(self, pieces: list[tuple[Block, int, int]], seq: int) -> None:
+        """Mark the pieces' rows and the chunk's seq received (values are in)."""
+        for blk, r0, r1 in pieces:
+            self._blocks[blk.key][2][r0:r1] = b"\x01" * (r1 - r0)
             self._rows_left -= r1 - r0
-        self._seqs.add(chunk.seq)
+        self._seqs.add(seq)
 
     @property
     def received(self) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ PRE_HELLO_MAX_BYTES = 64 * 1024
 #: message of type :data:`LIFT_FRAME_CAP` to raise the cap to ``ws_max_size``.
 FRAME_CAP_EXTENSION = "crowdgrad.frame_cap"
 LIFT_FRAME_CAP = "crowdgrad.frame_cap.lift"
+#: ASGI scope extension of :class:`ReadAheadWebSocketProtocol`: ``{"send": fn}``, where
+#: ``fn(frames)`` writes binary messages at once, synchronously (``send_now``).
+SEND_NOW_EXTENSION = "crowdgrad.send_now"
 
 
 def drop_transport_cycle(transport: Any) -> None:
@@ -90,8 +94,40 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
-        if self._capped and self.response.status_code == 101:
-            self.scope["extensions"][FRAME_CAP_EXTENSION] = {}  # type: ignore[index]
+        if self.response.status_code == 101:
+            extensions = self.scope["extensions"]
+            assert extensions is not None
+            extensions[SEND_NOW_EXTENSION] = {"send": self.send_now}
+            if self._capped:
+                extensions[FRAME_CAP_EXTENSION] = {}
+
+    def send_now(self, frames: list[bytes]) -> bool:
+        """Write ``frames`` as binary messages now, in one transport write, and say
+        whether it did: only where upstream's ``send`` of ``websocket.send`` would
+        write them at once (handshake done, no close sent, not disconnected, the
+        transport writable); otherwise nothing is written and the caller sends
+        them through ``send``, which waits or raises as upstream does.
+
+        The server's per-frame ``send`` is a coroutine chain and a ``transport.write``
+        (a syscall) per message; a task round trip sends three messages together
+        (ack, task, model chunk) and each heartbeat echo wakes a writer task.
+        """
+        if (
+            not self.handshake_complete
+            or self.close_sent
+            or self.disconnected
+            or self.initial_response is not None
+            or not self.writable.is_set()
+            or self.transport.is_closing()
+            or self.conn.state is not State.OPEN
+            or self.conn.expect_continuation_frame
+        ):
+            return False
+        conn = self.conn
+        for frame in frames:
+            conn.send_binary(frame)
+        self.transport.write(b"".join(conn.data_to_send()))
+        return True
 
     def lift_frame_cap(self) -> None:
         """Frames up to ``ws_max_size`` from the next one on (the hello was taken)."""
@@ -199,7 +235,7 @@ class RawWebSocket:
     collector walks. ``CrowdApp`` hands ``/ws`` here instead.
     """
 
-    __slots__ = ("_receive", "_send", "client_ip", "frame_cap")
+    __slots__ = ("_receive", "_send", "client_ip", "frame_cap", "send_now")
 
     def __init__(
         self,
@@ -208,6 +244,7 @@ class RawWebSocket:
         client_ip: str | None = None,
         *,
         frame_cap: bool = False,
+        send_now: Callable[[list[bytes]], bool] | None = None,
     ) -> None:
         self._receive = receive
         self._send = send
@@ -215,6 +252,9 @@ class RawWebSocket:
         self.client_ip = client_ip
         #: the websocket layer caps frames until told (FRAME_CAP_EXTENSION)
         self.frame_cap = frame_cap
+        #: writes binary messages at once when it can (SEND_NOW_EXTENSION; None
+        #: under a server without it: every message goes through ``send_bytes``)
+        self.send_now = send_now
 
     async def accept(self) -> None:
         first = await self._receive()
@@ -250,9 +290,16 @@ class CrowdApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and _route_path(scope) == "/ws":
             client = scope.get("client")
-            cap = FRAME_CAP_EXTENSION in (scope.get("extensions") or {})
+            extensions = scope.get("extensions") or {}
+            now = extensions.get(SEND_NOW_EXTENSION)
             await self._ws(
-                RawWebSocket(receive, send, client[0] if client else None, frame_cap=cap)
+                RawWebSocket(
+                    receive,
+                    send,
+                    client[0] if client else None,
+                    frame_cap=FRAME_CAP_EXTENSION in extensions,
+                    send_now=None if now is None else now["send"],
+                )
             )
         else:
             await self.api(scope, receive, send)

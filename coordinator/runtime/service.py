@@ -219,6 +219,10 @@ class CoreService:
     def submit_receive(self, client_id: str, message: m.Message, nbytes: int) -> None:
         self._inbox.put(("receive", client_id, message, nbytes))
 
+    def submit_receives(self, received: list[tuple[str, m.Message, int]]) -> None:
+        """``submit_receive`` of each ``(client_id, message, nbytes)``, in order, at once."""
+        self._inbox.put(("receives", [("receive", *r) for r in received]))
+
     def submit_disconnect(self, client_id: str, reason: str) -> None:
         self._inbox.put(("disconnect", client_id, reason))
 
@@ -390,18 +394,13 @@ class CoreService:
                         while held:
                             self._handle(core, held.popleft())
                     continue
-                if kind == "written":
-                    self._written(*item[1:])
+                if kind in ("written", "logged"):  # the writer's and the journal's reports
+                    (self._written if kind == "written" else self._logged)(*item[1:])
                     continue
-                if kind == "logged":
-                    self._logged(*item[1:])
-                    continue
-                if self.stats.paused and kind == "receive" and not isinstance(item[2], m.Fetch):
-                    held.append(item)
-                    if isinstance(item[2], m.Result):
-                        self.stats.held_results.add(item[1])
-                    continue
-                self._handle(core, item)
+                batch += len(item[1]) - 1 if kind == "receives" else 0  # each one an input
+                for one in item[1] if kind == "receives" else (item,):
+                    if not self._held(one, held):
+                        self._handle(core, one)
         except Exception:  # a bug in the core: log it, stop serving rather than hang
             log.exception("coordinator core crashed; stopping")
         finally:
@@ -410,6 +409,15 @@ class CoreService:
             self._final_checkpoint(core)
             self._flush_out()
             self.stopped.set()
+
+    def _held(self, item: tuple[Any, ...], held: deque[tuple[Any, ...]]) -> bool:
+        """While paused, a client's frame (bar a shard fetch) waits in ``held``."""
+        if not self.stats.paused or item[0] != "receive" or isinstance(item[2], m.Fetch):
+            return False
+        held.append(item)
+        if isinstance(item[2], m.Result):
+            self.stats.held_results.add(item[1])
+        return True
 
     def _handle(self, core: Coordinator, item: tuple[Any, ...]) -> None:
         now = time.monotonic()
@@ -438,8 +446,6 @@ class CoreService:
                     fut.set_result(value)
             case "checkpoint":
                 item[1].set_result(self._checkpoint(core))
-            case "written":
-                self._written(*item[1:])
             case other:
                 raise AssertionError(f"core service: unknown input {other!r}")
 

@@ -90,3 +90,19 @@ def test_outer_sgd_and_nesterov() -> None:
     assert np.array_equal(r1, r2)
     with pytest.raises(ValueError, match="unknown kind"):
         OuterOptimizer(kind="adam")
+
+
+def test_a_strategy_step_scale_follows_its_schedule_section_when_replaced() -> None:
+    """``Strategy.step_scale`` dumps the (frozen) section once; a new section counts."""
+    from coordinator.core.strategyconfig import ScheduleSection
+    from tests.coordinator.coord_helpers import make_core
+
+    ramp = {"kind": "warmup-cosine", "start": 0.5, "warmup": 4, "versions": 4}
+    core = make_core(strategy={"schedule": ramp})
+    strategy = core.strategy
+    assert strategy.step_scale() == 0.5  # version 0 of the ramp
+    core.model.version = 2
+    assert strategy.step_scale() == 0.75
+    section = ScheduleSection(kind="constant")
+    strategy.config = strategy.config.model_copy(update={"schedule": section})
+    assert strategy.step_scale() == 1.0

@@ -16,6 +16,7 @@ from coordinator.core.strategies.robust import (
     byzantine_count,
     centered_clip,
     multi_krum,
+    small_median,
     trimmed_mean,
 )
 from tests.coordinator.coord_helpers import deliver, hello, make_core, result_messages, task_of
@@ -163,3 +164,27 @@ def test_an_auto_window_scales_with_the_crowd() -> None:
     np.testing.assert_array_equal(auto, classic)
     wide, crowd = run("auto", 64)
     assert crowd == 64 and not np.array_equal(wide, run(1, 64)[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(allow_nan=False, width=64),
+            st.sampled_from([0.0, 1.0, 1.0, 2.5, 1e308, -1e308]),  # ties, overflow
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_small_median_is_np_median_bit_for_bit(values: list[float]) -> None:
+    x = np.array(values, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # 1e308 + 1e308, inf - inf
+        want = float(np.median(x))
+    got = small_median(x)
+    assert np.array_equal(np.float64(got), np.float64(want), equal_nan=True), (got, want)
+
+
+def test_small_median_of_nan_is_np_medians() -> None:
+    x = np.array([1.0, np.nan, 3.0])
+    assert np.isnan(small_median(x)) and np.isnan(np.median(x))

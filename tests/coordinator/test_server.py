@@ -15,6 +15,7 @@ from uvicorn.server import ServerState
 from websockets.asyncio.client import connect
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
@@ -222,3 +223,109 @@ def test_a_connection_without_hello_is_closed(monkeypatch: pytest.MonkeyPatch) -
         code, got = asyncio.run(silent(bg.url))
     assert code == close_code(ErrorCode.TIMEOUT)
     assert [x.code for x in got if isinstance(x, m.Error)] == [ErrorCode.TIMEOUT]
+
+
+def test_send_now_writes_messages_at_once_in_one_write_or_not_at_all() -> None:
+    """``send_now``: the frames upstream's ``send`` would write, in one transport write;
+    nothing where ``send`` would wait (the peer not reading) or refuse (closing)."""
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        proto, peer, theirs = await _open_pair(loop, 1 << 20)
+        ext = proto.scope["extensions"][wsasgi.SEND_NOW_EXTENSION]
+        assert ext["send"] == proto.send_now
+        writes: list[bytes] = []
+        write = proto.transport.write
+        proto.transport.write = lambda data: (writes.append(data), write(data))  # type: ignore[method-assign]
+        frames = [b"ack", b"task" * 100, b"c" * 70_000]  # 7-, 16- and 64-bit lengths
+        assert proto.send_now(frames)
+        assert len(writes) == 1
+        got: list[bytes] = []
+        while len(got) < 3:
+            peer.receive_data(await loop.sock_recv(theirs, 1 << 20))
+            got += [e.data for e in peer.events_received() if isinstance(e, Frame)]
+        assert got == frames
+        proto.pause_writing()  # the peer stopped reading: send() would wait
+        assert not proto.send_now([b"late"])
+        proto.resume_writing()
+        await proto.send({"type": "websocket.close", "code": 1000})
+        assert not proto.send_now([b"after close"])
+        assert len(writes) == 2  # the close frame alone
+        _close_pair(proto, theirs)
+
+    asyncio.run(go())
+
+
+class _FakeWs:
+    """What CrowdServer's delivery needs of a RawWebSocket: ``send_now``, recorded."""
+
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+        self.calls: list[list[bytes]] = []
+
+    def send_now(self, frames: list[bytes]) -> bool:
+        self.calls.append(list(frames))
+        return self.ok
+
+
+def test_a_batch_goes_out_in_one_write_per_client_and_never_past_the_writer() -> None:
+    """The core's outputs for one client in one batch (an ack, its next task, the
+    model chunk) leave in one ``send_now``; while its writer is inside a send, or
+    when the socket would not take them, they wait in order for the writer."""
+    from coordinator.core import events as ev
+
+    async def go() -> None:
+        crowd = CrowdServer(CoreService(parse_job(JOB)))
+        fast, busy, full = _FakeWs(), _FakeWs(), _FakeWs(ok=False)
+        peers = {}
+        for cid, ws in (("a", fast), ("b", busy), ("c", full)):
+            peers[cid] = srv._Peer(client_id=cid, ws=ws, bound=1 << 20)  # type: ignore[arg-type]
+            crowd.peers[cid] = peers[cid]
+        peers["b"].sending = True
+        ack = m.Ack(task_id="1", accepted=True)
+        frames = [m.encode(ack), b"task", b"chunk"]
+        crowd._inbound = [
+            ev.Send(client_id=cid, message=ack, frame=f) for f in frames for cid in "abc"
+        ]
+        crowd._deliver()
+        assert fast.calls == [frames] and not peers["a"].queue
+        assert crowd.net.frames_out == 3 and crowd.net.bytes_out == sum(map(len, frames))
+        assert busy.calls == [] and list(peers["b"].queue) == frames
+        assert peers["b"].wake.is_set()
+        assert full.calls == [frames] and list(peers["c"].queue) == frames
+        assert peers["c"].wake.is_set()
+
+    asyncio.run(go())
+
+
+def test_heartbeats_reach_the_core_together_and_never_after_a_later_frame() -> None:
+    """The network thread gathers heartbeats for one hand-over (the core thread wakes
+    once for many); any other frame goes at once, after the heartbeats before it."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[list[tuple[str, m.Message, int]]] = []
+
+        def submit_receive(self, client_id: str, msg: m.Message, nbytes: int) -> None:
+            self.calls.append([(client_id, msg, nbytes)])
+
+        def submit_receives(self, received: list[tuple[str, m.Message, int]]) -> None:
+            self.calls.append(list(received))
+
+    async def go() -> None:
+        crowd = CrowdServer(CoreService(parse_job(JOB)))
+        rec = Recorder()
+        crowd.service = rec  # type: ignore[assignment]
+        beats = [m.Heartbeat(seq=i, time=1.0) for i in range(3)]
+        decline = m.Decline(task_id="9", reason="busy")
+        crowd._submit("a", beats[0], 10)
+        crowd._submit("b", beats[1], 10)
+        assert rec.calls == []  # waiting for more
+        crowd._submit("a", decline, 20)
+        assert rec.calls == [[("a", beats[0], 10), ("b", beats[1], 10), ("a", decline, 20)]]
+        crowd._submit("b", beats[2], 10)
+        assert await _until(lambda: len(rec.calls) == 2)  # the timer hands it over
+        assert rec.calls[1] == [("b", beats[2], 10)]
+        assert crowd._handover is None
+
+    asyncio.run(go())

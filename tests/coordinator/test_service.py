@@ -129,3 +129,30 @@ def test_acks_of_results_no_checkpoint_holds_at_the_end_become_stale_refusals(tm
         (m.Bye, bye),
     ]
     assert service.done.is_set()
+
+
+def test_receives_handed_over_together_are_taken_in_order_and_held_while_paused() -> None:
+    """``submit_receives``: one hand-over for several frames (the server's batched
+    heartbeats), each taken as ``submit_receive`` would take it: in order, and a
+    result held while paused until the core resumes."""
+    from tests.coordinator.coord_helpers import result_messages
+
+    sink = Sink()
+    with CoreService(parse_job(JOB)) as service:
+        service.add_sink(sink)
+        service.submit_connect("a", m.Hello(client="a"))
+        with sink.changed:
+            assert sink.changed.wait_for(lambda: len(_sent(sink, m.Task)) >= 1, 10)
+        service.set_paused(True)
+        beat = m.Heartbeat(seq=1, time=1.0)
+        frames = [beat, *result_messages(_sent(sink, m.Task)[0]), m.Heartbeat(seq=2, time=2.0)]
+        service.submit_receives([("a", f, len(m.encode(f))) for f in frames])
+        assert service.call(lambda core: None).result(10) is None  # taken by now
+        assert service.stats.held_results == {"a"}
+        assert service.stats.accepted == 0
+        service.set_paused(False)
+        with sink.changed:
+            assert sink.changed.wait_for(lambda: len(_sent(sink, m.Ack)) >= 1, 10)
+        seen = service.call(lambda core: core.registry.get("a").last_seen).result(10)
+    assert [a.accepted for a in _sent(sink, m.Ack)] == [True]
+    assert service.stats.accepted == 1 and seen > 0

@@ -10,8 +10,11 @@ import textwrap
 import pytest
 
 from crowdgrad.process import (
+    GC_GROWTH,
+    GC_GROWTH_SLACK,
     OPENBLAS_THREADS_VAR,
     collector_paused,
+    full_collection_due,
     openblas_threads,
     tune_gc,
 )
@@ -52,6 +55,46 @@ def test_tune_gc_freezes_survivors_and_still_collects_cycles_in_full_collections
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "5000"
+
+
+def test_full_collection_comes_early_once_the_heap_doubled() -> None:
+    kept = 1_000_000
+    bound = int(kept * (1 + GC_GROWTH) + GC_GROWTH_SLACK)
+    assert not full_collection_due(bound, kept, since_full=1.0, full_every=600.0)
+    assert full_collection_due(bound + 1, kept, since_full=1.0, full_every=600.0)
+    assert full_collection_due(kept, kept, since_full=600.0, full_every=600.0)
+
+
+def test_tune_gc_never_walks_the_frozen_list() -> None:
+    """gc.get_freeze_count walks every frozen object with the GIL held: a tenth of
+    a core at 10,000 clients when the thread asked it every second."""
+    code = textwrap.dedent(
+        """
+        import gc, time
+        from crowdgrad.process import tune_gc
+
+        calls = {"count": 0, "freeze": 0}
+        count, freeze = gc.get_freeze_count, gc.freeze
+
+        def counted_count():
+            calls["count"] += 1
+            return count()
+
+        def counted_freeze():
+            calls["freeze"] += 1
+            freeze()
+
+        gc.get_freeze_count, gc.freeze = counted_count, counted_freeze
+        tune_gc(freeze_every=0.01, full_every=0.05)  # full collections too
+        deadline = time.monotonic() + 10  # wait for the loop, not for a duration
+        while calls["freeze"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls["freeze"] >= 20, calls
+        assert calls["count"] == 0, calls
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
 
 
 @pytest.mark.parametrize(("freeze", "full"), [(0.0, 1.0), (2.0, 1.0), (-1.0, 5.0)])

@@ -443,3 +443,45 @@ def test_blocks_field_is_checked_on_the_wire():
     # one block keeps the single-block rule: row_end must pass row_start
     with pytest.raises(ProtocolError, match=r"chunk\.row_end"):
         decode(msgpack.packb({**wire, "blocks": 1, "row_start": 3, "row_end": 2}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 12), min_size=2, max_size=5),
+    st.integers(160, 1200),
+    st.integers(0, 2**32 - 1),
+    st.booleans(),
+)
+def test_fp32_chunks_land_in_the_flat_buffer_as_the_codec_would_place_them(
+    widths, limit, seed, spans
+):
+    """A params reassembler copies an fp32 chunk's payload into the flat buffer in
+    one piece (the hot path of every result); the codec's per-block decode is not
+    called, and the values are where the general path puts them."""
+    spec = ModelSpec(widths=tuple(widths))
+    values = np.random.default_rng(seed).standard_normal(spec.num_params).astype(np.float32)
+    p = Params.from_flat(spec, values)
+    try:
+        chunks = chunk_params(p, max_message_bytes=limit, transfer="t", spans=spans)
+    except ValueError:
+        return  # one row cannot fit this limit
+    frames = [encode(c) for c in chunks]
+    random.Random(seed).shuffle(frames)
+    general = Reassembler(params_layout(spec), transfer="t", total=len(chunks))  # no buffer
+    fast = Reassembler.for_params(spec, transfer="t", total=len(chunks))
+    decode_calls = []
+    fp32 = codecs.get("fp32")
+    real = type(fp32).decode
+    try:
+        type(fp32).decode = lambda self, *a: decode_calls.append(a) or real(self, *a)
+        for f in frames:
+            fast.add(decode(f))
+        assert not decode_calls
+    finally:
+        type(fp32).decode = real
+    for f in frames:
+        general.add(decode(f))
+    assert fast.done and general.done
+    assert fast.params().data.tobytes() == p.data.tobytes()
+    flat = np.concatenate([a.ravel() for a in general.arrays().values()])
+    assert flat.tobytes() == p.data.tobytes()

@@ -164,6 +164,10 @@ class Strategy(ABC):
         self._best_loss = float("inf")
         self._since_best = 0
         self._best_version = 0
+        #: ``config.schedule`` and its fields as keywords, dumped once (``step_scale``
+        #: runs per result; the section is frozen, a new one is dumped again)
+        self._schedule_of: Any = None
+        self._schedule_kw: dict[str, Any] = {}
 
     # -- verbs ------------------------------------------------------------------
 
@@ -287,7 +291,10 @@ class Strategy(ABC):
 
     def step_scale(self) -> float:
         """The schedule's multiplier on the step taken now (at the model's version)."""
-        return schedule_factor(self.model.version, **self.config.schedule.model_dump())
+        sched = self.config.schedule
+        if self._schedule_of is not sched:
+            self._schedule_of, self._schedule_kw = sched, sched.model_dump()
+        return schedule_factor(self.model.version, **self._schedule_kw)
 
     def staleness_of(self, task: Task) -> int:
         return self.model.version - task.version
