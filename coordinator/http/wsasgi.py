@@ -145,6 +145,9 @@ class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         drop_transport_cycle(self.transport)
+        # the scope holds ``send_now``, a bound method of this protocol: a cycle
+        extensions = getattr(self, "scope", {}).get("extensions") or {}
+        extensions.pop(SEND_NOW_EXTENSION, None)
 
     def send_receive_event_to_app(self) -> None:
         data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
