@@ -16,10 +16,10 @@ after the job finished a task that lost its lease is simply dropped.
 
 The held tasks are a dict in ``orphaned_at`` order (time never decreases; a task
 orphaned again is re-inserted), so expiry and the next wake-up look at its head
-only; one leased again, taken or dropped since is skipped there. At most ``cap`` are held (the core holds two
-per resumable client: a current and a queued task); past that, and for a holder
-the registry forgot, the oldest goes as if its grace ran out; and when the
-registry forgets a holder (``forget_holders``), its held tasks go at once.
+only; one leased again, taken or dropped since is skipped there. At most ``cap``
+are held (two per resumable client: a current and a queued task); past that, and
+for a holder the registry forgot, the oldest goes as if its grace ran out; and
+when the registry forgets a holder (``forget_holders``), its held tasks go at once.
 """
 
 from __future__ import annotations
