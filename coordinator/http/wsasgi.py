@@ -34,9 +34,10 @@ CLOSE_LINGER_S = 2.0
 CLOSE_ABORT_S = 5.0
 #: Largest websocket message a connection may send before its hello is taken
 #: (docs/protocol.md §2, §8): a hello is a few hundred bytes, and without this an
-#: unauthenticated peer had the link's whole maximum (64 MiB) buffered per frame.
+#: unauthenticated peer had the link's whole maximum (64 MiB) buffered per frame;
+#: at 64 KiB, 1,000 strangers' frames at once still cost 86 MB (benchmarks/prehello.py).
 #: Larger is refused by the websocket parser from the frame header, close 1009.
-PRE_HELLO_MAX_BYTES = 64 * 1024
+PRE_HELLO_MAX_BYTES = 16 * 1024
 #: ASGI scope extension of :class:`ReadAheadWebSocketProtocol`: the app may send a
 #: message of type :data:`LIFT_FRAME_CAP` to raise the cap to ``ws_max_size``.
 FRAME_CAP_EXTENSION = "crowdgrad.frame_cap"

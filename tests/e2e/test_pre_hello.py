@@ -166,3 +166,21 @@ def test_strangers_sending_maximal_frames_before_hello_cost_no_memory(
         assert codes == [1009] * 50
         grown = peak[0] - base
         assert grown < 64, f"50 maximal pre-hello frames grew the process by {grown:.0f} MB"
+
+
+def test_the_largest_valid_hello_fits_the_pre_hello_cap() -> None:
+    """The cap is only for strangers' junk: every field of a ``hello`` is bounded, and
+    at its longest (4-byte UTF-8 characters in every string, every list full: 9 KiB)
+    it fits ``PRE_HELLO_MAX_BYTES`` with room to spare."""
+    wide = "\U0001f600"  # 4 bytes in UTF-8
+    hello = m.Hello(
+        client=wide * 64, platform=wide * 64, cores=4096, memory=2**63 - 1, flops=1e18,
+        limits=m.LinkLimits(bytes_per_s=1e18, messages_per_s=1e18,
+                            max_message_bytes=2**62, burst=1e6),
+        codecs=tuple(wide * 32 for _ in range(32)), token=wide * 512, resume=wide * 128,
+        deltas=True, seeded_init=True, spans=True, data=True,
+        init_schemes=tuple(wide * 32 for _ in range(8)), boundary=True, volunteer=wide * 128,
+    )  # fmt: skip
+    frame = m.encode(hello)
+    assert isinstance(m.decode(frame), m.Hello)  # valid, every field checked
+    assert 1.5 * len(frame) <= PRE_HELLO_MAX_BYTES, len(frame)
