@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coordinator.http.wsasgi import drop_transport_cycle
+from coordinator.http.transport import drop_transport_cycle
 from protocol.limits import TokenBucket
 
 if TYPE_CHECKING:

@@ -23,6 +23,8 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
+from coordinator.http.transport import drop_transport_cycle
+
 log = logging.getLogger(__name__)
 
 #: Frames uvicorn may queue for the app before it pauses reading the socket.
@@ -45,17 +47,6 @@ LIFT_FRAME_CAP = "crowdgrad.frame_cap.lift"
 #: ASGI scope extension of :class:`ReadAheadWebSocketProtocol`: ``{"send": fn}``, where
 #: ``fn(frames)`` writes binary messages at once, synchronously (``send_now``).
 SEND_NOW_EXTENSION = "crowdgrad.send_now"
-
-
-def drop_transport_cycle(transport: Any) -> None:
-    """Unhook a closed socket transport from itself. CPython 3.11's selector transport
-    keeps its read callback as a bound method of itself (``_read_ready_cb``), a
-    reference cycle: every closed connection's transport and socket then waited for
-    a full collection, which ``crowdgrad.process.tune_gc`` runs rarely. Called from
-    ``connection_lost``, when the transport reads no more; harmless where the
-    attribute is absent."""
-    if getattr(transport, "_read_ready_cb", None) is not None:
-        transport._read_ready_cb = None
 
 
 class ReadAheadWebSocketProtocol(WebSocketsSansIOProtocol):
