@@ -41,6 +41,7 @@ from coordinator.core.assembly import build_core  # noqa: E402
 from coordinator.core.config import parse_job  # noqa: E402
 from testkit.fuzzing import fuzz, summary  # noqa: E402
 from testkit.netfuzz import fuzz_server  # noqa: E402
+from testkit.soakcheck import rss_mb  # noqa: E402
 
 OPEN_ENDED = """
 [model]
@@ -50,13 +51,6 @@ max_versions = 1000000000
 [eval]
 every_versions = 1000
 """
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:
@@ -80,24 +74,17 @@ def main() -> None:
     # A first, smaller run on another core: numba, caches and malloc arenas settle.
     warm = fuzz(build_core(job, seed=args.seed), 20_000, seed=args.seed + 1)
     core = build_core(job, seed=args.seed)
-    before = rss_mb()
+    before = rss_mb(os.getpid())
     t0 = time.perf_counter()
     report = fuzz(core, args.frames, seed=args.seed)
     out = summary(report) | {
         "seconds": round(time.perf_counter() - t0, 1),
         "rss_mb_before": round(before, 1),
-        "rss_mb_after": round(rss_mb(), 1),
+        "rss_mb_after": round(rss_mb(os.getpid()), 1),
         "warmup_crashes": len(warm.crashes),
     }
     out["rss_growth"] = round(out["rss_mb_after"] / out["rss_mb_before"] - 1, 4)
     print(json.dumps(out, indent=None if not args.json else 2))
-
-
-def _proc_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _get(url: str) -> dict[str, Any]:
@@ -136,7 +123,7 @@ def server_run(args: argparse.Namespace) -> dict[str, Any]:
             while _get(f"{http}/api/status")["accepted_results"] < 3:
                 time.sleep(0.1)
             asyncio.run(fuzz_server(ws, 20_000, seed=args.seed + 1, workers=args.workers))
-            before = _proc_rss_mb(coord.pid)
+            before = rss_mb(coord.pid)
             accepted = [_get(f"{http}/api/status")["accepted_results"]]
             rss = [round(before, 1)]
             t0 = time.perf_counter()
@@ -148,9 +135,9 @@ def server_run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 total = part if total is None else _merge(total, part)
                 accepted.append(_get(f"{http}/api/status")["accepted_results"])
-                rss.append(round(_proc_rss_mb(coord.pid), 1))
+                rss.append(round(rss_mb(coord.pid), 1))
             seconds = time.perf_counter() - t0
-            after = _proc_rss_mb(coord.pid)
+            after = rss_mb(coord.pid)
             alive = coord.poll() is None and _get(f"{http}/healthz").get("ok") is True
         finally:
             for p in (honest, coord):

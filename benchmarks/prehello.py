@@ -43,18 +43,12 @@ sys.path.append(str(_HERE.parent))  # testkit: in the checkout, not the wheel
 
 from coordinator.http.wsasgi import PRE_HELLO_MAX_BYTES  # noqa: E402
 from testkit.netfuzz import source_address  # noqa: E402
+from testkit.soakcheck import rss_mb  # noqa: E402
 
 #: the link's default frame maximum (docs/protocol.md §2)
 LINK_MAX = 64 * 1024 * 1024
 #: what an ``over`` stranger sends of its frame before the server's close
 OVER_SENT = 1024 * 1024
-
-
-def proc_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def stranger(i: int, port: int, mode: str, ready: asyncio.Barrier) -> str:
@@ -130,13 +124,13 @@ def run(count: int, mode: str) -> dict[str, Any]:
                     time.sleep(0.1)
             asyncio.run(crowd(port, 20, mode))  # warm: the paths taken once
             time.sleep(1.0)
-            base = proc_rss_mb(coord.pid)
+            base = rss_mb(coord.pid)
             peak = [base]
             done = threading.Event()
 
             def sample() -> None:
                 while not done.is_set():
-                    peak[0] = max(peak[0], proc_rss_mb(coord.pid))
+                    peak[0] = max(peak[0], rss_mb(coord.pid) or 0.0)
                     done.wait(0.003)
 
             sampler = threading.Thread(target=sample, daemon=True)
@@ -149,7 +143,7 @@ def run(count: int, mode: str) -> dict[str, Any]:
                 sampler.join(10)
             seconds = time.perf_counter() - t0
             time.sleep(2.0)
-            after = proc_rss_mb(coord.pid)
+            after = rss_mb(coord.pid)
             alive = coord.poll() is None
         finally:
             coord.terminate()

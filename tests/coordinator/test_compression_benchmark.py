@@ -5,27 +5,19 @@ consistently. (The measured table is a benchmark, not a test.)"""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "compression.py"
+from tests.bench_module import load_benchmark
+
 TINY = ["--updates", "40", "--clients", "4", "--widths", "64,16,10", "--seeds", "1"]
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    # By path, under another name: as ``compression`` it would shadow the package.
-    spec = importlib.util.spec_from_file_location("bench_compression", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("compression")
 
 
 def tiny_args() -> argparse.Namespace:

@@ -5,10 +5,7 @@ agrees under the coordinator's rule, and every planted lie is caught. (The
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -16,18 +13,12 @@ import pytest
 
 from coordinator.core.config import JobConfig
 from protocol import messages as m
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "replicas.py"
+from tests.bench_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_replicas", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("replicas")
 
 
 @pytest.mark.skipif(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import socket
@@ -158,3 +159,25 @@ def free_port() -> int:
 
 def hello_frame(name: str = "raw", **kw: Any) -> bytes:
     return m.encode(m.Hello(client=name, **kw))
+
+
+def upgrade_by_hand(s: socket.socket, port: int) -> bytes:
+    """Upgrade the connected socket ``s`` to a websocket on ``/ws`` with raw bytes (no
+    client library: nothing copied, no client-side objects); asserts the 101 and
+    returns what the server sent after its response head."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        got = s.recv(4096)
+        assert got, "closed during the handshake"
+        buf += got
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 101"), head[:80]
+    return rest

@@ -7,15 +7,13 @@ asyncio objects in this process)."""
 
 from __future__ import annotations
 
-import base64
 import gc
-import os
 import socket
 import struct
 import time
 
 from coordinator.http.wsasgi import ReadAheadWebSocketProtocol
-from tests.e2e.e2e_helpers import digits_job, hello_frame, running
+from tests.e2e.e2e_helpers import digits_job, hello_frame, running, upgrade_by_hand
 
 #: hang guard for one socket operation, never the claim
 SOCKET_TIMEOUT_S = 60.0
@@ -25,20 +23,7 @@ def _websocket(port: int, first: bytes | None) -> None:
     """Upgrade, send ``first`` (a frame's payload, masked with a zero key) if any,
     then a close frame, and read until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_S) as s:
-        key = base64.b64encode(os.urandom(16)).decode()
-        s.sendall(
-            (
-                f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                "Sec-WebSocket-Version: 13\r\n\r\n"
-            ).encode()
-        )
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            got = s.recv(4096)
-            assert got, "closed during the handshake"
-            buf += got
-        assert buf.startswith(b"HTTP/1.1 101"), buf[:80]
+        upgrade_by_hand(s, port)
         if first is not None:
             s.sendall(bytes([0x82, 0x80 | 126]) + struct.pack("!H", len(first)) + bytes(4) + first)
         s.sendall(bytes([0x88, 0x80 | 2]) + bytes(4) + struct.pack("!H", 1000))

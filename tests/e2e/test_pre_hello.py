@@ -6,8 +6,6 @@ Real uvicorn on loopback, real websockets and raw sockets, a real client process
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
 import socket
 import struct
 import threading
@@ -22,7 +20,13 @@ from coordinator.http import wsasgi
 from coordinator.http.wsasgi import PRE_HELLO_MAX_BYTES
 from protocol import messages as m
 from protocol.errors import ErrorCode
-from tests.e2e.e2e_helpers import digits_job, hello_frame, running, train_together
+from tests.e2e.e2e_helpers import (
+    digits_job,
+    hello_frame,
+    running,
+    train_together,
+    upgrade_by_hand,
+)
 from tests.e2e.test_bad_input import current_rss_mb
 
 #: hang guard for one socket operation, never the claim
@@ -105,21 +109,7 @@ def _stranger(port: int, length: int, payload: memoryview) -> int | None:
     ``length``-byte binary frame (masked with a zero key: the payload goes as is),
     then ``payload``; return the close code the server sends."""
     with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_S) as s:
-        key = base64.b64encode(os.urandom(16)).decode()
-        s.sendall(
-            (
-                f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                "Sec-WebSocket-Version: 13\r\n\r\n"
-            ).encode()
-        )
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            got = s.recv(4096)
-            assert got, "closed during the handshake"
-            buf += got
-        head, buf = buf.split(b"\r\n\r\n", 1)
-        assert head.startswith(b"HTTP/1.1 101"), head[:80]
+        buf = upgrade_by_hand(s, port)
         s.sendall(bytes([0x82, 0x80 | 127]) + struct.pack("!Q", length) + b"\0\0\0\0")
         s.sendall(payload)
         while len(buf) < 4:  # a close frame: 0x88, length < 126, code, reason

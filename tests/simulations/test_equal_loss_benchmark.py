@@ -5,9 +5,6 @@ is a benchmark, not a test.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
@@ -15,19 +12,12 @@ import pytest
 from simulations.driver import Simulation
 from simulations.linear import linear_evaluations
 from simulations.scenario import parse_scenario
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "simulations.py"
+from tests.bench_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    # By path, under another name: as ``simulations`` it would shadow the package.
-    spec = importlib.util.spec_from_file_location("bench_simulations", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("simulations")
 
 
 def tiny_sim(bench: ModuleType) -> Simulation:
