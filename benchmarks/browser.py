@@ -156,7 +156,7 @@ def bench_frames(context: Any, seconds: float) -> list[dict]:
     job = digits_job(
         model={"widths": [64, 512, 512, 10]},
         strategy={"tau": 100},
-        stop={"target_accuracy": 1.0, "max_versions": 1_000_000, "max_time_s": 3600},
+        stop={"target_accuracy": 1.0, "max_versions": 1_000_000, "max_time_s": 3600, "patience": 0},
     )
     rows = []
     with running(job) as (bg, _service, _rec):

@@ -170,7 +170,7 @@ def measure(
     rounds: int, timeout: float, root: Path = ROOT, entry: str = "module"
 ) -> dict[str, list[dict]]:
     """``rounds`` pairs of a cold run and a warm run against one coordinator."""
-    job = parse_job({"stop": {"target_accuracy": None, "max_versions": 1_000_000}})
+    job = parse_job({"stop": {"target_accuracy": None, "max_versions": 1_000_000, "patience": 0}})
     service = CoreService(job)
     clock = _Clock()
     service.add_sink(clock)

@@ -12,8 +12,10 @@ Reported per row: seconds to 0.85 and to the anchor's accuracy at the budget
 (``--seconds``, 60 by default; the mean of its last tenth), the ratio anchor
 time / crowd time for that accuracy (above 1: the crowd is faster), best and
 final accuracy, results/s, bytes per task and per volunteer-hour (both
-directions). Rows run with the
-job's defaults unless marked tuned.
+directions), and how a job that ended early ended (``converged``: the held-out
+loss stopped improving and the model went back to its best; rates are then of
+the time it trained, ``bytes_per_volunteer`` is the whole run's). Rows run with
+the job's defaults unless marked tuned.
 
     .venv/bin/python benchmarks/crowd.py [--workload generated] [--clients 1,2] [--json]
 """
@@ -151,6 +153,7 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
             "--port",
             str(port),
             "--no-store",
+            "--keep-running",  # a job that converged is read after its end
         ],
         cwd=ROOT,
         env=env,
@@ -202,15 +205,21 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
     if not tp:
         raise RuntimeError(f"no throughput sample in {seconds:g} s: status {status}")
     last = tp[-1]
-    elapsed = last[0] - t0
     accepted = last[2]
     nbytes = last[6] + last[7]
+    fin = status.get("finished")
+    # A job that ended (converged) sent its volunteers home: rates are of the time
+    # it trained, up to the first sample with every result in.
+    worked = next((r for r in tp if r[2] == accepted), last) if fin else last
+    elapsed = worked[0] - t0
     return {
         "curve": [(round(t, 3), a) for t, a in curve if t <= seconds + 1],
         "results_per_s": accepted / elapsed if elapsed else None,
         "bytes_per_task": nbytes / accepted if accepted else None,
         "bytes_per_volunteer_hour": nbytes / clients / (elapsed / 3600.0),
+        "bytes_per_volunteer": nbytes / clients,
         "accepted": accepted,
+        "ended": None if fin is None else {**fin, "at_s": round(elapsed, 1)},
     }
 
 
@@ -302,7 +311,13 @@ def main() -> None:
                     name = f"{n} client(s), {'tuned' if tuned else 'defaults'}"
                     extra = {
                         k: c[k]
-                        for k in ("results_per_s", "bytes_per_task", "bytes_per_volunteer_hour")
+                        for k in (
+                            "results_per_s",
+                            "bytes_per_task",
+                            "bytes_per_volunteer_hour",
+                            "bytes_per_volunteer",
+                            "ended",
+                        )
                     }
                     results.append(
                         {
@@ -327,6 +342,7 @@ def main() -> None:
         "results/s",
         "kB/task",
         "MB/vol-h",
+        "ended",
     ):
         table.add_column(col)
 
@@ -346,6 +362,7 @@ def main() -> None:
             f(r.get("results_per_s")),
             f(r["bytes_per_task"] / 1e3 if r.get("bytes_per_task") else None),
             f(r["bytes_per_volunteer_hour"] / 1e6 if r.get("bytes_per_volunteer_hour") else None),
+            "" if not r.get("ended") else f"{r['ended']['reason']} at {r['ended']['at_s']:g} s",
         )
     Console(width=160).print(table)
 

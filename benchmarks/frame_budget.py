@@ -196,7 +196,7 @@ def one_row(
             "model": {"widths": WIDTHS},
             "strategy": {"name": "decentral-async", "tau": args.tau, "lr": 0.05},
             "eval": {"every_versions": 1_000_000},
-            "stop": {"target_accuracy": None, "max_versions": 10_000_000},
+            "stop": {"target_accuracy": None, "max_versions": 10_000_000, "patience": 0},
         }
     )
     service = CoreService(job)

@@ -48,6 +48,7 @@ OPEN_ENDED = """
 widths = [64, 32, 10]
 [stop]
 max_versions = 1000000000
+patience = 0
 [eval]
 every_versions = 1000
 """
@@ -67,7 +68,7 @@ def main() -> None:
     job = parse_job(
         {
             "model": {"widths": [64, 32, 10]},
-            "stop": {"target_accuracy": None, "max_versions": 10**9},
+            "stop": {"target_accuracy": None, "max_versions": 10**9, "patience": 0},
             "eval": {"every_versions": 1000},
         }
     )

@@ -69,7 +69,8 @@ def make_dataset(
 class ServeResult(Params):
     """The trained model (a ``Params``, sharing its buffer) plus how the run ended.
 
-    ``reason``: ``target_accuracy``, ``max_versions``, or ``max_time`` (only with
+    ``reason``: ``target_accuracy``, ``max_versions``, ``converged`` (the held-out
+    loss stopped improving: the model is its best evaluation's), or ``max_time`` (only with
     ``on_timeout="return"``); ``evaluation``: the final ``{"version", "accuracy",
     "loss"}`` on the held-out split (None if none ran); ``version``: the model
     version; ``seconds``: wall time of the run.

@@ -127,7 +127,7 @@ class Soak:
 
     def _spawn_coordinator(self) -> None:
         args = [*("--host", "127.0.0.1", "--port", str(self.port), "--store", str(self.store))]
-        args += ["--max-versions", "1000000000", "--seed", str(self.cfg.seed)]
+        args += ["--max-versions", "1000000000", "--patience", "0", "--seed", str(self.cfg.seed)]
         args += self.cfg.coordinator_args
         with (self.dir / "coordinator.log").open("ab") as log:
             self.coordinator = subprocess.Popen(

@@ -175,11 +175,22 @@ class LeaseSection(_Section):
 
 
 class StopSection(_Section):
-    """The job ends at the first condition met; all None means run until stopped."""
+    """The job ends at the first condition met; all None and ``patience`` 0 mean it
+    runs until stopped."""
 
     target_accuracy: float | None = Field(default=None, gt=0, le=1)
     max_versions: int | None = Field(default=None, ge=1)
     max_time_s: float | None = Field(default=None, gt=0)
+    # early stopping (earlystop.py): this many held-out evaluations in a row
+    # without a new best loss end the job as "converged", with the best
+    # evaluation's model as the final one when it is kept; 0: never
+    patience: int = Field(
+        default=40, ge=0, description="evaluations without a new best loss that end the job"
+    )
+    keep_best_mib: float = Field(
+        default=256.0, ge=0, allow_inf_nan=False,
+        description="keep the best model in memory (to end with it) up to this size",
+    )  # fmt: skip
 
 
 class CheckpointSection(_Section):

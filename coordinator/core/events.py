@@ -227,6 +227,9 @@ class JobFinished:
     reason: str
     accuracy: float | None
     now: float
+    #: "converged": the version whose parameters the final model took back
+    #: (earlystop.py), None when it ended with the model it had
+    best_of: int | None = None
 
 
 Action = Send | Close | Checkpoint

@@ -8,10 +8,9 @@ once per connection with its decoded ``hello``, then ``receive`` any number of
 times, then ``disconnect`` (a no-op for a client the core closed); ``tick(now)``
 at least at ``next_wakeup()``. No clock, no IO, randomness only from ``seed``:
 the same calls give bitwise the same model. Peer misbehaviour becomes an
-``error`` frame and a Close; only the caller's own misuse raises. The core
-dispatches; each concern has its own module and the rules that protect the model
-are in docs/coordinator.md ("Where each concern lives", "Rules that protect the
-model").
+``error`` frame and a Close; only the caller's own misuse raises. Each concern
+has its own module: docs/coordinator.md ("Where each concern lives", "Rules that
+protect the model").
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from coordinator.core.connections import Conn, Connections, ConnState, finished_
 from coordinator.core.credit import CreditBook
 from coordinator.core.data import DataCatalog
 from coordinator.core.downloads import ModelDistribution
+from coordinator.core.earlystop import EarlyStop
 from coordinator.core.evaluation import Evaluator
 from coordinator.core.handshake import check_hello, open_conn, welcome
 from coordinator.core.issuing import TaskIssuer
@@ -139,6 +139,7 @@ class Coordinator:
         self.conns = self.connections.by_id
         #: job data from a file: only clients that fetch shards (hello.data) can train
         self.data_only = self.job.data.path is not None
+        self.early_stop = EarlyStop(self.job.stop, self.model.params.data.nbytes)  # stop rules
 
     # -- public API ----------------------------------------------------------------
 
@@ -484,23 +485,21 @@ class Coordinator:
         self.model.changed.mark(report.within)
         v = self.model.version
         out.append(ev.ModelUpdated(version=v, contributions=self.model.contributions, now=now))
-        # Every update was checked finite; this guards the strategy's arithmetic. A
-        # whole pass over a huge model per version costs more than the merge itself,
-        # so big models are checked when they are evaluated.
+        # The strategy's arithmetic (updates were checked); huge models when evaluated.
         small = self.spec.num_params <= FINITE_CHECK_EVERY_VERSION_MAX
         due = self.evaluator.due(v, now)
         if (small or due) and not self.model.params.is_finite():
             raise RuntimeError(f"model became non-finite at version {v}: a strategy bug")
-        every = self.job.checkpoint.every_versions
-        if every and v % every == 0:
+        if (every := self.job.checkpoint.every_versions) and v % every == 0:
             out.append(ev.Checkpoint(version=v))
         stop = self.job.stop
         if due:
             e = self.evaluator.run(self.model.params, v, now)
             out.append(e)
             self.strategy.on_evaluation(e.loss)
-            if stop.target_accuracy is not None and e.accuracy >= stop.target_accuracy:
-                self._finish("target_accuracy", now, out)
+            reason = self.early_stop.verdict(e, self.model.params, self.strategy, self.upstream)
+            if reason is not None:
+                self._finish(reason, now, out)
                 return
         if stop.max_versions is not None and v >= stop.max_versions:
             self._finish("max_versions", now, out)
@@ -508,6 +507,7 @@ class Coordinator:
     def _finish(self, reason: str, now: float, out: list[ev.Output]) -> None:
         if self.finished is not None:
             return
+        best = self.early_stop.restore(self.model, now, out) if reason == "converged" else None
         v = self.model.version
         last = self.evaluator.last
         if last is None or last.version != v:
@@ -516,7 +516,10 @@ class Coordinator:
         for task in self.book.open_tasks():
             self.book.resolve_task(task, TaskState.DROPPED, now)
         self.orphans.clear()
-        self.finished = ev.JobFinished(version=v, reason=reason, accuracy=last.accuracy, now=now)
+        acc = last.accuracy
+        self.finished = ev.JobFinished(
+            version=v, reason=reason, accuracy=acc, now=now, best_of=best
+        )
         out.append(self.finished)
         if self.job.checkpoint.every_versions:
             out.append(ev.Checkpoint(version=v))

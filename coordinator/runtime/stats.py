@@ -114,6 +114,7 @@ class Stats:
                         "version": o.version,
                         "reason": o.reason,
                         "accuracy": o.accuracy,
+                        "best_of": o.best_of,
                     }
                     log.info("job finished: %s at v%d", o.reason, o.version)
                 case _:

@@ -88,6 +88,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link", help="link profile: lan, roblox, mobile, unlimited")
     p.add_argument("--target-accuracy", type=float)
     p.add_argument("--max-versions", type=int)
+    p.add_argument(
+        "--patience",
+        type=int,
+        help="held-out evaluations without a new best that end the job as converged "
+        "(0: never; default: the job's stop.patience, 40)",
+    )
     keep = p.add_mutually_exclusive_group()
     keep.add_argument(
         "--store",
@@ -281,6 +287,7 @@ def job_from_args(args: argparse.Namespace) -> JobConfig:
     put("link", "profile", args.link)
     put("stop", "target_accuracy", args.target_accuracy)
     put("stop", "max_versions", args.max_versions)
+    put("stop", "patience", args.patience)
     put("checkpoint", "every_versions", args.checkpoint_every)
     return job.replace(**over) if over else job
 

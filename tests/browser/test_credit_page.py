@@ -17,7 +17,7 @@ from tests.browser.test_dashboard import dash
 from tests.browser.test_volunteer_page import open_tab, page_url, stats, wait_until
 from tests.e2e.e2e_helpers import digits_job, running
 
-OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None}
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None, "patience": 0}
 UNITS = {"FLOP": 1.0, "kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12}
 
 

@@ -16,7 +16,9 @@ def dash(page) -> dict:
 
 
 def test_the_dashboard_shows_the_run_live(context) -> None:
-    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    job = digits_job(
+        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300, "patience": 0}
+    )
     with running(job, admin_token="adm") as (bg, service, rec):
         base = bg.url.replace("ws://", "http://").removesuffix("/ws")
         assert httpx.get(f"{base}/api/dashboard").status_code == 401

@@ -176,7 +176,9 @@ def test_the_volunteer_page_fits_a_desktop_and_a_phone_and_draws_the_crowd_curve
     """A tab opened before the first evaluation, beside a desktop client, draws
     the run's accuracy as a line from the points it polls; paused after a few
     dozen evaluations, at both sizes, nothing on it overflows."""
-    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    job = digits_job(
+        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300, "patience": 0}
+    )
     name_the_tabs(context, LONG_TAB_NAME)
     with running(job) as (bg, service, rec), clients(bg.url, ["desktop-0"]):
         page = open_tab(context, page_url(bg.url))

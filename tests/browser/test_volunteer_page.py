@@ -234,7 +234,7 @@ def test_the_page_keeps_its_frames_while_the_worker_trains(context, record_prope
     job = digits_job(
         model={"widths": [64, 512, 512, 10]},
         strategy={"tau": 100},
-        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300},
+        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300, "patience": 0},
     )
     with running(job) as (bg, _service, _rec):
         page = open_tab(context, page_url(bg.url))
@@ -260,7 +260,9 @@ def test_the_page_keeps_its_frames_while_the_worker_trains(context, record_prope
 def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
     """The network drops under a training tab: it reconnects with backoff, resumes
     its session (hello.resume) and goes on; hidden, it computes at a lower share."""
-    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    job = digits_job(
+        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300, "patience": 0}
+    )
     with running(job) as (bg, _service, rec):
         proxy = TcpProxy(bg.port)
         via = f"ws://127.0.0.1:{proxy.port}/ws"
@@ -291,7 +293,9 @@ def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
 def test_a_tab_whose_session_another_connection_resumes_stops(context) -> None:
     """A newer connection with the tab's resume token takes its session over: the
     tab is closed 4018 and stops instead of taking the session back (§6)."""
-    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    job = digits_job(
+        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300, "patience": 0}
+    )
     with running(job) as (bg, service, rec):
         page = open_tab(context, page_url(bg.url))
         wait_until(lambda: stats(page).get("accepted", 0) >= 1, 60, "an accepted result")
@@ -322,7 +326,9 @@ document.dispatchEvent(new Event("visibilitychange"));
 
 
 def test_a_screenshot_shows_the_progress(context) -> None:
-    job = digits_job(stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300})
+    job = digits_job(
+        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300, "patience": 0}
+    )
     with running(job) as (bg, _service, rec):
         page = open_tab(context, page_url(bg.url, "autostart=0"))
         before = artifacts_dir() / "page-before.png"
@@ -355,7 +361,7 @@ def test_the_page_shows_the_command_that_installs_the_desktop_client(context) ->
     overflows."""
     from coordinator.http.clientwheel import ClientWheel
 
-    job = digits_job(stop={"max_versions": 100_000, "max_time_s": 300})
+    job = digits_job(stop={"max_versions": 100_000, "max_time_s": 300, "patience": 0})
     with running(job) as (bg, _service, _rec):
         page = open_tab(context, page_url(bg.url, "autostart=0"))
         page.set_viewport_size({"width": 390, "height": 800})

@@ -23,7 +23,7 @@ from tests.coordinator.coord_helpers import (
 )
 
 CAP = 40
-OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**9}
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**9, "patience": 0}
 
 
 def flood(core: Coordinator, n: int, t: float, *, prefix: str) -> float:

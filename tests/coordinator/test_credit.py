@@ -25,7 +25,7 @@ ON = {"enabled": True, "base_rate": 1.0, "trust_after": 3}
 def _crowd(n: int = 3, *, replication: dict | None = None, keys: bool = True):
     job = make_job(
         replication=replication or {},
-        stop={"max_versions": 100_000},
+        stop={"max_versions": 100_000, "patience": 0},
         eval={"every_versions": 100_000},
     )
     core = build_core(job, seed=2, dataset=digits())

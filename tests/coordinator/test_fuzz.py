@@ -12,7 +12,7 @@ from testkit import hostile
 from testkit.fuzzing import DOCUMENTED_CLOSES, fuzz
 from tests.coordinator.coord_helpers import make_core
 
-OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**9}
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**9, "patience": 0}
 
 
 @settings(max_examples=25, deadline=None)

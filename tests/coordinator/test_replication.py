@@ -253,7 +253,7 @@ def test_the_rate_falls_to_one_over_trust_with_a_floor() -> None:
 def _crowd(seed: int = 1, n: int = 4, **replication: object) -> tuple[Coordinator, Loopback]:
     job = make_job(
         replication={**ON, **replication},
-        stop={"max_versions": 100_000},
+        stop={"max_versions": 100_000, "patience": 0},
         eval={"every_versions": 100_000},
     )
     core = build_core(job, seed=seed, dataset=digits())

@@ -38,7 +38,12 @@ RATE = 100
 def trained() -> Iterator[tuple[BackgroundServer, CoreService]]:
     job = digits_job(
         "decentral-async",
-        stop={"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None},
+        stop={
+            "target_accuracy": None,
+            "max_versions": 1_000_000,
+            "max_time_s": None,
+            "patience": 0,
+        },
         eval={"every_versions": 100},
         link={"profile": "lan", "messages_per_s": RATE, "max_message_bytes": MAX_MESSAGE},
     )

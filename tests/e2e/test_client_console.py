@@ -12,7 +12,7 @@ import sys
 from coordinator.core import events as ev
 from tests.e2e.e2e_helpers import ROOT, digits_job, free_port, running
 
-OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None}
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None, "patience": 0}
 
 
 def crowdgrad_client(url: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:

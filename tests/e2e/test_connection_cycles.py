@@ -55,7 +55,9 @@ def _garbage_of(types: tuple[type, ...], names: tuple[str, ...]) -> dict[str, in
 
 
 def test_closed_websockets_and_http_connections_leave_no_cycles() -> None:
-    job = digits_job(stop={"target_accuracy": None, "max_versions": 10**6, "max_time_s": None})
+    job = digits_job(
+        stop={"target_accuracy": None, "max_versions": 10**6, "max_time_s": None, "patience": 0}
+    )
     with running(job) as (bg, _, _):
         port = bg.port
         _http(port)  # warm: whatever is made once

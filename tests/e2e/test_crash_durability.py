@@ -74,6 +74,7 @@ mode = "ist"
 fraction = 0.25
 [stop]
 max_versions = 1000000
+patience = 0
 """
 
 
@@ -83,7 +84,7 @@ def _coordinator(
     args = [
         *("--port", str(port), "--store", str(store), "--dataset", "digits"),
         *("--widths", "64,64,10", "--strategy", "decentral-async", "--tau", "10"),
-        *("--lr", "0.1", "--batch", "16", "--max-versions", "1000000"),
+        *("--lr", "0.1", "--batch", "16", "--max-versions", "1000000", "--patience", "0"),
         *("--checkpoint-every", "7"),
     ]
     if job is not None:  # the job file's model and strategy, the same store and port

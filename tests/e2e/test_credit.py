@@ -15,7 +15,7 @@ from coordinator.core import events as ev
 from protocol.volunteer import volunteer_id
 from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, running
 
-OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None}
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None, "patience": 0}
 
 
 def _get(url: str) -> dict:

@@ -12,7 +12,7 @@ from coordinator.http.serving import BackgroundServer
 from coordinator.runtime.service import CoreService
 from tests.e2e.e2e_helpers import Recorder, clients, digits_job, running
 
-OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None}
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None, "patience": 0}
 
 
 def test_ctrl_c_says_bye_and_exits_zero() -> None:

@@ -54,7 +54,7 @@ def test_an_ingame_client_replaced_by_its_own_newer_connection_does_not_reconnec
     client's session, which goes on there; reconnecting would take it back. The
     in-game client ends with exit code 2 instead, with a backoff that would have
     reconnected within a frame or two."""
-    job = digits_job(stop={"target_accuracy": None, "max_versions": 1_000_000})
+    job = digits_job(stop={"target_accuracy": None, "max_versions": 1_000_000, "patience": 0})
     with running(job) as (bg, _service, rec):
         client = InGameClient(bg.url, name="game", flops=1e9, backoff_base=0.01, backoff_cap=0.02)
         deadline = time.monotonic() + 60

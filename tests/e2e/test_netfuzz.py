@@ -12,7 +12,7 @@ from coordinator.core import events as ev
 from testkit.netfuzz import fuzz_server
 from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, running
 
-OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None}
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None, "patience": 0}
 
 
 def test_hostile_frames_over_real_sockets_close_cleanly_beside_an_honest_client() -> None:

@@ -78,7 +78,9 @@ def test_over_the_cap_before_hello_is_closed_1009_and_an_honest_client_trains_af
 def test_the_cap_lifts_once_the_hello_is_taken() -> None:
     """Frames over the pre-hello cap but under the link's maximum, the first sent
     right after welcome, are taken."""
-    job = digits_job(stop={"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None})
+    job = digits_job(
+        stop={"target_accuracy": None, "max_versions": 1_000_000, "max_time_s": None, "patience": 0}
+    )
     with running(job) as (bg, _, _):
 
         async def go() -> list[float | None]:

@@ -1,0 +1,91 @@
+"""Early stopping: a job ends when its held-out loss stopped improving, with its best model.
+
+``verdict`` takes each held-out evaluation: the job ends at ``stop.target_accuracy``,
+or when it has converged (``observe``). After ``stop.patience`` evaluations in a
+row without a new best loss, spanning at least as many rounds (K versions each, K
+the crowd's concurrency: 700 players make versions fast and evaluations close),
+the job has converged and the core finishes it as ``converged``; ``restore`` then
+makes the best evaluation's parameters the final model (one version on), as
+one-machine training restores its best weights, when they were kept: while the
+model fits in ``stop.keep_best_mib``. A crowd's model overfits and grows noisy
+long after its best (docs/performance.md, "Holding the best"); without this the
+volunteers would keep paying compute and bandwidth for a worse model.
+
+The best is of this run only: it is not checkpointed (it would double a
+checkpoint), so a coordinator restarted from a checkpoint counts again from there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from coordinator.core import events as ev
+from coordinator.core.config import StopSection
+from coordinator.core.strategies.base import ModelState, Strategy
+from nn.params import Params
+
+
+class EarlyStop:
+    __slots__ = ("_best", "_keep", "best_loss", "best_version", "config", "since_best")
+
+    def __init__(self, config: StopSection, model_bytes: int) -> None:
+        self.config = config
+        self._keep = model_bytes <= config.keep_best_mib * 2**20
+        self.best_loss = math.inf
+        self.best_version: int | None = None
+        #: evaluations since the last new best
+        self.since_best = 0
+        self._best: np.ndarray | None = None
+
+    def observe(self, loss: float, version: int, params: Params, concurrency: float = 1.0) -> bool:
+        """One evaluation of ``params`` at ``version``; whether the job has converged."""
+        patience = self.config.patience
+        if patience == 0:
+            return False
+        if loss < self.best_loss:  # NaN never is: a diverged model is never the best
+            self.best_loss, self.best_version, self.since_best = loss, version, 0
+            if self._keep:
+                if self._best is None:
+                    self._best = params.data.copy()
+                else:
+                    self._best[:] = params.data
+            return False
+        self.since_best += 1
+        rounds = (version - (self.best_version or 0)) / max(1.0, concurrency)
+        return self.since_best >= patience and rounds >= patience
+
+    def verdict(
+        self, e: ev.Evaluated, params: Params, strategy: Strategy, upstream: object | None = None
+    ) -> str | None:
+        """Why the job ends after evaluation ``e`` of ``params``, if it does:
+        ``target_accuracy`` or ``converged``; an edge (it has an ``upstream``)
+        follows its root's model and never converges on its own: the root ends."""
+        target = self.config.target_accuracy
+        if target is not None and e.accuracy >= target:
+            return "target_accuracy"
+        converged = self.observe(e.loss, e.version, params, strategy.concurrency)
+        return "converged" if converged and upstream is None else None
+
+    def best(self, version: int) -> np.ndarray | None:
+        """The best evaluation's parameters (flat float32) if they are kept and are
+        not the model's at ``version`` already; else None."""
+        if self._best is None or self.best_version == version:
+            return None
+        return self._best
+
+    def restore(self, model: ModelState, now: float, out: list[ev.Output]) -> int | None:
+        """Make the best evaluation's parameters the model, one version on; the
+        version they came from, or None (not kept, or the model is the best)."""
+        best = self.best(model.version)
+        if best is None:
+            return None
+        with model.lock:
+            model.params.data[:] = best
+            model.version += 1
+            model.whole_steps += 1
+        model.changed.mark()
+        v, n = model.version, model.contributions
+        out.append(ev.ModelUpdated(version=v, contributions=n, now=now))
+        return self.best_version
