@@ -3,7 +3,9 @@
 When the core leases a new task (the *primary*), this module decides with the holder's rate
 whether to replicate it: then it keeps a snapshot of that model version and offers a *twin*
 (same version, shard, seed, steps and batch, its own task id) to the next idle client other
-than the holder. The two copies form a *unit*::
+than the holder whose §12 kernel family (``hello.kernel``) is the holder's; when the
+holder's is unknown, or the unit has waited ``twin_wait_s`` since its primary was leased,
+to any other (``may_take``). The two copies form a *unit*::
 
     WAITING  -> RUNNING | UNCHECKED | CANCELLED   twin leased / primary in first / lost
     RUNNING  -> HELD | UNCHECKED | CANCELLED      a result in / the other copy gone / lost
@@ -13,11 +15,14 @@ than the holder. The two copies form a *unit*::
 A unit CANCELLED before any result leaves its primary an ordinary task (applied unchecked if
 it comes); a lost primary takes its twin with it (dropped). The first result of a unit is held
 (acknowledged, and saved by ``state_dict``) until the other arrives; only then does one of them
-reach the strategy. A disagreement is settled by the coordinator's own run of the task
-(``client.compute.run_task``, from the snapshot); a client with ``strikes`` proven
-disagreements among its last ``strike_window`` checked results is excluded and its updates
-are accounted for. Agreement, trust, rates, exclusion, what it
-costs and its limits: docs/coordinator.md ("Adaptive replication").
+reach the strategy. A disagreement is judged by the coordinator's own run of the task
+(``client.compute.run_task``, from the snapshot) with what can prove it (``judge``): a
+strike needs proof, and a copy of a kernel family other than the coordinator's may part
+from its run by rounding over a long task, so such a copy is only proven wrong by a twin
+of its own (bit-exact) family; otherwise it is *inconclusive* (not used, not struck). A
+client with ``strikes`` proven disagreements among its last ``strike_window`` checked
+results is excluded and its updates are accounted for. Agreement, trust, rates,
+exclusion, what it costs and its limits: docs/coordinator.md ("Adaptive replication").
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from client.compute import run_task
+from client.compute import KERNEL, run_task
 from coordinator.core import events as ev
 from coordinator.core.config import ReplicationSection
 from coordinator.core.leases import LeaseBook, Task, TaskPlan, TaskState
@@ -64,6 +69,80 @@ UNIT_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
     UnitState.CANCELLED: frozenset(),
 }
 
+#: the kernel family of the coordinator's own run (``client.compute.run_task``: numba,
+#: float32 BLAS sums; protocol.messages.KERNELS)
+OWN_KERNEL = KERNEL
+
+
+def family(kernel: str) -> str:
+    """A ``hello.kernel`` token as replication counts it: a family of
+    ``protocol.messages.KERNELS``, or "" (unknown: judged as the coordinator's own)."""
+    return kernel if kernel in m.KERNELS else ""
+
+
+def may_take(holder_kernel: str, taker_kernel: str, waited_s: float, wait_s: float) -> bool:
+    """Whether a client of ``taker_kernel`` may take the twin of a primary whose holder
+    computes with ``holder_kernel`` (families), ``waited_s`` after it was leased: one of
+    the same family, any client once the holder's is unknown or the unit has waited
+    ``wait_s`` (so that a unit of a family no idle client has is still checked)."""
+    return not holder_kernel or taker_kernel == holder_kernel or waited_s >= wait_s
+
+
+class Verdict(enum.Enum):
+    """What the coordinator's own run says of one copy of a disagreeing pair."""
+
+    RIGHT = "right"  # it agrees with the own run, or is the nearer of one family's two
+    WRONG = "wrong"  # proven wrong: not used, its holder struck
+    INCONCLUSIVE = "inconclusive"  # off the own run, but its family may be: not used, no strike
+
+
+def judge(
+    a: np.ndarray,
+    b: np.ndarray,
+    own: np.ndarray,
+    *,
+    kernels: tuple[str, str],
+    rtol: float,
+    atol: float,
+    distance: float,
+) -> tuple[Verdict, Verdict]:
+    """Verdicts on two copies that disagree with each other (``agree`` failed), given
+    the coordinator's own result ``own`` and each copy's kernel family (``family``).
+
+    - Both of one family other than the coordinator's: that family is bit-exact with
+      itself, so one of them is wrong. The one nearer ``own`` (relative L2; ``a`` on
+      a tie) is right; the other is wrong if it also disagrees with ``own``, else
+      right too.
+    - Otherwise each alone: a copy that agrees with ``own`` is right; one that does
+      not is wrong if its family is the coordinator's or unknown, and inconclusive if
+      it is another (its rounding may part from ``own`` over a long task).
+    """
+    tol = {"rtol": rtol, "atol": atol, "distance": distance}
+    ka, kb = kernels
+    a_ok, b_ok = agree(a, own, **tol), agree(b, own, **tol)
+    if ka == kb and ka not in ("", OWN_KERNEL):
+        a_near = _dist(a, own) <= _dist(b, own)
+        a_ok, b_ok = a_ok or a_near, b_ok or not a_near
+        return (Verdict.RIGHT if a_ok else Verdict.WRONG, Verdict.RIGHT if b_ok else Verdict.WRONG)
+
+    def alone(ok: bool, kernel: str) -> Verdict:
+        if ok:
+            return Verdict.RIGHT
+        return Verdict.WRONG if kernel in ("", OWN_KERNEL) else Verdict.INCONCLUSIVE
+
+    return alone(a_ok, ka), alone(b_ok, kb)
+
+
+def _dist(a: np.ndarray, b: np.ndarray) -> float:
+    d = a.astype(np.float64) - b.astype(np.float64)
+    return float(np.sqrt(d @ d))
+
+
+def shift_check(bits: int, struck: bool, window: int) -> int:
+    """A client's last ``window`` checked results as bits (1: struck, newest lowest),
+    after one more; ``.bit_count()`` of it is its strikes in the window."""
+    return ((bits << 1) | int(struck)) & ((1 << window) - 1)
+
 
 def agree(a: np.ndarray, b: np.ndarray, *, rtol: float, atol: float, distance: float = 0.0) -> bool:
     """Every value within ``atol + rtol · max(|a|, |b|)`` (float64, no overflow), or
@@ -89,6 +168,7 @@ class Copy:
     client_id: str
     update: np.ndarray
     norm: float
+    kernel: str = ""  # its holder's kernel family when it came in (``family``)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -98,6 +178,7 @@ class Unit:
 
     primary: Task
     holder: str  # the primary's holder (resume id)
+    kernel: str = ""  # the primary holder's kernel family (``family``) when leased
     twin_id: int | None = None
     state: UnitState = UnitState.WAITING
     held: Copy | None = None
@@ -140,6 +221,10 @@ class ReplicationStats:
     unchecked: int = 0  # a unit's result went in without a comparison
     cancelled: int = 0
     excluded: int = 0
+    #: copies of a disagreeing pair the own run could not judge (``Verdict.INCONCLUSIVE``)
+    inconclusive: int = 0
+    #: twins taken by a client of another kernel family than the primary's holder
+    cross_kernel: int = 0
     #: disagreements counted against a client short of its exclusion
     struck: int = 0
     reverted: int = 0  # unchecked updates subtracted from the model
@@ -203,13 +288,19 @@ class Replicator:
             return c.base_rate
         return max(c.min_rate, min(c.base_rate, 1.0 / trust))
 
-    def twin_for(self, holder: str) -> TaskPlan | None:
-        """A twin this client may compute (never its own task's), oldest first."""
+    def twin_for(self, rec: ClientRecord, now: float) -> TaskPlan | None:
+        """A twin this client may compute (never its own task's, and one of its kernel
+        family's or one that waited ``twin_wait_s``: ``may_take``), oldest first."""
         waiting = self._waiting
         while waiting and waiting[0].state is not UnitState.WAITING:
             waiting.popleft()
+        holder, kernel, wait = rec.resume_id, family(rec.kernel), self.config.twin_wait_s
         for unit in waiting:
-            if unit.state is UnitState.WAITING and unit.holder != holder:
+            if (
+                unit.state is UnitState.WAITING
+                and unit.holder != holder
+                and may_take(unit.kernel, kernel, now - unit.primary.created_at, wait)
+            ):
                 p = unit.primary
                 plan = TaskPlan(
                     kind=p.kind, shard=p.shard, seed=p.seed, steps=p.steps, batch=p.batch,
@@ -228,6 +319,7 @@ class Replicator:
             unit.twin_id = task.task_id
             self._units[task.task_id] = unit
             self.stats.twins += 1
+            self.stats.cross_kernel += unit.kernel != family(rec.kernel)
             return True
         if not self.enabled or plan.reissue is not None or connected < 2:
             return False
@@ -236,7 +328,7 @@ class Replicator:
         if not self._keep(task.version):
             self.stats.skipped += 1
             return False
-        unit = Unit(primary=task, holder=rec.resume_id)
+        unit = Unit(primary=task, holder=rec.resume_id, kernel=family(rec.kernel))
         self._units[task.task_id] = unit
         self._waiting.append(unit)
         self.stats.units += 1
@@ -266,7 +358,7 @@ class Replicator:
         let it go in unchecked."""
         copy = Copy(
             task_id=task.task_id, holder=rec.resume_id, client_id=rec.client_id,
-            update=update, norm=norm,
+            update=update, norm=norm, kernel=family(rec.kernel),
         )  # fmt: skip
         if unit.state is UnitState.HELD:
             self._compare(unit, copy, now)
@@ -440,17 +532,21 @@ class Replicator:
         self.stats.recomputes += 1
         base = Params.from_flat(self.model.params.spec, self.snapshot(p.version))
         own = run_task(self.describe(p), base, self.dataset).update
-        a_ok, b_ok = agree(a.update, own, **tol), agree(b.update, own, **tol)
+        verdicts = judge(a.update, b.update, own, kernels=(a.kernel, b.kernel), **tol)
         self._end(unit)
-        losers = tuple(c for c, ok in ((a, a_ok), (b, b_ok)) if not ok)
-        self.ready.append(self._verified(unit, a, b, losers, now))
-        if a_ok:
+        judged = tuple(zip((a, b), verdicts, strict=True))
+        losers = tuple(c for c, v in judged if v is Verdict.WRONG)
+        unsure = tuple(c for c, v in judged if v is Verdict.INCONCLUSIVE)
+        self.stats.inconclusive += len(unsure)
+        self.ready.append(self._verified(unit, a, b, losers, now, unsure))
+        if verdicts[0] is Verdict.RIGHT:
             self._trusted(a.holder)
-        self._passed(*(c.holder for c, ok in ((a, a_ok), (b, b_ok)) if ok))
+        self._passed(*(c.holder for c, v in judged if v is Verdict.RIGHT))
         for loser in losers:
             self._struck(loser, now)
-        if a_ok or b_ok:
-            w = a if a_ok else b
+        right = [c for c, v in judged if v is Verdict.RIGHT]
+        if right:
+            w = right[0]
             rel = Release(task=p, update=w.update, norm=w.norm, holder=w.holder, checked=True)
         else:  # neither: the coordinator's own result stands for the task
             norm = float(np.sqrt(own.astype(np.float64) @ own.astype(np.float64)))
@@ -458,7 +554,13 @@ class Replicator:
         self.ready.append(rel)
 
     def _verified(
-        self, unit: Unit, a: Copy, b: Copy, losers: tuple[Copy, ...], now: float
+        self,
+        unit: Unit,
+        a: Copy,
+        b: Copy,
+        losers: tuple[Copy, ...],
+        now: float,
+        inconclusive: tuple[Copy, ...] = (),
     ) -> ev.ResultVerified:
         return ev.ResultVerified(
             task_id=unit.primary.task_id,
@@ -467,6 +569,7 @@ class Replicator:
             agreed=unit.state is UnitState.AGREED,
             now=now,
             losers=tuple(c.client_id for c in losers),
+            inconclusive=tuple(c.client_id for c in inconclusive),
         )
 
     def _trusted(self, holder: str) -> None:
@@ -476,8 +579,7 @@ class Replicator:
 
     def _checked(self, rec: ClientRecord, struck: bool) -> int:
         """Shift one checked result into the holder's window; its strikes in it."""
-        mask = (1 << self.config.strike_window) - 1
-        rec.recent_checks = ((rec.recent_checks << 1) | int(struck)) & mask
+        rec.recent_checks = shift_check(rec.recent_checks, struck, self.config.strike_window)
         return rec.recent_checks.bit_count()
 
     def _passed(self, *holders: str) -> None:
@@ -487,11 +589,12 @@ class Replicator:
                 self._checked(rec, False)
 
     def _struck(self, loser: Copy, now: float) -> None:
-        """A copy the coordinator's own run disproved: its result is not used and
-        its holder's trust is 0; ``strikes`` of them among its last
+        """A copy the coordinator's own run disproved (``Verdict.WRONG``): its result
+        is not used and its holder's trust is 0; ``strikes`` of them among its last
         ``strike_window`` checked results exclude it. One is not proof of a lie: a
-        conforming client lands outside the tolerance by rounding about once in
-        2,000 tasks (benchmarks/replicas.py), a liar on every checked one."""
+        conforming client of the coordinator's kernel lands outside the tolerance by
+        rounding about once in 2,000 short tasks (benchmarks/replicas.py), a liar on
+        every checked one."""
         rec = self.registry.lookup(loser.holder)
         if rec is not None:
             rec.strikes += 1
