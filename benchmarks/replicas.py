@@ -1,6 +1,6 @@
 """Honest replicas across implementations: do conforming clients ever get excluded?
 
-Replication (coordinator/core/replication.py) compares two clients' results of one
+Replication (coordinator/core/replication.py, judging.py) compares two clients' results of one
 task with ``agree`` at the job's tolerances; on a disagreement the coordinator's
 own run (``client.compute.run_task``) judges each copy with what can prove it
 (``judge``: by the copies' kernel families, ``hello.kernel``), and a client proven
@@ -54,7 +54,7 @@ from rich.table import Table  # noqa: E402
 from client.compute import run_task  # noqa: E402
 from coordinator.core.config import JobConfig, parse_job  # noqa: E402
 from coordinator.core.data import DataCatalog, load_job_data  # noqa: E402
-from coordinator.core.replication import Verdict, agree, judge, shift_check  # noqa: E402
+from coordinator.core.judging import Verdict, agree, judge, shift_check  # noqa: E402
 from nn.optim import Optimizer, OptState  # noqa: E402
 from nn.params import Params  # noqa: E402
 from nn.rng import Xoshiro128ss  # noqa: E402
@@ -179,7 +179,7 @@ class Crowd:
     """One pairing's crowd under the coordinator's rule: an honest client of each
     implementation, and for each lie a liar claiming each family (it says its
     kernel in hello like anyone). Every verdict comes from
-    ``coordinator.core.replication`` (``agree``, ``judge``, ``shift_check``)."""
+    ``coordinator.core.judging`` (``agree``, ``judge``, ``shift_check``)."""
 
     def __init__(self, pairing: str, rule: dict[str, float], strikes: int, window: int) -> None:
         self.pairing, self.rule, self.strikes, self.window = pairing, rule, strikes, window

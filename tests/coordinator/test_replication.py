@@ -16,8 +16,9 @@ from client.compute import ComputeOutput, run_task
 from coordinator.core import events as ev
 from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.config import JobConfigError
+from coordinator.core.judging import Verdict, agree, family, judge, may_take
 from coordinator.core.machine import Coordinator
-from coordinator.core.replication import Copy, Verdict, agree, family, judge, may_take
+from coordinator.core.replication import Copy
 from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from coordinator.runtime.service import CoreService
 from nn.params import Params
