@@ -500,10 +500,9 @@ class Replicator:
     def _struck(self, loser: Copy, now: float) -> None:
         """A copy the coordinator's own run disproved (``Verdict.WRONG``): its result
         is not used and its holder's trust is 0; ``strikes`` of them among its last
-        ``strike_window`` checked results exclude it. One is not proof of a lie: a
-        conforming client of the coordinator's kernel lands outside the tolerance by
-        rounding about once in 2,000 short tasks (benchmarks/replicas.py), a liar on
-        every checked one."""
+        ``strike_window`` checked results exclude it: a rare rounding accident the
+        rule cannot tell from a lie costs an honest client one result, a liar is
+        struck on every checked one (benchmarks/replicas.py)."""
         rec = self.registry.lookup(loser.holder)
         if rec is not None:
             rec.strikes += 1
