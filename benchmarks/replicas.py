@@ -1,23 +1,32 @@
 """Honest replicas across implementations: do conforming clients ever get excluded?
 
-Replication (coordinator/core/replication.py) compares two clients' results of one
+Replication (coordinator/core/replication.py, judging.py) compares two clients' results of one
 task with ``agree`` at the job's tolerances; on a disagreement the coordinator's
-own run (``client.compute.run_task``) decides, and a client whose result it
-disproves ``strikes`` times among its last ``strike_window`` checked results is
-excluded. This computes the same tasks with the three
-implementations a crowd holds, all conforming to docs/protocol.md §12:
+own run (``client.compute.run_task``) judges each copy with what can prove it
+(``judge``: by the copies' kernel families, ``hello.kernel``), and a client proven
+wrong ``strikes`` times among its last ``strike_window`` checked results is
+excluded. This computes the same tasks with the three implementations a crowd
+holds, all conforming to docs/protocol.md §12:
 
-- ``python``: the desktop client (numba kernels, float32 BLAS sums), also the
-  coordinator's own run;
-- ``js``: the browser client's plain JavaScript kernels (float64 sums);
-- ``wasm``: its WebAssembly SIMD kernels (float32 sums, another order),
+- ``python``: the desktop client (numba kernels, float32 BLAS sums; ``numba-f32``),
+  also the coordinator's own run;
+- ``js``: the browser client's plain JavaScript kernels (float64 sums; ``js-f64``);
+- ``wasm``: its WebAssembly SIMD kernels (float32 sums, another order;
+  ``wasm-simd-f32``),
 
-the last two under node (client/web/bench/pairs.mjs, the worker's code), and
-compares every pair with the coordinator's rule. Tasks are of the job's kind: its
-model, its shards as the coordinator cuts them, model versions along a training
-run, seeds, steps, the linear lr scaling's lrs and every §12.5 optimizer. On a
-sample of tasks each planted lie of simulations/attacks.py is checked against the
-honest result: a liar must keep disagreeing, or it would never be excluded.
+the last two under node (client/web/bench/pairs.mjs, the worker's code). Every pair
+of every task is compared with ``agree`` (the raw figures), then a crowd is run
+through the coordinator's own functions (``agree``, ``judge``, ``shift_check``)
+under each pairing of ``PAIRINGS``: twins of the primary holder's family (what
+``Replicator.twin_for`` gives while such a client is idle) and twins of another
+family (its ``twin_wait_s`` fallback). The crowd holds an honest client of each
+implementation, primaries going to each in turn, and for each of the seven lies of
+simulations/attacks.py a liar claiming each family, planted on every
+``--lie-every``-th task with an honest twin. Within a family results are taken
+to be bit-exact (§12.8: the JS and WASM kernel sets each are), so two honest
+copies of one family are one array. Tasks are of the job's kind: its model, its
+shards as the coordinator cuts them, model versions along a training run, seeds,
+steps, the linear lr scaling's lrs and every §12.5 optimizer.
 
     .venv/bin/python benchmarks/replicas.py [--workload digits] [--tasks 100000] [--json]
 """
@@ -45,7 +54,7 @@ from rich.table import Table  # noqa: E402
 from client.compute import run_task  # noqa: E402
 from coordinator.core.config import JobConfig, parse_job  # noqa: E402
 from coordinator.core.data import DataCatalog, load_job_data  # noqa: E402
-from coordinator.core.replication import agree  # noqa: E402
+from coordinator.core.judging import Verdict, agree, judge, shift_check  # noqa: E402
 from nn.optim import Optimizer, OptState  # noqa: E402
 from nn.params import Params  # noqa: E402
 from nn.rng import Xoshiro128ss  # noqa: E402
@@ -158,8 +167,120 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a64 - b64)) / longer if longer else 0.0
 
 
+#: each implementation's §12 kernel family (hello.kernel, protocol.messages.KERNELS)
+FAMILY = {"python": "numba-f32", "js": "js-f64", "wasm": "wasm-simd-f32"}
+#: how twins are given: to a client of the primary holder's family (what
+#: ``Replicator.twin_for`` does while one is idle within ``twin_wait_s``), or, the
+#: fallback (``may_take`` after ``twin_wait_s``), to a client of another family
+PAIRINGS = ("same-kernel", "cross-kernel")
+
+
+class Crowd:
+    """One pairing's crowd under the coordinator's rule: an honest client of each
+    implementation, and for each lie a liar claiming each family (it says its
+    kernel in hello like anyone). Every verdict comes from
+    ``coordinator.core.judging`` (``agree``, ``judge``, ``shift_check``)."""
+
+    def __init__(self, pairing: str, rule: dict[str, float], strikes: int, window: int) -> None:
+        self.pairing, self.rule, self.strikes, self.window = pairing, rule, strikes, window
+        self.honest = {impl: {"checked": 0, "disagreed": 0, "struck": 0, "inconclusive": 0,
+                              "exclusions": 0} for impl in IMPLS}  # fmt: skip
+        self._bits: dict[Any, int] = {}
+        self.struck: list[dict[str, Any]] = []
+        #: honest copies proven wrong in a pair with a liar (of one family: the liar nearer)
+        self.honest_struck_beside_liars = 0
+        self.lies = {kind: {impl: {"planted": 0, "struck": 0, "inconclusive": 0,
+                                   "excluded_after": None} for impl in IMPLS}
+                     for kind in LIES}  # fmt: skip
+
+    def partner(self, impl: str, i: int) -> str:
+        """The implementation that computes the twin of ``impl``'s task ``i``."""
+        if self.pairing == "same-kernel":
+            return impl
+        others = [o for o in IMPLS if o != impl]
+        return others[i % 2]
+
+    def _verdicts(self, a: str, b: str, ua: np.ndarray, ub: np.ndarray,
+                  own: np.ndarray) -> tuple[Verdict, Verdict] | None:  # fmt: skip
+        """None: the copies agree; else the coordinator's verdicts (a, b)."""
+        if agree(ua, ub, **self.rule):
+            return None
+        return judge(ua, ub, own, kernels=(FAMILY[a], FAMILY[b]), **self.rule)
+
+    def _check(self, who: Any, verdict: Verdict) -> bool:
+        """One checked result into ``who``'s window; True: this excludes it (and it
+        starts over as a fresh client). An inconclusive copy is no check."""
+        if verdict is Verdict.INCONCLUSIVE:
+            return False
+        bits = shift_check(self._bits.get(who, 0), verdict is Verdict.WRONG, self.window)
+        if bits.bit_count() >= self.strikes:
+            self._bits[who] = 0
+            return True
+        self._bits[who] = bits
+        return False
+
+    def honest_pair(self, task: m.Task, i: int, ups: dict[str, np.ndarray]) -> None:
+        """Task ``i``'s primary goes to one implementation (in turn), its twin as the
+        pairing gives it; both honest."""
+        a = IMPLS[i % len(IMPLS)]
+        b = self.partner(a, i // len(IMPLS))
+        verdicts = self._verdicts(a, b, ups[a], ups[b], ups["python"])
+        for impl, v in ((a, verdicts[0] if verdicts else Verdict.RIGHT),
+                        (b, verdicts[1] if verdicts else Verdict.RIGHT)):  # fmt: skip
+            row = self.honest[impl]
+            row["checked"] += 1
+            row["disagreed"] += verdicts is not None
+            row["struck"] += v is Verdict.WRONG
+            row["inconclusive"] += v is Verdict.INCONCLUSIVE
+            if v is Verdict.WRONG:
+                self.struck.append({"task": task.task_id, "impl": impl, "pair": f"{a}-{b}",
+                                    "distance": rel_l2(ups[impl], ups["python"])})  # fmt: skip
+            if self._check(("honest", impl), v):
+                row["exclusions"] += 1
+            if a == b:
+                break  # two clients of one family: the same copy, one check counted
+
+    def liar_pair(self, kind: str, lie: np.ndarray, i: int, ups: dict[str, np.ndarray]) -> None:
+        """A liar of each claimed family uploads ``lie``; its twin is honest."""
+        for claim in IMPLS:
+            row = self.lies[kind][claim]
+            row["planted"] += 1
+            other = self.partner(claim, i)
+            verdicts = self._verdicts(claim, other, lie, ups[other], ups["python"])
+            v = verdicts[0] if verdicts else Verdict.RIGHT
+            row["struck"] += v is Verdict.WRONG
+            row["inconclusive"] += v is Verdict.INCONCLUSIVE
+            if verdicts is not None and verdicts[1] is Verdict.WRONG:
+                self.honest_struck_beside_liars += 1
+            if self._check(("liar", kind, claim), v) and row["excluded_after"] is None:
+                row["excluded_after"] = row["planted"]
+
+    def report(self) -> dict[str, Any]:
+        exclusions = {impl: row["exclusions"] for impl, row in self.honest.items()}
+        return {
+            "honest": self.honest,
+            "strikes": {impl: row["struck"] for impl, row in self.honest.items()},
+            "exclusions": exclusions,
+            "honest_exclusions": sum(exclusions.values()),
+            "honest_struck_beside_liars": self.honest_struck_beside_liars,
+            "struck": self.struck[:50],
+            "lies": {
+                kind: {
+                    claim: {**row, "excluded": row["excluded_after"] is not None}
+                    for claim, row in by_claim.items()
+                }
+                for kind, by_claim in self.lies.items()
+            },
+            "lies_excluded": {
+                kind: [claim for claim, row in by_claim.items() if row["excluded_after"]]
+                for kind, by_claim in self.lies.items()
+            },
+        }
+
+
 class Tally:
-    """Pairs compared, disagreements, the strikes they cost, and lies caught."""
+    """Pairs of implementations compared (every pair of every task, raw), and each
+    pairing's crowd under the coordinator's rule (``Crowd``)."""
 
     def __init__(self, job: JobConfig) -> None:
         r = job.replication
@@ -167,27 +288,19 @@ class Tally:
         self.strict = {**self.rule, "distance": 0.0}
         self.strikes_to_exclude, self.window = r.strikes, r.strike_window
         self.pairs = {f"{a}-{b}": {"compared": 0, "disagreed": 0, "outside_values": 0,
-                                   "max_distance": 0.0} for a, b in PAIRS}  # fmt: skip
-        self.strikes = dict.fromkeys(IMPLS, 0)
-        #: each implementation as one client all of whose results are checked: its
-        #: window of checked results (coordinator/core/replication.py) and exclusions
-        self.windows = dict.fromkeys(IMPLS, 0)
-        self.exclusions = dict.fromkeys(IMPLS, 0)
-        self.struck: list[dict[str, Any]] = []
+                                   "inconclusive": 0, "max_distance": 0.0}
+                      for a, b in PAIRS}  # fmt: skip
+        self.crowds = {p: Crowd(p, self.rule, r.strikes, r.strike_window) for p in PAIRINGS}
         self.max_loss_rel = 0.0
-        self.lies = {kind: {"planted": 0, "caught": 0, "min_distance": math.inf,
-                            "excluded_after": None} for kind in LIES}  # fmt: skip
-        self.liar_windows = dict.fromkeys(LIES, 0)
+        self.lies = {kind: {"planted": 0, "caught": 0, "min_distance": math.inf}
+                     for kind in LIES}  # fmt: skip
+        self._n = 0
 
-    def _check(self, windows: dict[str, int], who: str, struck: bool) -> bool:
-        """The coordinator's rule: excluded at ``strikes`` in the last ``window``."""
-        w = ((windows[who] << 1) | int(struck)) & ((1 << self.window) - 1)
-        windows[who] = w
-        return w.bit_count() >= self.strikes_to_exclude
-
-    def add(self, task: m.Task, ups: dict[str, np.ndarray], losses: dict[str, float]) -> None:
-        own = ups["python"]  # the coordinator's own run of the task
-        struck: set[str] = set()  # a task costs an implementation one strike at most
+    def add(self, task: m.Task, ups: dict[str, np.ndarray], losses: dict[str, float],
+            lies: dict[str, np.ndarray] | None = None) -> None:  # fmt: skip
+        """One task's three honest updates (``python`` is also the coordinator's own
+        run) and the lies planted on it (kind -> update)."""
+        own = ups["python"]
         for a, b in PAIRS:
             row = self.pairs[f"{a}-{b}"]
             row["compared"] += 1
@@ -197,47 +310,37 @@ class Tally:
             if agree(ups[a], ups[b], **self.rule):
                 continue
             row["disagreed"] += 1
-            for impl in (a, b):
-                if impl != "python" and not agree(ups[impl], own, **self.rule):
-                    struck.add(impl)
-        for impl in sorted(struck):
-            self.strikes[impl] += 1
-            self.struck.append({"task": task.task_id, "impl": impl,
-                                "distance": rel_l2(ups[impl], own)})  # fmt: skip
-        for impl in ("js", "wasm"):
-            if self._check(self.windows, impl, impl in struck):
-                self.exclusions[impl] += 1
-                self.windows[impl] = 0  # as a fresh client from here
+            verdicts = judge(ups[a], ups[b], own, kernels=(FAMILY[a], FAMILY[b]), **self.rule)
+            row["inconclusive"] += verdicts.count(Verdict.INCONCLUSIVE)
+        for crowd in self.crowds.values():
+            crowd.honest_pair(task, self._n, ups)
+        for kind, lie in (lies or {}).items():
+            row = self.lies[kind]
+            row["planted"] += 1
+            if not np.array_equal(lie, own):  # a stale liar's first upload is honest
+                row["min_distance"] = min(row["min_distance"], rel_l2(lie, own))
+            row["caught"] += not agree(lie, own, **self.rule)
+            for crowd in self.crowds.values():
+                crowd.liar_pair(kind, lie, row["planted"], ups)
         for impl in ("js", "wasm"):
             want = losses["python"]
             if want:
                 self.max_loss_rel = max(self.max_loss_rel, abs(losses[impl] - want) / abs(want))
-
-    def lie(self, kind: str, lie: np.ndarray, honest: np.ndarray) -> None:
-        row = self.lies[kind]
-        row["planted"] += 1
-        if not np.array_equal(lie, honest):  # a stale liar's first upload is honest
-            row["min_distance"] = min(row["min_distance"], rel_l2(lie, honest))
-        caught = not agree(lie, honest, **self.rule)
-        row["caught"] += caught
-        if self._check(self.liar_windows, kind, caught) and row["excluded_after"] is None:
-            row["excluded_after"] = row["planted"]
+        self._n += 1
 
     def report(self) -> dict[str, Any]:
+        pairings = {p: c.report() for p, c in self.crowds.items()}
         return {
             "rule": self.rule,
             "strikes_to_exclude": self.strikes_to_exclude,
             "strike_window": self.window,
             "pairs": self.pairs,
-            "strikes": self.strikes,
-            "exclusions": self.exclusions,
-            "honest_exclusions": sum(self.exclusions.values()),
-            "struck": self.struck[:50],
+            "pairings": pairings,
+            "honest_exclusions": sum(p["honest_exclusions"] for p in pairings.values()),
             "max_loss_rel": self.max_loss_rel,
             "lies": {
                 k: {
                     **v,
-                    "excluded": v["excluded_after"] is not None,
                     "min_distance": v["min_distance"] if v["min_distance"] < math.inf else None,
                 }
                 for k, v in self.lies.items()
@@ -263,14 +366,15 @@ def run(workload: str, tasks: int, batch: int, lie_every: int, seed: int) -> dic
             items = [draw_task(job, i, rng, len(models), catalog, steps)
                      for i in range(start, min(tasks, start + batch))]  # fmt: skip
             node = node_batch(job, models, shards, items, folder, k)
-            mine = []
+            mine, planted = [], []
             for task, v, s in items:
                 out = run_task(task, models[v], shards[s])
                 mine.append((out.update, out.loss))
+                lies = {}
                 if int(task.task_id) % lie_every == 0:
                     for kind, liar in liars.items():
-                        lie = liar.compute(task, models[v], shards[s]).update
-                        tally.lie(kind, lie, out.update)
+                        lies[kind] = liar.compute(task, models[v], shards[s]).update
+                planted.append(lies)
             if node.wait() != 0:
                 raise SystemExit(f"node failed on batch {k} (exit {node.returncode})")
             got = msgpack.unpackb((folder / f"out{k}.msgpack").read_bytes(), raw=False)
@@ -284,7 +388,7 @@ def run(workload: str, tasks: int, batch: int, lie_every: int, seed: int) -> dic
                     col = got["kernels"].index(name)
                     ups[impl] = np.frombuffer(got["updates"][j][col], "<f4")
                     losses[impl] = got["losses"][j][col]
-                tally.add(task, ups, losses)
+                tally.add(task, ups, losses, planted[j])
             (folder / f"in{k}.msgpack").unlink()
             (folder / f"out{k}.msgpack").unlink()
             print(f"  {min(tasks, start + batch):>7} tasks, {time.perf_counter() - t0:6.0f} s",
@@ -328,17 +432,28 @@ def main() -> None:
         table.add_row(name, f"{row['compared']:,}", f"{row['outside_values']:,}",
                       f"{row['disagreed']:,}", f"{row['max_distance']:.2e}")  # fmt: skip
     con.print(table)
-    con.print(f"strikes {r['strikes']} (exclusion at {r['strikes_to_exclude']} in "
-              f"{r['strike_window']} checked): "
-              f"{r['honest_exclusions']} honest exclusions; max loss difference "
-              f"{r['max_loss_rel']:.1e} relative")  # fmt: skip
-    lies = Table(title=f"planted lies, on every {r['lie_every']}th task")
-    for col in ("lie", "planted", "caught", "excluded after", "closest (rel L2)"):
-        lies.add_column(col, justify="right")
-    for kind, row in r["lies"].items():
-        lies.add_row(kind, f"{row['planted']:,}", f"{row['caught']:,}",
-                     str(row["excluded_after"]), f"{row['min_distance']:.3g}")  # fmt: skip
-    con.print(lies)
+    con.print(f"max loss difference {r['max_loss_rel']:.1e} relative; exclusion at "
+              f"{r['strikes_to_exclude']} strikes in {r['strike_window']} checked")  # fmt: skip
+    for pairing, p in r["pairings"].items():
+        honest = Table(title=f"{pairing} twins: honest clients")
+        cols = ("checked", "disagreed", "struck", "inconclusive", "exclusions")
+        for col in ("client", *cols):
+            honest.add_column(col, justify="right")
+        for impl, row in p["honest"].items():
+            honest.add_row(impl, *(f"{row[k]:,}" for k in cols))
+        con.print(honest)
+        con.print(f"honest copies struck in a pair with a liar: "
+                  f"{p['honest_struck_beside_liars']}")  # fmt: skip
+        lies = Table(title=f"{pairing} twins: liars (on every {r['lie_every']}th task), "
+                     "excluded after (planted) by the family each claims")  # fmt: skip
+        lies.add_column("lie")
+        for impl in IMPLS:
+            lies.add_column(FAMILY[impl], justify="right")
+        lies.add_column("closest (rel L2)", justify="right")
+        for kind, by_claim in p["lies"].items():
+            lies.add_row(kind, *(str(by_claim[i]["excluded_after"]) for i in IMPLS),
+                         f"{r['lies'][kind]['min_distance']:.3g}")  # fmt: skip
+        con.print(lies)
     if not math.isfinite(r["max_loss_rel"]):
         raise SystemExit("a loss was not finite")
 

@@ -48,6 +48,9 @@ class Capabilities:
     token: str | None = None
     #: the volunteer's secret key, kept across sessions (hello.volunteer, §3.1; credit)
     volunteer: str | None = None
+    #: the §12 kernel family its driver computes with (hello.kernel, §3.1; "": unknown);
+    #: the reference drivers compute with client.compute (``client.compute.KERNEL``)
+    kernel: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

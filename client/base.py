@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import assert_never
 
 from client.actions import Action, Capabilities, Close, ComputeRequest, Finished, Send
-from client.compute import ComputeOutput
+from client.compute import KERNEL, ComputeOutput
 from client.session import ClientSession, Phase
 from compression import codecs
 from nn.spec import INIT_SCHEME
@@ -136,6 +136,7 @@ class ClientBase:
             data=data,
             token=self.token,
             volunteer=self.volunteer,
+            kernel=KERNEL,
         )
 
     @property

@@ -36,6 +36,10 @@ from nn.train import batch_indices, compute_gradient, evaluate, train_steps
 from protocol import messages as m
 from protocol.shardfile import ShardData
 
+#: the §12 kernel family this module computes with (``hello.kernel``, docs/protocol.md
+#: §3.1; ``protocol.messages.KERNELS``): numba kernels, float32 BLAS sums
+KERNEL = "numba-f32"
+
 
 def dataset_ref(name: str, seed: int) -> str:
     """The ``task.dataset`` string: the dataset name and its train/test split seed."""

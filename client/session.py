@@ -170,6 +170,7 @@ class ClientSession:
             boundary=self.caps.boundary,
             token=self.caps.token,
             volunteer=self.caps.volunteer,
+            kernel=self.caps.kernel,
         )
         self._last_sent = self._hello_sent = now
         return [Send(message=hello, frame=m.encode(hello))]

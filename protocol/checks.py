@@ -83,6 +83,18 @@ def str_of(maxlen: int, choices: tuple[str, ...] | None = None, *, empty: bool =
     return check
 
 
+def word(maxlen: int) -> Check:
+    """A short token: ``a-z 0-9 . -``, at most ``maxlen`` characters, or empty."""
+    allowed = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-")
+
+    def check(v: Any, where: str) -> str:
+        if not isinstance(v, str) or len(v) > maxlen or not allowed.issuperset(v):
+            raise bad(where, f"string of <= {maxlen} chars of a-z 0-9 . -", v)
+        return v
+
+    return check
+
+
 def boolean(v: Any, where: str) -> bool:
     if not isinstance(v, bool):
         raise bad(where, "bool", v)

@@ -52,6 +52,15 @@ def choose_version(offered: int) -> int:
     return max(usable)
 
 
+#: The §12 kernel families a client may name in ``hello.kernel`` (docs/protocol.md
+#: §3.1, §12.8): each is bit-exact with itself, so two results of one family that
+#: differ prove one of them wrong. ``numba-f32`` is the Python client's (numba, float32
+#: BLAS sums), which the reference coordinator also computes with; ``js-f64`` the
+#: browser's plain JavaScript kernels (float64 sums); ``wasm-simd-f32`` its
+#: WebAssembly SIMD kernels (float32 sums, another order).
+KERNELS: tuple[str, ...] = ("numba-f32", "js-f64", "wasm-simd-f32")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Hello(Message):
     """Client -> server, first frame: who I am and what link I ask for.
@@ -60,7 +69,9 @@ class Hello(Message):
     legacy scheme); ``init_schemes``: the portable init schemes it builds it with
     (docs/protocol.md §3.3, §12.3).
     ``spans``: it takes chunks that span several blocks (``chunk.blocks`` > 1, §5.3).
-    ``boundary``: it returns a layer-split task's boundary activations (§3.3.2)."""
+    ``boundary``: it returns a layer-split task's boundary activations (§3.3.2).
+    ``kernel``: the §12 kernel family it computes with (``KERNELS``; "": unknown);
+    a token of another family is valid and counts as unknown."""
 
     TYPE: ClassVar[str] = "hello"
     version: int = PROTOCOL_VERSION
@@ -81,8 +92,11 @@ class Hello(Message):
     boundary: bool = False
     #: the volunteer's secret key, the same across sessions (credit, §3.1); None: anonymous
     volunteer: str | None = None
+    kernel: str = ""
 
-    SPARSE: ClassVar[frozenset[str]] = frozenset({"data", "init_schemes", "boundary", "volunteer"})
+    SPARSE: ClassVar[frozenset[str]] = frozenset(
+        {"data", "init_schemes", "boundary", "volunteer", "kernel"}
+    )
     SCHEMA: ClassVar[dict[str, Check]] = {
         "version": ck.int_in(0, 65535),
         "client": ck.str_of(64, empty=False),
@@ -101,6 +115,7 @@ class Hello(Message):
         "init_schemes": ck.strs(8, 32),
         "boundary": ck.boolean,
         "volunteer": ck.optional(ck.str_of(128)),
+        "kernel": ck.word(32),
     }
 
 

@@ -259,6 +259,12 @@ class ReplicationSection(_Section):
         description="checked results a client's strikes are counted over (a conforming "
         "client lands outside the tolerance about once in 2,000, a liar every time)",
     )
+    twin_wait_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="seconds a twin waits for a client of its primary holder's kernel "
+        "family (hello.kernel) before a client of any family may take it",
+    )
     exclude: bool = Field(default=True, description="close and refuse a client caught lying")
     snapshot_mib: float = Field(
         default=256.0, gt=0, description="memory for model versions kept for twins"

@@ -34,7 +34,8 @@ class Account:
     flops: float = 0.0
     #: FLOPs of accepted results not checked yet (replication on)
     pending: float = 0.0
-    #: results granted, and results lost to a proven lie
+    #: results granted, and results not granted: proven wrong, or inconclusive
+    #: (a copy replication could not judge: it was not used either)
     results: int = 0
     forfeited: int = 0
     first_seen: float = 0.0
@@ -98,11 +99,12 @@ class CreditBook:
 
     def observe(self, event: ev.Output) -> None:
         """Replication's verdicts: a copy found right is granted and vouches for its
-        volunteer's unchecked results; a wrong copy earns nothing; a volunteer
+        volunteer's unchecked results; a wrong or inconclusive copy earns nothing (and
+        vouches for nothing); a volunteer
         excluded for lying forfeits everything (see the module docstring)."""
         match event:
             case ev.ResultVerified():
-                losers = set(event.losers)
+                losers = {*event.losers, *event.inconclusive}
                 pairs = zip((event.task_id, event.twin_id), event.client_ids, strict=True)
                 for task_id, client_id in pairs:
                     held = self._waiting.pop(task_id, None)

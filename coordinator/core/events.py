@@ -145,8 +145,10 @@ class ResultRejected:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResultVerified:
     """Two copies of a task were compared (``client_ids``: the primary's holder, then
-    the twin's). ``losers``: the clients whose copy disagreed with the coordinator's
-    own computation of the task (empty when ``agreed``)."""
+    the twin's). ``losers``: the clients whose copy the coordinator's own computation
+    of the task proved wrong (empty when ``agreed``); ``inconclusive``: those whose
+    copy disagreed with it but could not be proven wrong (replication.judge): not
+    used, not struck."""
 
     task_id: int
     twin_id: int
@@ -154,6 +156,7 @@ class ResultVerified:
     agreed: bool
     now: float
     losers: tuple[ClientId, ...] = ()
+    inconclusive: tuple[ClientId, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -180,6 +180,7 @@ class Coordinator:
             flops=hello.flops or DEFAULT_FLOPS,
             resume_id=hello.resume,
             now=now,
+            kernel=hello.kernel,
         )
         conn = open_conn(
             self.job,
@@ -451,7 +452,7 @@ class Coordinator:
                 shards=conn.data,
                 boundary=conn.boundary,
             )
-            plan = self.verifier.twin_for(rec.resume_id) or self.strategy.task_for(view, now)
+            plan = self.verifier.twin_for(rec, now) or self.strategy.task_for(view, now)
             if plan is None:
                 continue  # this client waits; another may still get work (a reissue)
             queued = conn.state is ConnState.PREFETCH

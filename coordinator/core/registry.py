@@ -59,6 +59,9 @@ class ClientRecord:
     strikes: int = 0
     recent_checks: int = 0
     excluded: bool = False
+    #: the §12 kernel family its hello named (``hello.kernel``; "": unknown), as of
+    #: its last hello: replication pairs twins by it and judges by it
+    kernel: str = ""
 
     def rate(self) -> float:
         return self.measured_flops if self.measured_flops is not None else self.flops
@@ -124,7 +127,14 @@ class Registry:
         return hashlib.blake2b(msg, key=self._key, digest_size=12).hexdigest()
 
     def join(
-        self, client_id: str, *, name: str, flops: float, resume_id: str | None, now: float
+        self,
+        client_id: str,
+        *,
+        name: str,
+        flops: float,
+        resume_id: str | None,
+        now: float,
+        kernel: str = "",
     ) -> tuple[ClientRecord, bool]:
         """Register a connection; returns ``(record, resumed)``.
 
@@ -142,6 +152,7 @@ class Registry:
             old.connected = True
             old.name = name
             old.flops = flops
+            old.kernel = kernel
             old.last_seen = now
             self._by_conn[client_id] = old
             self._seen[client_id] = old
@@ -151,6 +162,7 @@ class Registry:
             resume_id=self._new_resume_id(),
             name=name,
             flops=flops,
+            kernel=kernel,
             joined_at=now,
             last_seen=now,
         )

@@ -3,7 +3,9 @@
 When the core leases a new task (the *primary*), this module decides with the holder's rate
 whether to replicate it: then it keeps a snapshot of that model version and offers a *twin*
 (same version, shard, seed, steps and batch, its own task id) to the next idle client other
-than the holder. The two copies form a *unit*::
+than the holder whose §12 kernel family (``hello.kernel``) is the holder's; when the
+holder's is unknown, or the unit has waited ``twin_wait_s`` since its primary was leased,
+to any other (``may_take``). The two copies form a *unit*::
 
     WAITING  -> RUNNING | UNCHECKED | CANCELLED   twin leased / primary in first / lost
     RUNNING  -> HELD | UNCHECKED | CANCELLED      a result in / the other copy gone / lost
@@ -13,11 +15,11 @@ than the holder. The two copies form a *unit*::
 A unit CANCELLED before any result leaves its primary an ordinary task (applied unchecked if
 it comes); a lost primary takes its twin with it (dropped). The first result of a unit is held
 (acknowledged, and saved by ``state_dict``) until the other arrives; only then does one of them
-reach the strategy. A disagreement is settled by the coordinator's own run of the task
-(``client.compute.run_task``, from the snapshot); a client with ``strikes`` proven
-disagreements among its last ``strike_window`` checked results is excluded and its updates
-are accounted for. Agreement, trust, rates, exclusion, what it
-costs and its limits: docs/coordinator.md ("Adaptive replication").
+reach the strategy. A disagreement is judged by the coordinator's own run of the task
+(``client.compute.run_task``, from the snapshot) with what can prove it (judging.py: a copy
+proven wrong, or *inconclusive*); ``strikes`` proven wrong among a client's last
+``strike_window`` checked results exclude it, and its updates are accounted for. Agreement,
+trust, rates, exclusion, costs, limits: docs/coordinator.md ("Adaptive replication").
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from client.compute import run_task
 from coordinator.core import events as ev
 from coordinator.core.config import ReplicationSection
+from coordinator.core.judging import Verdict, agree, family, judge, may_take, shift_check
 from coordinator.core.leases import LeaseBook, Task, TaskPlan, TaskState
 from coordinator.core.registry import ClientRecord, Registry
 from coordinator.core.strategies.base import ModelState, Outcome
@@ -65,21 +68,6 @@ UNIT_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
 }
 
 
-def agree(a: np.ndarray, b: np.ndarray, *, rtol: float, atol: float, distance: float = 0.0) -> bool:
-    """Every value within ``atol + rtol · max(|a|, |b|)`` (float64, no overflow), or
-    the whole within ``distance`` of the longer in relative L2: an activation that
-    flips on a rounding difference sends a few values far and leaves the update
-    where it was, where a lie (a sign flip, a scale, noise, zeros) moves all of it."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    diff = np.abs(a64 - b64)
-    if bool(np.all(diff <= atol + rtol * np.maximum(np.abs(a64), np.abs(b64)))):
-        return True
-    if distance <= 0:
-        return False
-    longer = max(float(np.sqrt(a64 @ a64)), float(np.sqrt(b64 @ b64)))
-    return float(np.sqrt(diff @ diff)) <= distance * longer
-
-
 @dataclass(slots=True, kw_only=True, eq=False)
 class Copy:
     """One copy's validated result (raw: clipping is applied when it goes in)."""
@@ -89,6 +77,7 @@ class Copy:
     client_id: str
     update: np.ndarray
     norm: float
+    kernel: str = ""  # its holder's kernel family when it came in (``family``)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -98,6 +87,7 @@ class Unit:
 
     primary: Task
     holder: str  # the primary's holder (resume id)
+    kernel: str = ""  # the primary holder's kernel family (``family``) when leased
     twin_id: int | None = None
     state: UnitState = UnitState.WAITING
     held: Copy | None = None
@@ -140,6 +130,10 @@ class ReplicationStats:
     unchecked: int = 0  # a unit's result went in without a comparison
     cancelled: int = 0
     excluded: int = 0
+    #: copies of a disagreeing pair the own run could not judge (``Verdict.INCONCLUSIVE``)
+    inconclusive: int = 0
+    #: twins taken by a client of another kernel family than the primary's holder
+    cross_kernel: int = 0
     #: disagreements counted against a client short of its exclusion
     struck: int = 0
     reverted: int = 0  # unchecked updates subtracted from the model
@@ -203,13 +197,19 @@ class Replicator:
             return c.base_rate
         return max(c.min_rate, min(c.base_rate, 1.0 / trust))
 
-    def twin_for(self, holder: str) -> TaskPlan | None:
-        """A twin this client may compute (never its own task's), oldest first."""
+    def twin_for(self, rec: ClientRecord, now: float) -> TaskPlan | None:
+        """A twin this client may compute (never its own task's, and one of its kernel
+        family's or one that waited ``twin_wait_s``: ``may_take``), oldest first."""
         waiting = self._waiting
         while waiting and waiting[0].state is not UnitState.WAITING:
             waiting.popleft()
+        holder, kernel, wait = rec.resume_id, family(rec.kernel), self.config.twin_wait_s
         for unit in waiting:
-            if unit.state is UnitState.WAITING and unit.holder != holder:
+            if (
+                unit.state is UnitState.WAITING
+                and unit.holder != holder
+                and may_take(unit.kernel, kernel, now - unit.primary.created_at, wait)
+            ):
                 p = unit.primary
                 plan = TaskPlan(
                     kind=p.kind, shard=p.shard, seed=p.seed, steps=p.steps, batch=p.batch,
@@ -228,6 +228,7 @@ class Replicator:
             unit.twin_id = task.task_id
             self._units[task.task_id] = unit
             self.stats.twins += 1
+            self.stats.cross_kernel += unit.kernel != family(rec.kernel)
             return True
         if not self.enabled or plan.reissue is not None or connected < 2:
             return False
@@ -236,7 +237,7 @@ class Replicator:
         if not self._keep(task.version):
             self.stats.skipped += 1
             return False
-        unit = Unit(primary=task, holder=rec.resume_id)
+        unit = Unit(primary=task, holder=rec.resume_id, kernel=family(rec.kernel))
         self._units[task.task_id] = unit
         self._waiting.append(unit)
         self.stats.units += 1
@@ -266,7 +267,7 @@ class Replicator:
         let it go in unchecked."""
         copy = Copy(
             task_id=task.task_id, holder=rec.resume_id, client_id=rec.client_id,
-            update=update, norm=norm,
+            update=update, norm=norm, kernel=family(rec.kernel),
         )  # fmt: skip
         if unit.state is UnitState.HELD:
             self._compare(unit, copy, now)
@@ -440,17 +441,21 @@ class Replicator:
         self.stats.recomputes += 1
         base = Params.from_flat(self.model.params.spec, self.snapshot(p.version))
         own = run_task(self.describe(p), base, self.dataset).update
-        a_ok, b_ok = agree(a.update, own, **tol), agree(b.update, own, **tol)
+        verdicts = judge(a.update, b.update, own, kernels=(a.kernel, b.kernel), **tol)
         self._end(unit)
-        losers = tuple(c for c, ok in ((a, a_ok), (b, b_ok)) if not ok)
-        self.ready.append(self._verified(unit, a, b, losers, now))
-        if a_ok:
+        judged = tuple(zip((a, b), verdicts, strict=True))
+        losers = tuple(c for c, v in judged if v is Verdict.WRONG)
+        unsure = tuple(c for c, v in judged if v is Verdict.INCONCLUSIVE)
+        self.stats.inconclusive += len(unsure)
+        self.ready.append(self._verified(unit, a, b, losers, now, unsure))
+        if verdicts[0] is Verdict.RIGHT:
             self._trusted(a.holder)
-        self._passed(*(c.holder for c, ok in ((a, a_ok), (b, b_ok)) if ok))
+        self._passed(*(c.holder for c, v in judged if v is Verdict.RIGHT))
         for loser in losers:
             self._struck(loser, now)
-        if a_ok or b_ok:
-            w = a if a_ok else b
+        right = [c for c, v in judged if v is Verdict.RIGHT]
+        if right:
+            w = right[0]
             rel = Release(task=p, update=w.update, norm=w.norm, holder=w.holder, checked=True)
         else:  # neither: the coordinator's own result stands for the task
             norm = float(np.sqrt(own.astype(np.float64) @ own.astype(np.float64)))
@@ -458,7 +463,13 @@ class Replicator:
         self.ready.append(rel)
 
     def _verified(
-        self, unit: Unit, a: Copy, b: Copy, losers: tuple[Copy, ...], now: float
+        self,
+        unit: Unit,
+        a: Copy,
+        b: Copy,
+        losers: tuple[Copy, ...],
+        now: float,
+        inconclusive: tuple[Copy, ...] = (),
     ) -> ev.ResultVerified:
         return ev.ResultVerified(
             task_id=unit.primary.task_id,
@@ -467,6 +478,7 @@ class Replicator:
             agreed=unit.state is UnitState.AGREED,
             now=now,
             losers=tuple(c.client_id for c in losers),
+            inconclusive=tuple(c.client_id for c in inconclusive),
         )
 
     def _trusted(self, holder: str) -> None:
@@ -476,8 +488,7 @@ class Replicator:
 
     def _checked(self, rec: ClientRecord, struck: bool) -> int:
         """Shift one checked result into the holder's window; its strikes in it."""
-        mask = (1 << self.config.strike_window) - 1
-        rec.recent_checks = ((rec.recent_checks << 1) | int(struck)) & mask
+        rec.recent_checks = shift_check(rec.recent_checks, struck, self.config.strike_window)
         return rec.recent_checks.bit_count()
 
     def _passed(self, *holders: str) -> None:
@@ -487,11 +498,11 @@ class Replicator:
                 self._checked(rec, False)
 
     def _struck(self, loser: Copy, now: float) -> None:
-        """A copy the coordinator's own run disproved: its result is not used and
-        its holder's trust is 0; ``strikes`` of them among its last
-        ``strike_window`` checked results exclude it. One is not proof of a lie: a
-        conforming client lands outside the tolerance by rounding about once in
-        2,000 tasks (benchmarks/replicas.py), a liar on every checked one."""
+        """A copy the coordinator's own run disproved (``Verdict.WRONG``): its result
+        is not used and its holder's trust is 0; ``strikes`` of them among its last
+        ``strike_window`` checked results exclude it: a rare rounding accident the
+        rule cannot tell from a lie costs an honest client one result, a liar is
+        struck on every checked one (benchmarks/replicas.py)."""
         rec = self.registry.lookup(loser.holder)
         if rec is not None:
             rec.strikes += 1

@@ -1,5 +1,5 @@
 """What both Python clients take from client.base: which closes end them, the
-backoff, the join token in hello, the CA option."""
+backoff, the join token and kernel family in hello, the CA option."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_backoff_doubles_with_full_jitter_starts_again_after_a_join_and_gives_up
         Backoff(base=2.0, cap=1.0, seed=0)
 
 
-def test_the_join_token_travels_in_hello() -> None:
+def test_the_join_token_and_the_kernel_family_travel_in_hello() -> None:
     base = ClientBase(
         "ws://x/ws", token="sesame", seed=0, backoff_base=0.1, backoff_cap=1.0, clock=lambda: 0.0
     )
@@ -37,6 +37,8 @@ def test_the_join_token_travels_in_hello() -> None:
     (send,) = ClientSession("c", caps).start(0.0)
     hello = m.decode(send.frame)
     assert isinstance(hello, m.Hello) and hello.token == "sesame"
+    # the kernel family its tasks run on (client.compute), for replication (§3.1)
+    assert hello.kernel == "numba-f32" and hello.kernel in m.KERNELS
 
 
 def test_a_ca_is_for_wss_urls_only() -> None:

@@ -166,3 +166,21 @@ def test_a_verdict_grants_the_right_copy_vouches_for_unchecked_and_a_lie_forfeit
     again = CreditBook(verified_only=True)
     again.load_state_dict(book.state_dict())
     assert again.one(a) == book.one(a) and again.one(b) == book.one(b)
+
+
+def test_an_inconclusive_copy_earns_nothing_and_vouches_for_nothing() -> None:
+    """Replication could not judge it (another kernel family, off the coordinator's
+    run): not granted, and the volunteer's unchecked results stay pending."""
+    book = CreditBook(verified_only=True)
+    vid = book.join("a", KEYS[0], "Ada", 0.0)
+    book.join("b", KEYS[1], "Bob", 0.0)
+    book.accepted("a", 1, 10.0, replicated=False)  # unchecked
+    book.accepted("a", 2, 5.0, replicated=True)
+    book.accepted("b", 3, 5.0, replicated=True)
+    verdict = ev.ResultVerified(
+        task_id=3, twin_id=2, client_ids=("b", "a"), agreed=False, now=1.0, inconclusive=("a",)
+    )
+    book.observe(verdict)
+    acct = book.accounts[vid]
+    assert (acct.flops, acct.results, acct.pending) == (0.0, 0, 10.0)
+    assert book.accounts[volunteer_id(KEYS[1])].flops == 5.0

@@ -16,8 +16,9 @@ from client.compute import ComputeOutput, run_task
 from coordinator.core import events as ev
 from coordinator.core.assembly import build_core, restore_core
 from coordinator.core.config import JobConfigError
+from coordinator.core.judging import Verdict, agree, family, judge, may_take
 from coordinator.core.machine import Coordinator
-from coordinator.core.replication import Copy, agree
+from coordinator.core.replication import Copy
 from coordinator.runtime.persist import from_checkpoint, to_checkpoint
 from coordinator.runtime.service import CoreService
 from nn.params import Params
@@ -189,6 +190,138 @@ def test_a_few_far_values_agree_by_distance_and_a_lie_never_does() -> None:
     assert not agree(a, b, **tol) and agree(a, b, **tol, distance=1e-3)
     for lie in (-a, 2 * a, np.zeros_like(a), a + rng.standard_normal(a.size).astype(np.float32)):
         assert not agree(a, lie, **tol, distance=1e-3)
+
+
+JS, WASM, OWN = "js-f64", "wasm-simd-f32", "numba-f32"
+
+
+def kernel_pair(
+    ka: str, kb: str, **replication: object
+) -> tuple[Coordinator, np.ndarray, m.Task, m.Task, str]:
+    """``a_pair`` with kernel families: ``a`` says ``ka`` in hello, ``b`` says ``kb``."""
+    core = make_core(replication={**ON, **replication}, strategy=WHOLE)
+    v0 = core.params.data.copy()
+    out = core.connect("a", hello("a", kernel=ka), 0.0)
+    token = sent(out, "a", m.Welcome)[0].resume_token
+    t_a = task_of(out, "a")
+    t_b = task_of(core.connect("b", hello("b", kernel=kb), 0.0), "b")
+    assert core.verifier.summary()["units"] == 1
+    return core, v0, t_a, t_b, token
+
+
+def test_a_twin_waits_for_a_client_of_the_holders_kernel() -> None:
+    """b computes with WASM: a (JS) is idle first but gets new work, c (WASM)
+    joining later takes b's twin; nothing went to another family."""
+    core, v0, t_a, t_b, _ = kernel_pair(JS, WASM)
+    out = deliver(core, "a", result_messages(t_a, honest(core, t_a, v0)), 1.0)
+    assert not only(out, ev.TaskLeased)[-1].replica  # new work, not b's twin
+    out = core.connect("c", hello("c", kernel=WASM), 1.5)
+    twin = task_of(out, "c")
+    assert only(out, ev.TaskLeased)[-1].replica
+    assert (twin.shard, twin.seed, twin.steps) == (t_b.shard, t_b.seed, t_b.steps)
+    s = core.verifier.summary()
+    assert (s["twins"], s["cross_kernel"]) == (1, 0)
+
+
+def test_after_twin_wait_s_a_client_of_any_kernel_takes_the_twin() -> None:
+    """The fallback: a unit whose holder's family no idle client has is not left
+    unchecked; after ``twin_wait_s`` (from its primary's lease) anyone takes it."""
+    core, v0, t_a, t_b, _ = kernel_pair(JS, WASM, twin_wait_s=0.5)
+    out = deliver(core, "a", result_messages(t_a, honest(core, t_a, v0)), 1.0)
+    assert only(out, ev.TaskLeased)[-1].replica
+    assert task_of(out, "a").seed == t_b.seed
+    assert core.verifier.summary()["cross_kernel"] == 1
+    # an unknown holder's family is no family: anyone at once (as before hello.kernel)
+    core, v0, t_a, t_b, _ = kernel_pair(JS, "")
+    out = deliver(core, "a", result_messages(t_a, honest(core, t_a, v0)), 1.0)
+    assert only(out, ev.TaskLeased)[-1].replica
+
+
+def _cross_pair(ka: str, kb: str, off: float) -> tuple[Coordinator, list[ev.Output], np.ndarray]:
+    """b's primary (``kb``) honest, a's twin (``ka``, taken after the wait) ``off``
+    times the honest update; returns the core, the twin's outputs and the update."""
+    core, v0, t_a, t_b, _ = kernel_pair(ka, kb, twin_wait_s=0.5, strikes=1)
+    twin = task_of(deliver(core, "a", result_messages(t_a, honest(core, t_a, v0)), 1.0), "a")
+    u = honest(core, t_b, v0)
+    deliver(core, "b", result_messages(t_b, u), 2.0)
+    return core, deliver(core, "a", result_messages(twin, np.float32(off) * u), 3.0), u
+
+
+def test_a_copy_of_another_kernel_off_the_own_run_is_inconclusive() -> None:
+    """Across families the own run cannot prove a JS copy wrong (over a long task
+    its rounding parts from numba's): no strike, not used, no trust."""
+    core, out, _ = _cross_pair(JS, WASM, 0.9)
+    [verified] = only(out, ev.ResultVerified)
+    assert not verified.agreed and verified.losers == () and verified.inconclusive == ("a",)
+    assert not only(out, ev.ClientExcluded) and "a" in core.conns
+    rec = {r.client_id: r for r in core.clients()}
+    assert (rec["a"].strikes, rec["a"].recent_checks, rec["b"].trust) == (0, 0, 1)
+    s = core.verifier.summary()
+    assert (s["disagreed"], s["inconclusive"], s["struck"], s["excluded"]) == (1, 1, 0, 0)
+    # the same copy from a client of the coordinator's own kernel is proof
+    core, out, _ = _cross_pair(OWN, WASM, 0.9)
+    assert only(out, ev.ResultVerified)[0].losers == ("a",)
+    assert [x.client_id for x in only(out, ev.ClientExcluded)] == ["a"]
+    # and so is one from a client that named no (or no known) kernel
+    core, out, _ = _cross_pair("webgpu-f16", WASM, 0.9)
+    assert only(out, ev.ResultVerified)[0].losers == ("a",)
+
+
+def test_a_liar_paired_with_its_own_kernel_is_struck_and_excluded() -> None:
+    """Both JS, bit-exact with each other, so one is wrong: the copy nearer the own
+    run wins and goes in even when it is itself off the own run (rounding over a
+    long task), and the other, also off the own run, is struck."""
+    core, v0, t_a, t_b, _ = kernel_pair(JS, JS, strikes=1)
+    twin = task_of(deliver(core, "a", result_messages(t_a, honest(core, t_a, v0)), 1.0), "a")
+    u = honest(core, t_b, v0)
+    drifted = np.float32(1.01) * u  # 1 % off in relative L2: outside ``distance``
+    deliver(core, "b", result_messages(t_b, drifted), 2.0)
+    out = deliver(core, "a", result_messages(twin, -u), 3.0)
+    [verified] = only(out, ev.ResultVerified)
+    assert verified.losers == ("a",) and verified.inconclusive == ()
+    assert [x.client_id for x in only(out, ev.ClientExcluded)] == ["a"]
+    alpha = np.float32(core.job.strategy.alpha)
+    np.testing.assert_allclose(core.params.data, v0 + alpha * drifted, atol=1e-6)
+    assert core.verifier.summary()["inconclusive"] == 0
+
+
+def test_judge_by_what_can_prove_it() -> None:
+    own = np.linspace(-1, 1, 1000).astype(np.float32)
+    near, far, lie = own * np.float32(1.01), own * np.float32(1.05), -own
+    tol = {"rtol": 2e-4, "atol": 2e-5, "distance": 1e-3}
+    R, W, I = Verdict.RIGHT, Verdict.WRONG, Verdict.INCONCLUSIVE
+    assert judge(near, lie, own, kernels=(JS, JS), **tol) == (R, W)
+    assert judge(lie, near, own, kernels=(WASM, WASM), **tol) == (W, R)
+    assert judge(own, far, own, kernels=(JS, JS), **tol) == (R, W)
+    assert judge(near, far, own, kernels=(JS, WASM), **tol) == (I, I)
+    assert judge(near, own, own, kernels=(OWN, JS), **tol) == (W, R)
+    assert judge(near, far, own, kernels=("", OWN), **tol) == (W, W)
+    assert judge(near, far, own, kernels=(OWN, OWN), **tol) == (W, W)
+    assert [family(k) for k in (JS, OWN, "", "webgpu-f16")] == [JS, OWN, "", ""]
+    assert may_take(WASM, WASM, 0.0, 10.0) and not may_take(WASM, JS, 9.9, 10.0)
+    assert may_take(WASM, JS, 10.0, 10.0) and may_take("", JS, 0.0, 10.0)
+
+
+def test_a_resumed_session_keeps_its_record_with_the_kernel_of_its_hello() -> None:
+    core, _, _, _, token = kernel_pair(JS, WASM)
+    core.disconnect("a", 1.0)
+    core.connect("a2", hello("a", resume=token, kernel=JS), 2.0)
+    rec = {r.client_id: r for r in core.clients()}["a2"]
+    assert (rec.resume_id, rec.kernel) == (token, JS)
+
+
+def test_replication_counters_round_trip_and_an_old_checkpoint_loads() -> None:
+    core, *_ = _cross_pair(JS, WASM, 0.9)
+    state = core.verifier.state_dict()
+    assert state["stats"]["inconclusive"] == 1 and state["stats"]["cross_kernel"] >= 1
+    fresh = make_core(replication=ON).verifier
+    fresh.load_state_dict(state)
+    assert fresh.summary() == core.verifier.summary()
+    old = {**state, "stats": {k: v for k, v in state["stats"].items()
+                              if k not in ("inconclusive", "cross_kernel")}}  # fmt: skip
+    fresh = make_core(replication=ON).verifier
+    fresh.load_state_dict(old)
+    assert (fresh.summary()["inconclusive"], fresh.summary()["disagreed"]) == (0, 1)
 
 
 def test_a_lost_twin_lets_the_held_result_in_unchecked() -> None:

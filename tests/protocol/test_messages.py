@@ -11,6 +11,7 @@ from nn.spec import ModelSpec
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.limits import profile
 from protocol.messages import (
+    KERNELS,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
@@ -418,3 +419,21 @@ def test_a_boundary_task_round_trips_and_hello_says_it_returns_boundaries():
     assert "boundary" not in Task.from_wire(_task_wire()).to_wire()  # sparse: off by default
     hello = Hello(client="c", boundary=True)
     assert decode(encode(hello)).boundary is True
+
+
+def test_hello_kernel_names_a_kernel_family_and_is_sparse():
+    """hello.kernel (§3.1): left off the wire when unknown, so an older hello's
+    bytes are unchanged; a short lower-case token, a family not known yet included."""
+    assert "kernel" not in Hello(client="c").to_wire()
+    for family in KERNELS:
+        assert decode(encode(Hello(client="c", kernel=family))).kernel == family
+    assert decode(encode(Hello(client="c", kernel="webgpu-f16"))).kernel == "webgpu-f16"
+    assert decode(msgpack.packb({"type": "hello", "client": "c"})).kernel == ""
+
+
+@pytest.mark.parametrize("kernel", ["JS", "js f64", "x" * 33, 7, None, "wasm_simd"])
+def test_hello_kernel_refuses_anything_but_a_short_token(kernel):
+    with pytest.raises(ProtocolError) as err:
+        decode(msgpack.packb({"type": "hello", "client": "c", "kernel": kernel}))
+    assert err.value.code is ErrorCode.BAD_FIELD
+    assert "hello.kernel" in err.value.message

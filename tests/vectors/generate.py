@@ -253,6 +253,7 @@ def valid_messages() -> dict[str, Message]:
             data=sha256_hex(_shard_blob()),
         ),
         "hello_data": Hello(client="web/1", spans=True, data=True),
+        "hello_kernel": Hello(client="web/1", kernel="wasm-simd-f32"),
         "welcome_data": Welcome(session_id="s-44", limits=profile("roblox"), data=True),
         "welcome_job": Welcome(session_id="s-46", limits=profile("lan"), job="digits-mlp"),
         "fetch": Fetch(data=sha256_hex(_shard_blob())),

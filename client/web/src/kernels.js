@@ -14,7 +14,7 @@
 // wants. The named variants below spell out the three uses.
 //
 // Members of a kernel set:
-//   name                     "js" or "wasm-simd"
+//   name                     "js" or "wasm-simd" (KERNEL_FAMILY: its hello.kernel)
 //   workspace(sizes)         → { views(), free() }: one allocation holding a
 //                            zeroed Float32Array of each size. views() returns the arrays;
 //                            call it again after anything else may have allocated
@@ -183,6 +183,11 @@ function jsActivate(z, act) {
   if (act === SIGMOID) return 1 / (1 + Math.exp(-z));
   return z;
 }
+
+/** hello.kernel (docs/protocol.md §3.1) of each kernel set, by its name: the §12
+ *  kernel family, bit-exact with itself (plain JS sums in float64, the WASM SIMD
+ *  set in float32 in its own order), which a replicating server pairs twins by. */
+export const KERNEL_FAMILY = Object.freeze({ js: "js-f64", "wasm-simd": "wasm-simd-f32" });
 
 /** The kernels in plain JavaScript: the fallback where WebAssembly SIMD is missing. */
 export const jsKernels = addGemmVariants(/** @satisfies {BaseKernels} */ ({

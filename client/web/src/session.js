@@ -56,8 +56,11 @@ import { linkLimits, Pacer } from "./pacer.js";
  *  the volunteer's key (hello.volunteer, credit is kept under it; volunteer.js
  *  makes and keeps it), and then `name` is hello.client, the name shown beside
  *  the credit; without a key the client is CLIENT_NAME (anonymous, no credit).
+ *  `kernel`: the §12 kernel family it computes with (hello.kernel, kernels.js
+ *  KERNEL_FAMILY; "" or absent: not sent, unknown to the server).
  *  @typedef {{flops?: number, cores?: number, memory?: number, platform?: string, limits?: WireLimits | null,
- *    token?: string | null, prefetch?: boolean, volunteer?: string | null, name?: string}} Caps */
+ *    token?: string | null, prefetch?: boolean, volunteer?: string | null, name?: string,
+ *    kernel?: string}} Caps */
 
 export const CLIENT_NAME = "crowdgrad-web/0.1";
 export const INIT_SCHEME = "x128ss-ih12";
@@ -201,6 +204,8 @@ export class Session {
       init_schemes: [INIT_SCHEME],
       boundary: true,
       volunteer: this.caps.volunteer || null,
+      // sparse (§9): left off when "" (unknown), so such a hello is the bytes it was before
+      kernel: this.caps.kernel ?? "",
     };
     this.lastSent = this.helloSent = now;
     return [this.#send(hello)];

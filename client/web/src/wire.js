@@ -44,7 +44,7 @@ export const MAX_CHUNK_BLOCKS = 1 << 17;
 
 /** @typedef {{bytes_per_s: number | null, messages_per_s: number | null, max_message_bytes: number, burst: number}} Limits */
 /** @typedef {import("./spec.js").FullSpec} FullSpec */
-/** @typedef {{type: "hello", version: number, client: string, platform: string, cores: number, memory: number, flops: number, limits: Limits | null, codecs: string[], token: string | null, resume: string | null, deltas: boolean, seeded_init: boolean, spans: boolean, data: boolean, init_schemes: string[], boundary: boolean, volunteer: string | null}} Hello */
+/** @typedef {{type: "hello", version: number, client: string, platform: string, cores: number, memory: number, flops: number, limits: Limits | null, codecs: string[], token: string | null, resume: string | null, deltas: boolean, seeded_init: boolean, spans: boolean, data: boolean, init_schemes: string[], boundary: boolean, volunteer: string | null, kernel?: string}} Hello */
 /** @typedef {{type: "welcome", version: number, session_id: string, resume_token: string, limits: Limits, heartbeat_interval: number, spans: boolean, prefetch: boolean, data: boolean, decline: boolean, job: string, volunteer: string}} Welcome */
 /** @typedef {{type: "task", task_id: string, kind: string, model_version: number, spec: FullSpec, dataset: string, shard: number, indices: NdArray | null, steps: number, batch: number, optimizer: Record<string, number | string | boolean>, seed: number | bigint, deadline: number, base_version: number | null, model_transfer: string | null, num_chunks: number, upload_codec: string, error_feedback: boolean, delta_base: number | null, teacher_logits: NdArray | null, temperature: number, distill_alpha: number, init_seed: number | bigint | null, init_crc: number | null, data: string | null, init_scheme: string | null, subnet: NdArray | null, boundary: number | null}} Task */
 /** @typedef {{type: "result", task_id: string, model_version: number, kind: string, num_chunks: number, loss: number | null, samples: number, steps: number, compute_seconds: number, metrics: Record<string, number>}} Result */
@@ -344,6 +344,17 @@ function str(max, { empty = true, choices = null } = {}) {
   };
 }
 
+/** A short token (hello.kernel): `a-z 0-9 . -`, at most `max` characters, or empty.
+ *  @param {number} max */
+function word(max) {
+  return (/** @type {unknown} */ v, /** @type {string} */ where) => {
+    if (typeof v !== "string" || v.length > max || !/^[a-z0-9.-]*$/.test(v)) {
+      throw bad(where, `string of <= ${max} chars of a-z 0-9 . -`, v);
+    }
+    return v;
+  };
+}
+
 /** @param {unknown} v @param {string} where */
 function bool(v, where) {
   if (typeof v !== "boolean") throw bad(where, "bool", v);
@@ -575,8 +586,9 @@ const SCHEMAS = {
       ["init_schemes", strs(8, 32), []],
       ["boundary", bool, false],
       ["volunteer", opt(str(128)), null],
+      ["kernel", word(32), ""],
     ],
-    sparse: ["data", "init_schemes", "boundary", "volunteer"],
+    sparse: ["data", "init_schemes", "boundary", "volunteer", "kernel"],
   },
   welcome: {
     fields: [

@@ -16,7 +16,7 @@
 import { decodeFrame } from "./wire.js";
 import { ProtocolError } from "./errors.js";
 import { Session, CLIENT_NAME } from "./session.js";
-import { jsKernels, loadWasmKernels } from "./kernels.js";
+import { jsKernels, loadWasmKernels, KERNEL_FAMILY } from "./kernels.js";
 import { startTask, predict } from "./nn.js";
 import { parseShard, sha256Hex } from "./shard.js";
 import { normalizeSpec } from "./spec.js";
@@ -101,6 +101,8 @@ class Volunteer {
       name,
       cores: 1,
       flops: flops ?? (this.kernels.name === "js" ? 2e8 : 2e9),
+      // which §12 kernels compute its tasks: a replicating server pairs twins by it
+      kernel: KERNEL_FAMILY[/** @type {keyof typeof KERNEL_FAMILY} */ (this.kernels.name)] ?? "",
     });
     this.connect();
     setInterval(() => this.report(), 500);

@@ -3,7 +3,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Session, CODECS, CLIENT_NAME, taskRows } from "../src/session.js";
-import { NdArray, decodeFrame, encodeRaw } from "../src/wire.js";
+import { NdArray, decodeFrame, decodeRaw, encodeRaw } from "../src/wire.js";
+import { KERNEL_FAMILY } from "../src/kernels.js";
 import { Reassembler, encodeTransfer } from "../src/chunks.js";
 import { initParams } from "../src/nn.js";
 import { paramsLayout, normalizeSpec } from "../src/spec.js";
@@ -78,6 +79,16 @@ test("without a key, hello is anonymous and names the software", () => {
   const [hello] = sent(new Session({ name: "ignored" }).start(0));
   assert.equal(hello.volunteer, null);
   assert.equal(hello.client, CLIENT_NAME);
+});
+
+test("hello names the kernel family that computes (sparse: left off when unknown)", () => {
+  for (const [name, family] of Object.entries(KERNEL_FAMILY)) {
+    const [frame] = new Session({ kernel: family }).start(0);
+    assert.equal(decodeFrame(frame.frame).kernel, family, name);
+  }
+  const [plain] = new Session({}).start(0);
+  assert.ok(!("kernel" in decodeRaw(plain.frame)), "an unknown kernel is not on the wire");
+  assert.deepEqual(Object.values(KERNEL_FAMILY).sort(), ["js-f64", "wasm-simd-f32"]);
 });
 
 test("a seeded task waits for its shard, then computes its rows", () => {

@@ -11,7 +11,7 @@ const BIG = 1 << 24;
 
 /** Keys the reference encoder leaves off at their default (§10 rule 3). */
 const SPARSE = {
-  hello: { data: false, init_schemes: [], boundary: false, volunteer: null },
+  hello: { data: false, init_schemes: [], boundary: false, volunteer: null, kernel: "" },
   welcome: { data: false, decline: false, job: "", volunteer: "" },
   task: { data: null, init_scheme: null, subnet: null, boundary: null },
   chunk: { blocks: 1 },
@@ -406,4 +406,11 @@ test("error codes and client close codes", () => {
   assert.equal(e.codeName, "CHECKSUM");
   assert.equal(e.closeCode, 4010);
   assert.equal(e.message, "chunk 3: crc32 mismatch");
+});
+
+test("hello.kernel: a short token of a-z 0-9 . - (a family not known yet is valid)", () => {
+  const hello = (kernel) => decodeFrame(encodeRaw({ type: "hello", client: "c", kernel }));
+  assert.equal(hello("wasm-simd-f32").kernel, "wasm-simd-f32");
+  assert.equal(hello("webgpu-f16").kernel, "webgpu-f16");
+  for (const bad of ["JS", "js f64", "x".repeat(33), 7]) rejects(() => hello(bad), "BAD_FIELD", "hello.kernel");
 });
