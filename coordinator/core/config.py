@@ -182,11 +182,13 @@ class StopSection(_Section):
     max_versions: int | None = Field(default=None, ge=1)
     max_time_s: float | None = Field(default=None, gt=0)
     # early stopping (earlystop.py): this many held-out evaluations in a row
-    # without a new best loss end the job as "converged", with the best
+    # without a new best end the job as "converged", with the best
     # evaluation's model as the final one when it is kept; 0: never
     patience: int = Field(
-        default=40, ge=0, description="evaluations without a new best loss that end the job"
+        default=40, ge=0, description="evaluations without a new best that end the job"
     )
+    # what "best" is: held-out accuracy, loss, or "auto" (accuracy for softmax_ce)
+    monitor: Literal["auto", "accuracy", "loss"] = "auto"
     keep_best_mib: float = Field(
         default=256.0, ge=0, allow_inf_nan=False,
         description="keep the best model in memory (to end with it) up to this size",

@@ -1,15 +1,15 @@
-"""Early stopping: a job ends when its held-out loss stopped improving, with its best model.
+"""Early stopping: a job ends when its held-out evaluations stopped improving, with its best model.
 
 ``verdict`` takes each held-out evaluation: the job ends at ``stop.target_accuracy``,
-or when it has converged (``observe``). After ``stop.patience`` evaluations in a
-row without a new best loss, spanning at least as many rounds (K versions each, K
-the crowd's concurrency: 700 players make versions fast and evaluations close),
-the job has converged and the core finishes it as ``converged``; ``restore`` then
-makes the best evaluation's parameters the final model (one version on), as
+or when it has converged (``observe``): ``stop.patience`` evaluations in a row
+without a new best of ``stop.monitor`` ("auto": accuracy for a classifier, the loss
+for a regression), spanning at least as many rounds (K versions each, K the crowd's
+concurrency: 700 players make versions fast and evaluations close). ``restore``
+then makes the best evaluation's parameters the final model (one version on), as
 one-machine training restores its best weights, when they were kept: while the
-model fits in ``stop.keep_best_mib``. A crowd's model overfits and grows noisy
-long after its best (docs/performance.md, "Holding the best"); without this the
-volunteers would keep paying compute and bandwidth for a worse model.
+model fits in ``stop.keep_best_mib``. A crowd's model overfits long after its best
+(docs/performance.md, "Ending at its best"); without this the volunteers would
+keep paying compute and bandwidth for a worse model.
 
 The best is of this run only: it is not checkpointed (it would double a
 checkpoint), so a coordinator restarted from a checkpoint counts again from there.
@@ -25,27 +25,42 @@ from coordinator.core import events as ev
 from coordinator.core.config import StopSection
 from coordinator.core.strategies.base import ModelState, Strategy
 from nn.params import Params
+from nn.spec import ModelSpec
 
 
 class EarlyStop:
-    __slots__ = ("_best", "_keep", "best_loss", "best_version", "config", "since_best")
+    __slots__ = (
+        "_best",
+        "_keep",
+        "best_score",
+        "best_version",
+        "by_accuracy",
+        "config",
+        "since_best",
+    )
 
-    def __init__(self, config: StopSection, model_bytes: int) -> None:
+    def __init__(self, config: StopSection, spec: ModelSpec) -> None:
         self.config = config
-        self._keep = model_bytes <= config.keep_best_mib * 2**20
-        self.best_loss = math.inf
+        self._keep = spec.nbytes <= config.keep_best_mib * 2**20
+        monitor = config.monitor
+        self.by_accuracy = monitor == "accuracy" or (
+            monitor == "auto" and spec.loss == "softmax_ce"
+        )
+        #: the monitored value of the best evaluation, lower is better (-accuracy)
+        self.best_score = math.inf
         self.best_version: int | None = None
         #: evaluations since the last new best
         self.since_best = 0
         self._best: np.ndarray | None = None
 
-    def observe(self, loss: float, version: int, params: Params, concurrency: float = 1.0) -> bool:
-        """One evaluation of ``params`` at ``version``; whether the job has converged."""
+    def observe(self, e: ev.Evaluated, params: Params, concurrency: float = 1.0) -> bool:
+        """Evaluation ``e`` of ``params``; whether the job has converged."""
         patience = self.config.patience
         if patience == 0:
             return False
-        if loss < self.best_loss:  # NaN never is: a diverged model is never the best
-            self.best_loss, self.best_version, self.since_best = loss, version, 0
+        score, version = (-e.accuracy if self.by_accuracy else e.loss), e.version
+        if score < self.best_score:  # NaN never is: a diverged model is never the best
+            self.best_score, self.best_version, self.since_best = score, version, 0
             if self._keep:
                 if self._best is None:
                     self._best = params.data.copy()
@@ -65,7 +80,7 @@ class EarlyStop:
         target = self.config.target_accuracy
         if target is not None and e.accuracy >= target:
             return "target_accuracy"
-        converged = self.observe(e.loss, e.version, params, strategy.concurrency)
+        converged = self.observe(e, params, strategy.concurrency)
         return "converged" if converged and upstream is None else None
 
     def best(self, version: int) -> np.ndarray | None:

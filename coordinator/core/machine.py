@@ -139,7 +139,7 @@ class Coordinator:
         self.conns = self.connections.by_id
         #: job data from a file: only clients that fetch shards (hello.data) can train
         self.data_only = self.job.data.path is not None
-        self.early_stop = EarlyStop(self.job.stop, self.model.params.data.nbytes)  # stop rules
+        self.early_stop = EarlyStop(self.job.stop, self.spec)  # when the job ends (earlystop.py)
 
     # -- public API ----------------------------------------------------------------
 
@@ -179,9 +179,8 @@ class Coordinator:
             name=hello.client,
             flops=hello.flops or DEFAULT_FLOPS,
             resume_id=hello.resume,
-            now=now,
-            kernel=hello.kernel,
-        )
+            now=now, kernel=hello.kernel,
+        )  # fmt: skip
         conn = open_conn(
             self.job,
             self.spec,
