@@ -31,6 +31,11 @@ from coordinator.core import events as ev
 #: hello.platform starts with it, and so does hello.client when it sends no key.
 BROWSER_CLIENT = "crowdgrad-web/"
 
+#: The decline reasons of docs/protocol.md §3.13. A client may send another word;
+#: it is counted as ``other``, so that strangers cannot grow the label set (each
+#: label value is a series kept for the process's life).
+DECLINE_REASONS = frozenset({"compute", "memory", "dataset", "optimizer", "codec", "kind", "model"})
+
 #: Leases whose start the round-trip histogram remembers, at most: a backstop, as
 #: every lease is forgotten when it ends; a client holds two at most (a prefetch).
 MAX_LEASES_IN_FLIGHT = 100_000
@@ -138,6 +143,15 @@ class FrameCounts(Collector):
 NET, CORE = 0, 1
 
 
+def decline_label(reason: str) -> str:
+    """The ``reason`` label of a decline: its word (before any ``": "`` detail) if
+    docs/protocol.md §3.13 lists it, ``none`` if empty, else ``other``."""
+    word = reason.split(":", 1)[0]
+    if not word:
+        return "none"
+    return word if word in DECLINE_REASONS else "other"
+
+
 class Metrics:
     """The coordinator's Prometheus series; see the module docstring."""
 
@@ -241,7 +255,7 @@ class Metrics:
                     self.expired.labels(str(o.reissued).lower()).inc()
                     self._end_leases(o.client_id, (o.task_id,))
                 case ev.TaskDeclined():
-                    self.declined.labels(o.reason.split(":", 1)[0][:32] or "none").inc()
+                    self.declined.labels(decline_label(o.reason)).inc()
                     self._end_leases(o.client_id, (o.task_id,))
                 case ev.ClientJoined():
                     kind = self._kinds[o.client_id] = client_kind(o.name, o.platform)

@@ -1,6 +1,7 @@
 """The round-trip histogram's memory of leases in flight (issue 34): a lease is
 forgotten when it ends, with its result, expiry, decline or client, so strangers who
-take a task and leave do not pile up until the backstop (``MAX_LEASES_IN_FLIGHT``)."""
+take a task and leave do not pile up until the backstop (``MAX_LEASES_IN_FLIGHT``);
+and the one label a client's free text reached (a decline's reason) is a closed set."""
 
 from __future__ import annotations
 
@@ -62,3 +63,21 @@ def test_a_long_lived_client_keeps_a_few_task_ids() -> None:
         ])  # fmt: skip
     assert len(metrics._leased_to["honest"]) <= 9
     assert _round_trips(metrics) == (1_000.0, 500.0)
+
+
+def test_decline_reasons_are_a_closed_label_set() -> None:
+    """A stranger's decline reason is free text: one series per word it made up
+    would grow for the process's life."""
+    metrics = Metrics()
+    reasons = ["compute: ValueError: x", "model", "", *(f"word{i}" for i in range(1_000))]
+    for i, reason in enumerate(reasons):
+        metrics([
+            ev.TaskDeclined(client_id=f"c{i}", task_id=i, lease_id=i, reason=reason,
+                            reissued=False, now=0.0),
+        ])  # fmt: skip
+    counts = {
+        s.labels["reason"]: s.value
+        for s in next(iter(metrics.declined.collect())).samples
+        if s.name.endswith("_total")
+    }
+    assert counts == {"compute": 1.0, "model": 1.0, "none": 1.0, "other": 1_000.0}
