@@ -49,7 +49,7 @@ class ConsoleLog:
         self.interval = interval
         self.burst = burst
         self.clock = clock
-        self._names: dict[str, str] = {}
+        self._names: dict[str, str] = {}  # of the clients connected now
         self._connected: set[str] = set()
         self._window_start = clock()
         self._spent: Counter[str] = Counter()
@@ -76,7 +76,8 @@ class ConsoleLog:
                     self._say("join", f"{o.name} joined{again}; {len(self._connected)} connected")
                 case ev.ClientLeft():
                     self._connected.discard(o.client_id)
-                    name = self._names.get(o.client_id, o.client_id)
+                    # forgotten as it leaves: a crowd of strangers churns through ids
+                    name = self._names.pop(o.client_id, o.client_id)
                     self._say(
                         "leave", f"{name} left ({o.reason}); {len(self._connected)} connected"
                     )

@@ -31,6 +31,18 @@ from coordinator.core import events as ev
 #: hello.platform starts with it, and so does hello.client when it sends no key.
 BROWSER_CLIENT = "crowdgrad-web/"
 
+#: The decline reasons of docs/protocol.md §3.13. A client may send another word;
+#: it is counted as ``other``, so that strangers cannot grow the label set (each
+#: label value is a series kept for the process's life).
+DECLINE_REASONS = frozenset({"compute", "memory", "dataset", "optimizer", "codec", "kind", "model"})
+
+#: Leases whose start the round-trip histogram remembers, at most: a backstop, as
+#: every lease is forgotten when it ends; a client holds two at most (a prefetch).
+MAX_LEASES_IN_FLIGHT = 100_000
+#: A client's list of leased task ids is pruned to those in flight past this length.
+_PRUNE_LEASED_TO = 8
+_NOBODY = ("", 0.0)
+
 #: Task round trip: lease to accepted result, from a tiny task on a LAN to a
 #: large model on a 50 kB/s link.
 ROUND_TRIP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -131,6 +143,15 @@ class FrameCounts(Collector):
 NET, CORE = 0, 1
 
 
+def decline_label(reason: str) -> str:
+    """The ``reason`` label of a decline: its word (before any ``": "`` detail) if
+    docs/protocol.md §3.13 lists it, ``none`` if empty, else ``other``."""
+    word = reason.split(":", 1)[0]
+    if not word:
+        return "none"
+    return word if word in DECLINE_REASONS else "other"
+
+
 class Metrics:
     """The coordinator's Prometheus series; see the module docstring."""
 
@@ -193,7 +214,12 @@ class Metrics:
         for kind in ("browser", "other"):
             self.clients.labels(kind=kind).set(0)
         self._kinds: dict[str, str] = {}
-        self._leased_at: dict[int, float] = {}
+        #: leases in flight, for the round trip: task id -> (client, lease time). One
+        #: leaves with its result, expiry, decline or client (``_end_leases``), so it
+        #: holds a few per connected client, not one per stranger ever leased a task
+        self._leased_at: dict[int, tuple[str, float]] = {}
+        #: client -> the task ids leased to it, pruned to those still in flight
+        self._leased_to: dict[str, list[int]] = {}
         # the children the core's events move once or twice a round trip, looked up once
         self._accepted = self.results.labels("accepted", "")
         self._leased: dict[tuple[str, bool], Any] = {}
@@ -210,9 +236,9 @@ class Metrics:
                     add(CORE, "out", o.message.TYPE, len(o.frame))
                 case ev.ResultAccepted():
                     self._accepted.inc()
-                    start = self._leased_at.pop(o.task_id, None)
-                    if start is not None and o.now >= start:
-                        self.round_trip.observe(o.now - start)
+                    lease = self._leased_at.pop(o.task_id, None)
+                    if lease is not None and o.now >= lease[1]:
+                        self.round_trip.observe(o.now - lease[1])
                 case ev.ResultRejected():
                     self.results.labels("rejected", o.reason).inc()
                     self._leased_at.pop(o.task_id, None)
@@ -224,11 +250,13 @@ class Metrics:
                             o.download, str(o.queued).lower()
                         )
                     child.inc()
-                    self._leased_at[o.task_id] = o.now
+                    self._lease(o.client_id, o.task_id, o.now)
                 case ev.LeaseExpired():
                     self.expired.labels(str(o.reissued).lower()).inc()
+                    self._end_leases(o.client_id, (o.task_id,))
                 case ev.TaskDeclined():
-                    self.declined.labels(o.reason.split(":", 1)[0][:32] or "none").inc()
+                    self.declined.labels(decline_label(o.reason)).inc()
+                    self._end_leases(o.client_id, (o.task_id,))
                 case ev.ClientJoined():
                     kind = self._kinds[o.client_id] = client_kind(o.name, o.platform)
                     self.clients.labels(kind=kind).inc()
@@ -237,6 +265,7 @@ class Metrics:
                     kind = self._kinds.pop(o.client_id, None)
                     if kind is not None:
                         self.clients.labels(kind=kind).dec()
+                    self._end_leases(o.client_id, self._leased_to.pop(o.client_id, ()))
                 case ev.DataServed():
                     self.shard_bytes.labels("websocket").inc(o.nbytes)
                 case ev.Evaluated():
@@ -247,10 +276,27 @@ class Metrics:
                     self.finished.set(1)
                 case _:
                     pass
-        # Leases the core forgot (lost with their client) must not pile up here.
-        if len(self._leased_at) > 100_000:
-            for task_id in sorted(self._leased_at)[:50_000]:
+        # A backstop only (leases end above): never more than MAX_LEASES_IN_FLIGHT.
+        if len(self._leased_at) > MAX_LEASES_IN_FLIGHT:
+            for task_id in sorted(self._leased_at)[: MAX_LEASES_IN_FLIGHT // 2]:
                 del self._leased_at[task_id]
+
+    def _lease(self, client_id: str, task_id: int, now: float) -> None:
+        """A lease starts: remember when, and for whom (core thread)."""
+        self._leased_at[task_id] = (client_id, now)
+        mine = self._leased_to.setdefault(client_id, [])
+        mine.append(task_id)
+        if len(mine) > _PRUNE_LEASED_TO:  # keep those still in flight: a few
+            at = self._leased_at
+            mine[:] = [t for t in mine if at.get(t, _NOBODY)[0] == client_id]
+
+    def _end_leases(self, client_id: str, task_ids: Iterable[int]) -> None:
+        """These leases of ``client_id`` ended without a result: forget their start
+        (a task leased again since to another client keeps that client's)."""
+        at = self._leased_at
+        for t in task_ids:
+            if at.get(t, _NOBODY)[0] == client_id:
+                del at[t]
 
     # -- what never reaches the core (network thread) --------------------------------
 

@@ -70,3 +70,16 @@ def test_an_evaluation_not_said_in_its_window_comes_with_the_summary() -> None:
     assert lines[-1] == "v15: test accuracy 0.1500"
     log.flush()
     assert len(lines) == 2  # a quiet window says nothing
+
+
+def test_names_of_clients_that_left_are_forgotten() -> None:
+    """Issue 34: every hostile connection joins under a new id and leaves; its name was
+    kept for good (an untracked dict of strings, RSS rising over a million fuzz frames)."""
+    log, lines, _ = make()
+    for i in range(5_000):
+        log([
+            ev.ClientJoined(client_id=f"c{i}", name=f"fuzz-{i}", resumed=False, now=0),
+            ev.ClientLeft(client_id=f"c{i}", reason="closed: 1007", now=0),
+        ])  # fmt: skip
+    assert log._names == {} and log._connected == set()
+    assert lines[:2] == ["fuzz-0 joined; 1 connected", "fuzz-0 left (closed: 1007); 0 connected"]
