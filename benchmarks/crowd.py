@@ -209,9 +209,8 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
     nbytes = last[6] + last[7]
     fin = status.get("finished")
     # A job that ended (converged) sent its volunteers home: rates are of the time
-    # it trained, up to the first sample with every result in.
-    worked = next((r for r in tp if r[2] == accepted), last) if fin else last
-    elapsed = worked[0] - t0
+    # it trained, up to its final evaluation (throughput is sampled every few s).
+    elapsed = (curve[-1][0] if curve else last[0] - t0) if fin else last[0] - t0
     return {
         "curve": [(round(t, 3), a) for t, a in curve if t <= seconds + 1],
         "results_per_s": accepted / elapsed if elapsed else None,
