@@ -99,18 +99,28 @@ def job_reference_norms(
             chooser.choose(bytes_per_s=None, flops_per_s=None, samples=samples)
             for _ in range(job.validation.reference_tasks)
         ]
-    return reference_norms(
-        params,
-        dataset,
-        shards,
-        kind="train" if local else "gradient",
-        steps=st.nominal_tau if local else 1,
-        batch=job.data.batch,
-        optimizer=optimizer,
-        seed=seed,
-        count=job.validation.reference_tasks,
-        subnets=subnets,
-    )
+    # Norms are judged per step, and an update does not grow linearly with its
+    # steps: on a wide model 10 steps moved it 2.60 and 224 steps 3.27, so a slow
+    # client's tau_min tasks read 20x a 224-step yardstick and were refused. Under
+    # tau = "auto" the yardstick holds both ends a task is likely to have.
+    lengths = [st.nominal_tau] if local else [1]
+    if local and st.tau == "auto" and st.tau_min < st.nominal_tau:
+        lengths.insert(0, st.tau_min)
+    norms: list[float] = []
+    for steps in lengths:
+        norms += reference_norms(
+            params,
+            dataset,
+            shards,
+            kind="train" if local else "gradient",
+            steps=steps,
+            batch=job.data.batch,
+            optimizer=optimizer,
+            seed=seed,
+            count=job.validation.reference_tasks,
+            subnets=subnets,
+        )
+    return norms
 
 
 def split_reference_norms(
