@@ -56,11 +56,20 @@ def _garbage_of(types: tuple[type, ...], names: tuple[str, ...]) -> dict[str, in
         gc.garbage.clear()
 
 
+OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**6, "max_time_s": None, "patience": 0}
+
+
+def _all_closed(bg) -> None:
+    """Wait until the server's ``connection_lost`` (on its loop) ran for every socket."""
+    admission = bg.crowd.admission
+    deadline = time.monotonic() + SOCKET_TIMEOUT_S  # hang guard
+    while (admission.open or admission.sockets) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not admission.open and not admission.sockets
+
+
 def test_closed_websockets_and_http_connections_leave_no_cycles() -> None:
-    job = digits_job(
-        stop={"target_accuracy": None, "max_versions": 10**6, "max_time_s": None, "patience": 0}
-    )
-    with running(job) as (bg, _, _):
+    with running(digits_job(stop=OPEN_ENDED)) as (bg, _, _):
         port = bg.port
         _http(port)  # warm: whatever is made once
         gc.collect()
@@ -69,11 +78,7 @@ def test_closed_websockets_and_http_connections_leave_no_cycles() -> None:
             for i in range(20):
                 _websocket(port, hello_frame(f"c{i}") if i % 2 else None)
                 _http(port)
-            admission = bg.crowd.admission
-            deadline = time.monotonic() + SOCKET_TIMEOUT_S  # hang guard
-            while (admission.open or admission.sockets) and time.monotonic() < deadline:
-                time.sleep(0.01)  # the server's connection_lost runs on its loop
-            assert not admission.open and not admission.sockets
+            _all_closed(bg)
             found = _garbage_of((ReadAheadWebSocketProtocol,), ("_SelectorSocketTransport",))
         finally:
             gc.enable()
@@ -102,8 +107,7 @@ def test_closed_websockets_free_their_parser_without_a_collection() -> None:
     freezes what lives past a second, and frozen cycles wait for its rare full
     collection) each closed connection kept its protocol, parser and read buffer:
     about 26 blocks a hostile connection, RSS +17 % over 200,000 fuzz frames."""
-    job = digits_job(stop={"target_accuracy": None, "max_versions": 10**6, "max_time_s": None})
-    with running(job) as (bg, _, _):
+    with running(digits_job(stop=OPEN_ENDED)) as (bg, _, _):
         port = bg.port
         _websocket(port, None)  # warm: whatever is made once
         gc.collect()
@@ -112,11 +116,7 @@ def test_closed_websockets_free_their_parser_without_a_collection() -> None:
             for i in range(10):
                 _websocket(port, hello_frame(f"c{i}") if i % 2 else None)
                 _refused_frame(port)
-            admission = bg.crowd.admission
-            deadline = time.monotonic() + SOCKET_TIMEOUT_S  # hang guard
-            while (admission.open or admission.sockets) and time.monotonic() < deadline:
-                time.sleep(0.01)  # the server's connection_lost runs on its loop
-            assert not admission.open and not admission.sockets
+            _all_closed(bg)
             alive = {n: _alive(n) for n in WEBSOCKETS_PER_CONNECTION}
         finally:
             gc.enable()
