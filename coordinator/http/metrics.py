@@ -72,7 +72,8 @@ class _Readings(Collector):
         for name, doc, value in (
             ("crowdgrad_model_version", "Current model version.", r.get("version")),
             ("crowdgrad_send_queue_bytes", "Bytes queued for clients now.", r.get("queued")),
-            ("crowdgrad_send_queue_max_bytes", "Largest send queue a connection reached.",
+            ("crowdgrad_send_queue_max_bytes",
+             "Largest send queue of its own frames (downloads aside) a connection reached.",
              r.get("max_queued")),
             ("crowdgrad_acks_held", "Acks waiting for a durable checkpoint.", r.get("acks_held")),
             ("crowdgrad_pending_results",

@@ -8,7 +8,11 @@ queues. Heartbeats are echoed here at once, so a core busy merging never delays
 liveness. A peer's misbehaviour caught here is answered as the core does it (an
 ``error`` frame, then the mapped close code); nothing a peer sends raises out of
 the endpoint. Each connection's queue is bounded in bytes: a client that stops
-reading is closed with ``CLOSE_SLOW_CONSUMER`` and its frames dropped.
+reading is closed with ``CLOSE_SLOW_CONSUMER`` and its frames dropped. Transfers
+a client asked for (model chunks, shard data: paced by the core at the link's
+rate, which a busy honest reader may lag) have room of their own beside that
+bound, two of the largest, so a slow reader of a large model is not mistaken for
+one that does not read.
 
 The app can be mounted into a host FastAPI/Starlette app: its lifespan does not
 run there, so the service starts on the first request, and the host composes
@@ -55,8 +59,10 @@ CLOSE_SLOW_CONSUMER = close_code(ErrorCode.SLOW_CONSUMER)
 CLOSE_GOING_AWAY = 1001
 #: Room above max_message_bytes for the msgpack envelope and websocket header.
 ENVELOPE_MARGIN = 64 * 1024
-#: Default bound of a connection's send queue: several frames of a large model.
+#: Default bound of a connection's send queue (its own frames: acks, tasks, echoes).
 DEFAULT_SEND_QUEUE_BYTES = 32 * 1024 * 1024
+#: Frames of transfers a client asks for; they queue in the room of ``bulk_room``.
+BULK_MESSAGES: tuple[type[m.Message], ...] = (m.Chunk, m.Data)
 #: Seconds a new connection has to send hello before it is closed (TIMEOUT); the
 #: protocol's number (docs/protocol.md §6), a module global so tests can shorten it.
 HELLO_TIMEOUT_S = m.HELLO_TIMEOUT_S
@@ -77,13 +83,27 @@ def heartbeat_echo(seq: int, now: float, echo: float) -> bytes:
     )
 
 
+def bulk_room(model_bytes: int, largest_shard_bytes: int, bound: int) -> int:
+    """Bytes of transfer frames a connection may have queued: its bound plus two
+    of the largest transfer (a task's model and a prefetched one; a shard), their
+    frames' envelopes included. The core sends a client a model only for a task it
+    leased and a shard only for one of its tasks, so an honest reader never holds
+    more; a peer that does not read passes it and is closed."""
+    largest = max(model_bytes, largest_shard_bytes)
+    return bound + 2 * (largest + largest // 16)
+
+
 @dataclass(slots=True, eq=False)
 class _Peer:
     client_id: str
     ws: RawWebSocket
     bound: int
-    queue: deque[bytes] = field(default_factory=deque)
+    #: bytes of transfer frames (``BULK_MESSAGES``) it may hold queued
+    room: int
+    #: frames and whether each is a transfer's (counted in ``bulk`` not ``queued``)
+    queue: deque[tuple[bytes, bool]] = field(default_factory=deque)
     queued: int = 0
+    bulk: int = 0
     max_queued: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     close: tuple[int, str] | None = None
@@ -132,6 +152,8 @@ class CrowdServer:
         self.on_stop = on_stop
         self.admission = Admission(admission)
         self.max_message_bytes = server_limits(service.job).max_message_bytes
+        #: transfer room per connection (``bulk_room``), set when the core is up
+        self.room = send_queue_bytes
         self.net = NetStats()
         self.peers: dict[str, _Peer] = {}
         self.metrics = Metrics(read=self._readings)
@@ -176,8 +198,11 @@ class CrowdServer:
         self.service.start()
         # Echoed in _read_loop, at once. No client frame reaches the core before
         # this returns: they are submitted from this loop.
-        assert self.service.core is not None
-        self.service.core.echo_heartbeats = False
+        core = self.service.core
+        assert core is not None
+        core.echo_heartbeats = False
+        shards = max((len(s.blob) for s in core.data.shards), default=0)
+        self.room = bulk_room(self.service.job.spec.nbytes, shards, self.send_queue_bytes)
 
     async def drain(self) -> None:
         """Stop accepting, stop the core (final tick + checkpoint), close every client
@@ -233,7 +258,7 @@ class CrowdServer:
                 case ev.Send():
                     peer = self.peers.get(o.client_id)
                     if peer is not None:
-                        self._enqueue(peer, o.frame)
+                        self._enqueue(peer, o.frame, isinstance(o.message, BULK_MESSAGES))
                         touched[o.client_id] = peer
                 case ev.Close():
                     peer = self.peers.get(o.client_id)
@@ -258,34 +283,41 @@ class CrowdServer:
         send_now = peer.ws.send_now
         if send_now is None or peer.sending or not peer.queue:
             return False
-        frames = list(peer.queue)
+        frames = [frame for frame, _ in peer.queue]
         if not send_now(frames):
             return False
         peer.queue.clear()
-        peer.queued = 0
+        peer.queued = peer.bulk = 0
         self.net.frames_out += len(frames)
         self.net.bytes_out += sum(map(len, frames))
         return True
 
-    def _enqueue(self, peer: _Peer, frame: bytes) -> None:
+    def _enqueue(self, peer: _Peer, frame: bytes, bulk: bool = False) -> None:
+        """Queue ``frame``; a ``bulk`` one (a transfer's) counts against the peer's
+        transfer room, any other against its bound. Past either: closed 4017."""
         if peer.close is not None:
             return
-        if peer.queue and peer.queued + len(frame) > peer.bound:
+        held, limit = (peer.bulk, peer.room) if bulk else (peer.queued, peer.bound)
+        if peer.queue and held + len(frame) > limit:
             self.net.slow_closed += 1
             self.dashboard.note("slow_consumer", f"{peer.client_id}: send queue full, closed 4017")
-            log.info("client %s: send queue over %d bytes; closing", peer.client_id, peer.bound)
+            what = "transfer frames" if bulk else "send queue"
+            log.info("client %s: %s over %d bytes; closing", peer.client_id, what, limit)
             peer.queue.clear()
-            peer.queued = 0
+            peer.queued = peer.bulk = 0
             self._request_close(peer, CLOSE_SLOW_CONSUMER, "send queue full: not reading")
             # The writer is stuck behind the full socket: close from here instead.
             if peer.writer is not None:
                 peer.writer.cancel()
             peer.writer = asyncio.ensure_future(self._close_now(peer))
             return
-        peer.queue.append(frame)
-        peer.queued += len(frame)
-        peer.max_queued = max(peer.max_queued, peer.queued)
-        self.net.max_queued = max(self.net.max_queued, peer.queued)
+        peer.queue.append((frame, bulk))
+        if bulk:
+            peer.bulk += len(frame)
+        else:
+            peer.queued += len(frame)
+            peer.max_queued = max(peer.max_queued, peer.queued)
+            self.net.max_queued = max(self.net.max_queued, peer.queued)
 
     def _request_close(self, peer: _Peer, code: int, reason: str) -> None:
         if peer.close is None:
@@ -306,8 +338,11 @@ class CrowdServer:
                 while peer.queue:
                     if self._send_now(peer):
                         break
-                    frame = peer.queue.popleft()
-                    peer.queued -= len(frame)
+                    frame, bulk = peer.queue.popleft()
+                    if bulk:
+                        peer.bulk -= len(frame)
+                    else:
+                        peer.queued -= len(frame)
                     peer.sending = True
                     await ws.send_bytes(frame)
                     peer.sending = False
@@ -340,7 +375,7 @@ class CrowdServer:
             )
             return
         cid = f"c{next(self._ids)}"
-        peer = _Peer(client_id=cid, ws=ws, bound=self.send_queue_bytes)
+        peer = _Peer(client_id=cid, ws=ws, bound=self.send_queue_bytes, room=self.room)
         self.peers[cid] = peer
         peer.writer = asyncio.create_task(self._writer(peer))
         reason = "connection closed"
@@ -449,7 +484,7 @@ class CrowdServer:
 
     def _send_error(self, peer: _Peer, code: ErrorCode, message: str) -> None:
         err = m.Error(code=int(code), message=message[:1024])
-        peer.queue.append(m.encode(err))
+        peer.queue.append((m.encode(err), False))
         peer.wake.set()
 
     def _refuse(self, peer: _Peer, exc: ProtocolError) -> None:
@@ -465,7 +500,7 @@ class CrowdServer:
         core = self.service.core
         return {
             "version": st.version,
-            "queued": sum(p.queued for p in list(self.peers.values())),
+            "queued": sum(p.queued + p.bulk for p in list(self.peers.values())),
             "max_queued": self.net.max_queued,
             "acks_held": st.acks_held,
             "pending": core.strategy.pending() if core is not None else None,

@@ -279,7 +279,7 @@ def test_a_batch_goes_out_in_one_write_per_client_and_never_past_the_writer() ->
         fast, busy, full = _FakeWs(), _FakeWs(), _FakeWs(ok=False)
         peers = {}
         for cid, ws in (("a", fast), ("b", busy), ("c", full)):
-            peers[cid] = srv._Peer(client_id=cid, ws=ws, bound=1 << 20)  # type: ignore[arg-type]
+            peers[cid] = srv._Peer(client_id=cid, ws=ws, bound=1 << 20, room=1 << 20)  # type: ignore[arg-type]
             crowd.peers[cid] = peers[cid]
         peers["b"].sending = True
         ack = m.Ack(task_id="1", accepted=True)
@@ -290,10 +290,57 @@ def test_a_batch_goes_out_in_one_write_per_client_and_never_past_the_writer() ->
         crowd._deliver()
         assert fast.calls == [frames] and not peers["a"].queue
         assert crowd.net.frames_out == 3 and crowd.net.bytes_out == sum(map(len, frames))
-        assert busy.calls == [] and list(peers["b"].queue) == frames
+        assert busy.calls == [] and [f for f, _ in peers["b"].queue] == frames
         assert peers["b"].wake.is_set()
-        assert full.calls == [frames] and list(peers["c"].queue) == frames
+        assert full.calls == [frames] and [f for f, _ in peers["c"].queue] == frames
         assert peers["c"].wake.is_set()
+
+    asyncio.run(go())
+
+
+def test_downloads_queue_in_their_own_room_and_the_bound_keeps_the_rest() -> None:
+    """A peer whose socket takes nothing: model chunks (a download it asked for)
+    queue past its bound, up to its transfer room; its own frames (acks, echoes)
+    only up to the bound. Past either it is closed 4017 and its queue dropped."""
+    from coordinator.core import events as ev
+
+    chunk = m.Chunk(
+        transfer="t",
+        seq=0,
+        total=1,
+        layer=0,
+        part="W",
+        row_start=0,
+        row_end=1,
+        crc=0,
+        payload=b"",
+    )
+    ack = m.Ack(task_id="1", accepted=True)
+
+    def deliver(crowd: CrowdServer, message: m.Message, n: int) -> None:
+        crowd._inbound = [
+            ev.Send(client_id="a", message=message, frame=bytes(1000)) for _ in range(n)
+        ]
+        crowd._deliver()
+
+    async def go() -> None:
+        crowd = CrowdServer(CoreService(parse_job(JOB)))
+        peer = srv._Peer(client_id="a", ws=_FakeWs(ok=False), bound=4000, room=10_000)  # type: ignore[arg-type]
+        crowd.peers["a"] = peer
+        deliver(crowd, chunk, 10)  # 10,000 bytes of download: at its room, not past
+        assert peer.close is None and peer.bulk == 10_000 and peer.queued == 0
+        deliver(crowd, ack, 4)  # 4,000 bytes of its own: at its bound
+        assert peer.close is None and peer.queued == 4000 and len(peer.queue) == 14
+        assert crowd.net.max_queued == 4000  # its own frames: downloads aside
+        deliver(crowd, ack, 1)
+        assert peer.close == (srv.CLOSE_SLOW_CONSUMER, "send queue full: not reading")
+        assert not peer.queue and peer.queued == peer.bulk == 0
+
+        other = srv._Peer(client_id="a", ws=_FakeWs(ok=False), bound=4000, room=10_000)  # type: ignore[arg-type]
+        crowd.peers["a"] = other
+        deliver(crowd, chunk, 11)  # a download past its room: not reading
+        assert other.close is not None and other.close[0] == srv.CLOSE_SLOW_CONSUMER
+        assert crowd.net.slow_closed == 2
 
     asyncio.run(go())
 
