@@ -6,7 +6,10 @@ on it (the one machine at its best: the fastest thread count and, with
 ``crowdgrad coordinator --job`` process and N ``crowdgrad client`` processes on
 loopback. Both are measured the same way: held-out accuracy over wall-clock
 seconds, the anchor from its first training step, the crowd from the launch of
-its clients (their start-up, joins and shard downloads count against it).
+its clients (their start-up, joins and shard downloads count against it;
+each run's clients start with empty cache folders). Both start warm: the
+anchor trains a step before its clock, and an untimed crowd of one runs before
+the timed ones so that numba's cache holds the kernels (``--cold`` skips it).
 
 Reported per row: seconds to 0.85 and to the anchor's accuracy at the budget
 (``--seconds``, 60 by default; the mean of its last tenth), the ratio anchor
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -34,6 +38,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
@@ -137,10 +142,13 @@ def anchor(job: Path, seconds: float, grid: bool, out: Path) -> dict:
     return {"curve": curve, "optimizer": best["optimizer"], "threads": best["threads"]}
 
 
-def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
+ENV = {**os.environ, "CROWDGRAD_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def start_coordinator(job: Path, folder: Path, tag: str) -> tuple[subprocess.Popen, str, Any]:
+    """A coordinator on a free port, up and answering; its process, URL base and log."""
     port = free_port()
-    env = {**os.environ, "CROWDGRAD_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    log = (folder / f"coordinator-{clients}.log").open("w")
+    log = (folder / f"coordinator-{tag}.log").open("w")
     coord = subprocess.Popen(
         # --no-store: as measured before runs persisted by default (no durable acks)
         [
@@ -156,61 +164,89 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
             "--keep-running",  # a job that converged is read after its end
         ],
         cwd=ROOT,
-        env=env,
+        env=ENV,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        with contextlib.suppress(OSError):
+            get_json(f"{base}/api/status")
+            return coord, base, log
+        if coord.poll() is not None or time.monotonic() > deadline:
+            stop(coord)
+            log.close()
+            raise RuntimeError(f"coordinator did not start: see {log.name}")
+        time.sleep(0.2)
+
+
+def start_client(base: str, i: int, folder: Path) -> subprocess.Popen:
+    url = base.replace("http://", "ws://") + "/ws"
+    return subprocess.Popen(
+        [
+            *CROWDGRAD,
+            "client",
+            url,
+            "-q",
+            "--name",
+            f"c{i}",
+            "--cache-dir",
+            str(folder / f"cache-{i}"),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def warm_up(job: Path, folder: Path, results: int = 5, timeout: float = 60.0) -> None:
+    """An untimed crowd of one until a few results are accepted: numba compiles the
+    client's and coordinator's kernels into its cache here, not in the first timed
+    run (the anchor is timed warm too: it trains a step before its clock starts).
+    Each timed client still starts with an empty ``--cache-dir`` (its FLOP/s probe
+    and its shard download count)."""
+    coord, base, log = start_coordinator(job, folder, "warm-up")
+    client = start_client(base, 0, folder / "warm-up")
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if get_json(f"{base}/api/status")["accepted_results"] >= results:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"warm-up: fewer than {results} results in {timeout:g} s")
+    finally:
+        stop(client)
+        stop(coord)
+        log.close()
+
+
+def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
+    coord, base, log = start_coordinator(job, folder, str(clients))
     procs: list[subprocess.Popen] = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError):
-                get_json(f"{base}/api/status")
-                break
-            if coord.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"coordinator did not start: see {log.name}")
-            time.sleep(0.2)
         t0 = time.time()
-        for i in range(clients):
-            procs.append(
-                subprocess.Popen(
-                    [
-                        *CROWDGRAD,
-                        "client",
-                        f"ws://127.0.0.1:{port}/ws",
-                        "-q",
-                        "--name",
-                        f"c{i}",
-                        "--cache-dir",
-                        str(folder / f"cache-{i}"),
-                    ],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+        # every run's clients start with empty cache folders: shard downloads count
+        caches = folder / f"caches-{job.stem}-{clients}"
+        procs = [start_client(base, i, caches) for i in range(clients)]
         time.sleep(max(0.0, t0 + seconds - time.time()))
         hist = get_json(f"{base}/api/history")
         status = get_json(f"{base}/api/status")
+        read_at = time.time() - t0
     finally:
         for p in procs:
             stop(p)
         stop(coord)
         log.close()
     curve = [(e[0] - t0, e[2]) for e in _rows(hist, "evaluations") if e[2] is not None]
-    # throughput rows: t, version, accepted, rejected, clients, results/s, bytes in, out
-    tp = [r for r in _rows(hist, "throughput") if r[0] > t0]
-    if not tp:
-        raise RuntimeError(f"no throughput sample in {seconds:g} s: status {status}")
-    last = tp[-1]
-    accepted = last[2]
-    nbytes = last[6] + last[7]
+    # the totals when the budget ended (a job that ended early: at its end)
+    accepted = status["accepted_results"]
+    nbytes = status["network"]["bytes_in"] + status["network"]["bytes_out"]
     fin = status.get("finished")
     # A job that ended (converged) sent its volunteers home: rates are of the time
-    # it trained, up to its final evaluation (throughput is sampled every few s).
-    elapsed = (curve[-1][0] if curve else last[0] - t0) if fin else last[0] - t0
+    # it trained, up to its final evaluation.
+    elapsed = curve[-1][0] if fin and curve else read_at
     return {
         "curve": [(round(t, 3), a) for t, a in curve if t <= seconds + 1],
         "results_per_s": accepted / elapsed if elapsed else None,
@@ -233,7 +269,8 @@ def settled(curve: list[tuple[float, float]], t_end: float) -> float:
     tail = [a for t, a in curve if t >= 0.9 * t_end and a is not None]
     if not tail:
         return accuracy_at(curve, t_end) or 0.0
-    return round(sum(tail) / len(tail), 4)
+    # floored, not rounded: a tail of one point must be reached by that point
+    return math.floor(sum(tail) / len(tail) * 1e4 + 1e-6) / 1e4
 
 
 def row(name: str, curve: list, target: float, anchor_t: float | None, extra: dict) -> dict:
@@ -261,6 +298,11 @@ def main() -> None:
     ap.add_argument("--no-defaults", action="store_true", help="only the tuned rows")
     ap.add_argument(
         "--tuned-toml", help="tables appended to the job for the tuned rows (default: TUNED)"
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="no untimed warm-up crowd: the first crowd compiles the kernels numba has not cached",
     )
     ap.add_argument("--json", action="store_true", help="print results as JSON")
     args = ap.parse_args()
@@ -300,6 +342,9 @@ def main() -> None:
                     ),
                 }
             )
+            if not args.cold:
+                console.print("  warm-up (untimed)")
+                warm_up(job, folder)
             kinds = [] if args.no_defaults else [False]
             kinds += [True] if args.tuned and w in TUNED else []
             for tuned in kinds:
