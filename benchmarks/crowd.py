@@ -2,9 +2,10 @@
 
 For each workload a job file is written; the anchor is ``crowdgrad train --job``
 on it (the one machine at its best: the fastest thread count and, with
-``--grid``, the best optimizer and lr of a short trial each); each crowd is a
-``crowdgrad coordinator --job`` process and N ``crowdgrad client`` processes on
-loopback. Both are measured the same way: held-out accuracy over wall-clock
+``--grid``, the best optimizer and lr of a short trial each, then the budget
+with the job's lr-on-plateau schedule and at a constant lr, the higher kept);
+each crowd is a ``crowdgrad coordinator --job`` process and N ``crowdgrad
+client`` processes on loopback. Both are measured the same way: held-out accuracy over wall-clock
 seconds, the anchor from its first training step, the crowd from the launch of
 its clients (their start-up, joins and shard downloads count against it;
 each run's clients start with empty cache folders). Both start warm: the
@@ -139,7 +140,12 @@ def anchor(job: Path, seconds: float, grid: bool, out: Path) -> dict:
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     best = json.loads(out.read_text())["best"]
     curve = [(p["t"], p["accuracy"]) for p in best["history"]]
-    return {"curve": curve, "optimizer": best["optimizer"], "threads": best["threads"]}
+    return {
+        "curve": curve,
+        "optimizer": best["optimizer"],
+        "threads": best["threads"],
+        "schedule": "lr on plateau" if best.get("plateau") else "constant lr",
+    }
 
 
 ENV = {**os.environ, "CROWDGRAD_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -334,7 +340,8 @@ def main() -> None:
                     "workload": w,
                     "target": target,
                     **row(
-                        f"one machine ({opt['kind']} lr {opt['lr']:g}, {a['threads']} thread(s))",
+                        f"one machine ({opt['kind']} lr {opt['lr']:g}, {a['schedule']}, "
+                        f"{a['threads']} thread(s))",
                         a["curve"],
                         target,
                         anchor_t,

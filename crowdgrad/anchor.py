@@ -4,7 +4,9 @@ Every crowd is judged against it (docs/performance.md, "The crowd against the
 machine"): the job's own data, model, batch, held-out rows and client
 optimizer, trained on this machine for a wall-clock budget, with the thread
 count that trains fastest here and, with a grid, the optimizer and lr that
-reach the best accuracy in a short trial. Its history has the shape of the
+reach the best accuracy in a short trial, and the job's reduce-on-plateau
+schedule (``strategy.plateau_*``, the crowd's own) or a constant lr, whichever
+ends the budget higher. Its history has the shape of the
 coordinator's ``/api/history`` evaluations (seconds, accuracy, loss), so the
 two are compared point by point. Seconds are training seconds: evaluations are
 not counted against the machine, as they cost the coordinator nothing either
@@ -17,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -60,6 +62,25 @@ def accuracy_at(curve: Sequence[tuple[float, float | None]], seconds: float) -> 
     return acc
 
 
+@dataclass(frozen=True, slots=True)
+class Plateau:
+    """Reduce-on-plateau: the lr times ``factor`` each time the held-out loss has
+    not reached a new best for ``patience`` evaluations, down to ``minimum`` of
+    the start (the crowd's rule, coordinator/core/strategies/base.py)."""
+
+    patience: int
+    factor: float
+    minimum: float
+
+    @classmethod
+    def of(cls, job: JobConfig) -> Plateau | None:
+        """The job's schedule (``strategy.plateau_*``); None when it has none."""
+        st = job.strategy
+        if st.plateau_patience == 0:
+            return None
+        return cls(st.plateau_patience, st.plateau_factor, st.plateau_min)
+
+
 @dataclass(slots=True)
 class AnchorRun:
     """One optimizer setting trained for a budget; ``history`` in time order."""
@@ -68,6 +89,10 @@ class AnchorRun:
     threads: int
     batch: int
     history: list[Point] = field(default_factory=list)
+    #: the lr schedule: None for a constant lr
+    plateau: Plateau | None = None
+    #: training seconds at which the schedule cut the lr
+    cuts: list[float] = field(default_factory=list)
 
     @property
     def best_accuracy(self) -> float | None:
@@ -86,6 +111,16 @@ class AnchorRun:
     def curve(self) -> list[tuple[float, float | None]]:
         return [(p.t, p.accuracy) for p in self.history]
 
+    @property
+    def settled_accuracy(self) -> float:
+        """Where the run ended: the mean accuracy of its last tenth (one
+        evaluation moves by a point)."""
+        if not self.history:
+            return 0.0
+        end = self.history[-1].t
+        tail = [p.accuracy for p in self.history if p.t >= 0.9 * end and p.accuracy is not None]
+        return sum(tail) / len(tail) if tail else 0.0
+
     def time_to(self, accuracy: float) -> float | None:
         """Training seconds until the held-out accuracy first reached ``accuracy``."""
         return time_to(self.curve, accuracy)
@@ -101,6 +136,8 @@ class AnchorRun:
             "batch": self.batch,
             "best_accuracy": self.best_accuracy,
             "final_accuracy": self.final_accuracy,
+            "plateau": None if self.plateau is None else asdict(self.plateau),
+            "lr_cuts_s": self.cuts,
             "history": [asdict(p) for p in self.history],
         }
 
@@ -139,10 +176,12 @@ def train_for(
     eval_every_s: float = 0.5,
     max_eval_rows: int | None = None,
     threads: int = 1,
+    plateau: Plateau | None = None,
     on_point: Callable[[Point], None] | None = None,
 ) -> AnchorRun:
     """Train from the job's initial weights for ``seconds`` of training time,
-    evaluating on the held-out rows every ``eval_every_s``."""
+    evaluating on the held-out rows every ``eval_every_s`` (and, with a
+    ``plateau``, cutting the lr on the held-out loss as the crowd does)."""
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
     set_threads(threads)
@@ -155,8 +194,9 @@ def train_for(
     train_steps(
         params.copy(), OptState.init(optimizer, spec), ds.X_train, ds.y_train, 1, batch, rng
     )
-    run = AnchorRun(optimizer=optimizer.to_dict(), threads=threads, batch=batch)
+    run = AnchorRun(optimizer=optimizer.to_dict(), threads=threads, batch=batch, plateau=plateau)
     start = evaluate(params, X_test, y_test).loss  # a loss 10x above it: diverged
+    best_loss, since_best, decay = start, 0, 1.0
     spent, steps, chunk = 0.0, 0, 8
     next_eval = eval_every_s
     while spent < seconds:
@@ -177,6 +217,15 @@ def train_for(
             next_eval = spent + eval_every_s
             if not ev.loss < 10 * start:  # (NaN too) diverged: nothing more to learn here
                 break
+            if plateau is not None:
+                if ev.loss < best_loss:
+                    best_loss, since_best = ev.loss, 0
+                elif (since_best := since_best + 1) >= plateau.patience:
+                    since_best = 0
+                    if decay > plateau.minimum:
+                        decay = max(plateau.minimum, decay * plateau.factor)
+                        state.optimizer = replace(optimizer, lr=optimizer.lr * decay)
+                        run.cuts.append(point.t)
     return run
 
 
@@ -216,6 +265,8 @@ class Anchor:
     run: AnchorRun
     trials: list[AnchorRun]
     thread_rates: dict[int, float]
+    #: the chosen setting's full-budget runs, one per lr schedule tried
+    finals: list[AnchorRun] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -225,6 +276,14 @@ class Anchor:
                 {"optimizer": t.optimizer, "best_accuracy": t.best_accuracy} for t in self.trials
             ],
             "thread_rates": {str(k): round(v, 1) for k, v in self.thread_rates.items()},
+            "finals": [
+                {
+                    "plateau": None if f.plateau is None else asdict(f.plateau),
+                    "settled_accuracy": round(f.settled_accuracy, 4),
+                    "best_accuracy": f.best_accuracy,
+                }
+                for f in self.finals
+            ],
         }
 
 
@@ -241,7 +300,10 @@ def anchor_of(
 ) -> Anchor:
     """The one machine at its best on ``job``: the fastest thread count, then
     (``grid``) every setting of ``grid_of`` for ``grid_seconds`` each, and the
-    best of them (highest accuracy, then lowest loss) for ``seconds``."""
+    best of them (highest accuracy, then lowest loss) for ``seconds``: with the
+    job's plateau schedule and, with ``grid``, also at a constant lr, the run
+    that ends higher (``settled_accuracy``) kept. Without ``grid``: the job's own
+    optimizer and schedule."""
     ds = load_job_data(job)
     spec = job.spec
     batch, seed = job.data.batch, job.model.init_seed
@@ -262,9 +324,15 @@ def anchor_of(
                 on_trial(t)
         top = max(trials, key=lambda t: (t.best_accuracy or 0.0, -t.best_loss))
         choice = Optimizer.from_dict(top.optimizer)
-    run = train_for(
-        spec, ds, choice, seconds=seconds, batch=batch, seed=seed,
-        eval_every_s=eval_every_s, max_eval_rows=job.eval.max_samples,
-        threads=best_threads, on_point=on_point,
-    )  # fmt: skip
-    return Anchor(job=job.data.source, run=run, trials=trials, thread_rates=rates)
+    schedules = [Plateau.of(job)]
+    if grid and schedules[0] is not None:
+        schedules.append(None)
+    finals = []
+    for plateau in schedules:
+        finals.append(train_for(
+            spec, ds, choice, seconds=seconds, batch=batch, seed=seed,
+            eval_every_s=eval_every_s, max_eval_rows=job.eval.max_samples,
+            threads=best_threads, plateau=plateau, on_point=on_point,
+        ))  # fmt: skip
+    run = max(finals, key=lambda r: r.settled_accuracy)
+    return Anchor(job=job.data.source, run=run, trials=trials, thread_rates=rates, finals=finals)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from coordinator.core.config import parse_job
-from crowdgrad.anchor import AnchorRun, Point, grid_of, job_optimizer, train_for
+from crowdgrad.anchor import AnchorRun, Plateau, Point, grid_of, job_optimizer, train_for
 from crowdgrad.cli import main
 from nn.data import load_dataset
 
@@ -28,6 +28,9 @@ def test_the_anchor_trains_the_jobs_model_on_its_data_and_records_its_curve(tmp_
     assert steps == sorted(steps) and steps[0] > 0
     assert best["best_accuracy"] > 0.5  # digits learns in well under a second
     assert d["trials"] == []
+    # the job's own schedule, as its crowd trains: reduce-on-plateau by default
+    assert best["plateau"] == {"patience": 10, "factor": 0.5, "minimum": 0.125}
+    assert [f["plateau"] for f in d["finals"]] == [best["plateau"]]
 
 
 def test_the_grid_tries_every_setting_and_trains_the_best(tmp_path):
@@ -42,6 +45,39 @@ def test_the_grid_tries_every_setting_and_trains_the_best(tmp_path):
     top = max(d["trials"], key=lambda t: t["best_accuracy"] or 0.0)
     assert top["best_accuracy"] == max(t["best_accuracy"] for t in d["trials"])
     assert d["best"]["optimizer"]["kind"] in ("sgd", "momentum", "adam")
+    # the chosen setting for the budget with the job's schedule and at a constant lr,
+    # the one that ended higher kept
+    finals = d["finals"]
+    assert [f["plateau"] is None for f in finals] == [False, True]
+    kept = max(finals, key=lambda f: f["settled_accuracy"])
+    assert d["best"]["plateau"] == kept["plateau"]
+
+
+def test_the_plateau_schedule_cuts_the_lr_down_to_its_floor():
+    """A model that stops improving within a second: the lr is halved each time
+    the held-out loss goes ``patience`` evaluations without a new best, twice at
+    most (a floor of a quarter)."""
+    from nn.optim import Optimizer
+
+    ds = load_dataset("digits")
+    job = parse_job({"model": {"widths": [64, 16, 10]}})
+    kw = dict(seconds=1.5, batch=16, seed=0, eval_every_s=0.02, max_eval_rows=100)
+    opt = Optimizer(kind="sgd", lr=0.5)
+    cut = train_for(job.spec, ds, opt, plateau=Plateau(2, 0.5, 0.25), **kw)
+    assert 1 <= len(cut.cuts) <= 2 and cut.cuts == sorted(cut.cuts)
+    flat = train_for(job.spec, ds, opt, **kw)
+    assert flat.cuts == [] and flat.plateau is None
+    # each cut came after 2 evaluations without a new best held-out loss
+    losses = [(p.t, p.loss) for p in cut.history]
+    for t in cut.cuts:
+        i = next(k for k, (tk, _) in enumerate(losses) if tk == t)
+        before = min((x for _, x in losses[: i - 1]), default=float("inf"))
+        assert min(losses[i - 1][1], losses[i][1]) >= before
+
+
+def test_the_jobs_plateau_schedule_and_none():
+    assert Plateau.of(parse_job({})) == Plateau(10, 0.5, 0.125)
+    assert Plateau.of(parse_job({"strategy": {"plateau_patience": 0}})) is None
 
 
 def test_the_grid_brackets_the_jobs_lr_without_repeats():
