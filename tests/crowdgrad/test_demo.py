@@ -72,6 +72,7 @@ def test_on_a_terminal_the_demo_keeps_serving_the_finished_run_until_ctrl_c(tmp_
     coordinator serves on, training stopped, and the dashboard, the volunteer page
     and the run's status and history still answer; SIGINT (Ctrl-C) ends it, exit 0."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    env["PYTHONFAULTHANDLER"] = "1"
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "crowdgrad", "demo", "--clients", "2", "--target", "0.8"],
@@ -120,7 +121,15 @@ def test_on_a_terminal_the_demo_keeps_serving_the_finished_run_until_ctrl_c(tmp_
             code, body = get(http + page)
             assert code == 200 and needle in body.lower(), page
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        assert proc.wait(60) == 0, output()
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            # where it hangs: faulthandler (PYTHONFAULTHANDLER) prints every thread's stack
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(30)
+            reader.join(10)
+            raise AssertionError("no exit within 60 s of Ctrl-C:\n" + output()) from None
+        assert code == 0, output()
         reader.join(10)
         assert "Traceback" not in output(), output()
         try:
