@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -321,7 +322,14 @@ def _linger(console: Console, http: str) -> None:
         "      Press Ctrl-C to stop."
     )
     forever = threading.Event()
-    with contextlib.suppress(KeyboardInterrupt):
-        while not forever.wait(3600):
-            pass
+    # Python keeps SIGINT ignored when it started so (a shell that ran us in the
+    # background without job control, nohup's subshells): the person was just told
+    # to press Ctrl-C, so it must stop the demo whatever was inherited.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            while not forever.wait(3600):
+                pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
     console.print("stopped")

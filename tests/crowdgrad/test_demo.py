@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from crowdgrad.cli import main
 from crowdgrad.commands.demo import accuracy_text, process_age
 
@@ -67,16 +69,27 @@ def test_no_clients_is_a_usage_error(capsys, tmp_path) -> None:
     assert "nope does not exist; create it first" in capsys.readouterr().err
 
 
-def test_on_a_terminal_the_demo_keeps_serving_the_finished_run_until_ctrl_c(tmp_path) -> None:
+def _inherit_ignored_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_on_a_terminal_the_demo_keeps_serving_the_finished_run_until_ctrl_c(
+    tmp_path, sigint: str
+) -> None:
     """Issue 36: stdin and stdout a terminal (a pty here): after the summary the
     coordinator serves on, training stopped, and the dashboard, the volunteer page
-    and the run's status and history still answer; SIGINT (Ctrl-C) ends it, exit 0."""
+    and the run's status and history still answer; SIGINT (Ctrl-C) ends it, exit 0.
+    Also when it started with SIGINT ignored, as a shell without job control starts
+    a background command (Python then keeps it ignored): the 60-s hang of a CI run
+    launched from such a shell."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     env["PYTHONFAULTHANDLER"] = "1"
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "crowdgrad", "demo", "--clients", "2", "--target", "0.8"],
         stdin=slave, stdout=slave, stderr=slave, env=env, cwd=tmp_path, start_new_session=True,
+        preexec_fn=_inherit_ignored_sigint if sigint == "ignored" else None,
     )  # fmt: skip
     os.close(slave)
     chunks: list[bytes] = []
