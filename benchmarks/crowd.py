@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from crowdgrad.anchor import accuracy_at, time_to  # noqa: E402
+from crowdgrad.anchor import settled_accuracy, time_to  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CROWDGRAD = [sys.executable, "-m", "crowdgrad"]
@@ -270,13 +270,9 @@ def _rows(hist: dict, key: str) -> list[list]:
 
 
 def settled(curve: list[tuple[float, float]], t_end: float) -> float:
-    """The anchor's accuracy at the end of its budget: the mean of its last tenth
-    (one evaluation is noisy by a point or more)."""
-    tail = [a for t, a in curve if t >= 0.9 * t_end and a is not None]
-    if not tail:
-        return accuracy_at(curve, t_end) or 0.0
-    # floored, not rounded: a tail of one point must be reached by that point
-    return math.floor(sum(tail) / len(tail) * 1e4 + 1e-6) / 1e4
+    """The anchor's accuracy at the end of its budget (``settled_accuracy``), floored
+    to 4 decimals, not rounded: a tail of one point must be reached by that point."""
+    return math.floor(settled_accuracy(curve, t_end) * 1e4 + 1e-6) / 1e4
 
 
 def row(name: str, curve: list, target: float, anchor_t: float | None, extra: dict) -> dict:

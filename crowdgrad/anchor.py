@@ -62,6 +62,15 @@ def accuracy_at(curve: Sequence[tuple[float, float | None]], seconds: float) -> 
     return acc
 
 
+def settled_accuracy(curve: Sequence[tuple[float, float | None]], t_end: float) -> float:
+    """Where a curve ended at ``t_end``: the mean accuracy of its last tenth (one
+    evaluation moves by a point or more)."""
+    tail = [a for t, a in curve if t >= 0.9 * t_end and a is not None]
+    if not tail:
+        return accuracy_at(curve, t_end) or 0.0
+    return sum(tail) / len(tail)
+
+
 @dataclass(frozen=True, slots=True)
 class Plateau:
     """Reduce-on-plateau: the lr times ``factor`` each time the held-out loss has
@@ -113,13 +122,10 @@ class AnchorRun:
 
     @property
     def settled_accuracy(self) -> float:
-        """Where the run ended: the mean accuracy of its last tenth (one
-        evaluation moves by a point)."""
+        """Where the run ended (``settled_accuracy`` of its curve)."""
         if not self.history:
             return 0.0
-        end = self.history[-1].t
-        tail = [p.accuracy for p in self.history if p.t >= 0.9 * end and p.accuracy is not None]
-        return sum(tail) / len(tail) if tail else 0.0
+        return settled_accuracy(self.curve, self.history[-1].t)
 
     def time_to(self, accuracy: float) -> float | None:
         """Training seconds until the held-out accuracy first reached ``accuracy``."""
