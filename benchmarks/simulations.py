@@ -58,6 +58,7 @@ def scale(virtual_s: float, *, overlap: bool = False, prefetch: bool = True) -> 
     data = load_raw(resolve("scale-700"))
     data.setdefault("run", {})["max_virtual_s"] = virtual_s
     data["clients"]["prefetch"] = prefetch
+    data["job"].setdefault("lease", {})["prefetch"] = prefetch  # the job offers it (off by default)
     sc = parse_scenario(data, source="scale-700")
     marks: list[tuple[float, float, float]] = []  # (virtual s, wall s, cpu s) per sample
 
@@ -112,7 +113,7 @@ def _large(
         "link": {"profile": link},
         "stop": {"max_time_s": 36_000},
         "eval": {"every_versions": 1},
-        "lease": {"min_s": 600.0},
+        "lease": {"min_s": 600.0, "prefetch": prefetch},  # offered (off by default) and asked
     }
     if codecs:
         job["codecs"] = codecs

@@ -119,7 +119,9 @@ class ClientsSection(_Section):
         default=0.0, ge=0, le=1, description="chance a player sends a result twice (fault)"
     )
     prefetch: bool = Field(
-        default=True, description="players ask for their next task while they compute"
+        default=True,
+        description="players ask for their next task while they compute, where the job offers "
+        "it (job.lease.prefetch, off by default)",
     )
     attack: AttackSection | None = Field(
         default=None, description="Byzantine players mixed into the crowd (simulations/attacks.py)"

@@ -163,8 +163,9 @@ class LeaseSection(_Section):
         "accepted (a flood of connections that take a task and vanish is all such)",
     )
     prefetch: bool = Field(
-        default=True,
-        description="lease a task behind the running one when a client asks (protocol §3.12)",
+        default=False,
+        description="lease a task behind the running one when a client asks (protocol §3.12); "
+        "off by default: a prefetched task trains from a model one result older",
     )
 
     @model_validator(mode="after")

@@ -134,7 +134,7 @@ def test_a_decline_of_a_task_not_leased_to_the_client_is_ignored() -> None:
 
 
 def test_declining_the_running_task_promotes_the_queued_one() -> None:
-    core = make_core()
+    core = make_core(lease={"prefetch": True})
     first = task_of(core.connect("a", hello("a"), 0.0), "a")
     nxt = task_of(core.receive("a", m.Prefetch(task_id=first.task_id), 0.5), "a")
     out = core.receive("a", m.Decline(task_id=first.task_id, reason="compute"), 1.0)
@@ -146,7 +146,7 @@ def test_declining_the_running_task_promotes_the_queued_one() -> None:
 
 
 def test_declining_the_queued_task_keeps_the_running_one() -> None:
-    core = make_core()
+    core = make_core(lease={"prefetch": True})
     first = task_of(core.connect("a", hello("a"), 0.0), "a")
     nxt = task_of(core.receive("a", m.Prefetch(task_id=first.task_id), 0.5), "a")
     out = core.receive("a", m.Decline(task_id=nxt.task_id, reason="model"), 1.0)

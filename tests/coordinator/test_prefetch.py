@@ -20,6 +20,9 @@ from tests.coordinator.coord_helpers import (
     task_of,
 )
 
+#: prefetch is off by default (``lease.prefetch``): these tests turn it on
+PREFETCH = {"prefetch": True}
+
 
 @pytest.mark.parametrize(
     ("strategy", "allowed", "offered"),
@@ -43,7 +46,7 @@ def test_welcome_offers_prefetch_where_the_job_and_strategy_allow_it(
 
 
 def test_a_prefetch_queues_the_next_task_behind_the_running_one() -> None:
-    core = make_core()
+    core = make_core(lease=PREFETCH)
     first = task_of(core.connect("a", hello("a"), 0.0), "a")
     b_task = task_of(core.connect("b", hello("b"), 0.0), "b")
     deliver(core, "b", result_messages(b_task), 0.5)
@@ -96,7 +99,7 @@ def test_a_prefetch_that_cannot_be_served_is_ignored(why: str) -> None:
 
 
 def test_leaving_ends_both_leases_and_a_late_result_is_refused() -> None:
-    core = make_core()
+    core = make_core(lease=PREFETCH)
     first = task_of(core.connect("a", hello("a"), 0.0), "a")
     nxt = task_of(core.receive("a", m.Prefetch(task_id=first.task_id), 0.5), "a")
     leases = [core.book.live_lease_of("a"), core.book.queued_lease_of("a")]
@@ -109,7 +112,7 @@ def test_leaving_ends_both_leases_and_a_late_result_is_refused() -> None:
 
 
 def test_an_expired_current_lease_promotes_the_queued_one() -> None:
-    core = make_core(lease={"min_s": 5.0, "slack": 1.0})
+    core = make_core(lease={**PREFETCH, "min_s": 5.0, "slack": 1.0})
     first = task_of(core.connect("a", hello("a"), 0.0), "a")
     nxt = task_of(core.receive("a", m.Prefetch(task_id=first.task_id), 1.0), "a")
     first_deadline = core.book.live_lease_of("a").deadline
@@ -156,7 +159,7 @@ def test_lease_book_queues_at_most_one_lease_behind_the_current_one() -> None:
 
 def test_a_result_for_the_prefetched_version_keeps_the_update_exact() -> None:
     """The queued task's update is merged like any other: from its own version."""
-    core = make_core()
+    core = make_core(lease=PREFETCH)
     first = task_of(core.connect("a", hello("a"), 0.0), "a")
     nxt = task_of(core.receive("a", m.Prefetch(task_id=first.task_id), 0.5), "a")
     deliver(core, "a", result_messages(first), 1.0)

@@ -18,7 +18,7 @@ from tests.e2e.e2e_helpers import (
 
 @pytest.mark.parametrize("strategy", list(SETTINGS))
 def test_four_clients_reach_95_percent(strategy: str) -> None:
-    job = digits_job(strategy)
+    job = digits_job(strategy, lease={"prefetch": True})  # off by default: its path runs here
     with running(job) as (bg, service, rec):
         names = [f"w{i}" for i in range(4)]
         codes = train_together(bg.url, service, rec, names)
@@ -30,7 +30,7 @@ def test_four_clients_reach_95_percent(strategy: str) -> None:
     contributors = {joined[o.client_id] for o in rec.of(ev.ResultAccepted)}
     assert contributors == set(names)
     # the desktop clients ask for their next task while they compute (prefetch);
-    # only decentral-async leases one behind the running task
+    # where the job offers it, only decentral-async leases one behind the running task
     queued = [o for o in rec.of(ev.TaskLeased) if o.queued]
     assert bool(queued) == (strategy == "decentral-async"), len(queued)
     assert service.stats.tasks_prefetched == len(queued)  # shown in /api/status

@@ -72,7 +72,7 @@ def _scenario(kind: str | None, fraction: float = 0.25) -> dict:
         "name": "att", "seed": 2,
         "job": {"model": {"widths": [64, 32, 10]}, "data": {"shards": 4},
                 "strategy": {"name": "decentral-async", "tau": 10, "lr": 0.1},
-                "link": {"profile": "roblox"}, "stop": {"target_accuracy": None, "max_time_s": 6},
+                "link": {"profile": "roblox"}, "stop": {"target_accuracy": None, "max_time_s": 8},
                 "eval": {"every_versions": 10}},
         "clients": {"count": 8, "compute": {"kind": "uniform", "low": 2e9, "high": 8e9}},
     }  # fmt: skip

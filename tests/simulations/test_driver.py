@@ -211,6 +211,7 @@ def fault_scenario(i):
                     "heartbeat_interval_s": 1.0,
                     "heartbeat_timeout_s": float(rng.uniform(2, 5)),
                     "resume_grace_s": float(rng.uniform(0, 3)),
+                    "prefetch": True,  # off by default; the sweep covers queued leases
                 },
                 "stop": {"max_time_s": float(rng.uniform(3, 8))},
                 "eval": {"every_versions": 5},
@@ -296,6 +297,7 @@ def _crowd(
     data.pop("sweep", None)
     data["clients"]["count"] = count
     data["clients"]["prefetch"] = prefetch
+    data["job"].setdefault("lease", {})["prefetch"] = prefetch  # the job offers it (off by default)
     data["clients"]["warm_data"] = True
     data["job"]["strategy"]["staleness"] = staleness
     if alpha is not None:  # the merge weights of an older default, its lr as given

@@ -111,7 +111,7 @@ def _simulated_speedup(preset: str, *, compute: float, steps: int, prefetch: boo
                 "link": {"profile": "roblox"},
                 "stop": {"max_time_s": 36_000},
                 "eval": {"every_versions": 1000},
-                "lease": {"min_s": 600.0},
+                "lease": {"min_s": 600.0, "prefetch": prefetch},  # off by default
             },
             "clients": {
                 "count": 8,
