@@ -24,6 +24,16 @@ from tests.coordinator.coord_helpers import (
 PREFETCH = {"prefetch": True}
 
 
+def test_the_default_job_does_not_offer_prefetch() -> None:
+    """Off by default (docs/coordinator.md): a prefetched task would train from the
+    model before its client's own last result."""
+    core = make_core()
+    out = core.connect("a", hello("a"), 0.0)
+    assert sent(out, "a", m.Welcome)[0].prefetch is False
+    first = task_of(out, "a")
+    assert sent(core.receive("a", m.Prefetch(task_id=first.task_id), 0.5), "a", m.Task) == []
+
+
 @pytest.mark.parametrize(
     ("strategy", "allowed", "offered"),
     [
