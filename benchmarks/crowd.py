@@ -53,6 +53,17 @@ from crowdgrad.anchor import settled_accuracy, time_to  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CROWDGRAD = [sys.executable, "-m", "crowdgrad"]
 
+#: the generated classification job (nn.data.classification_task), by its row count
+GENERATED = """
+[model]
+widths = [64, 256, 256, 10]
+[data]
+dataset = "classify:{rows}"
+[eval]
+every_versions = 4
+max_samples = 5000
+"""
+
 #: the workloads: the job file's tables, as TOML text (data written beside it)
 WORKLOADS: dict[str, str] = {
     "digits": """
@@ -61,27 +72,11 @@ widths = [64, 128, 10]
 [data]
 dataset = "digits"
 """,
-    "generated": """
-[model]
-widths = [64, 256, 256, 10]
-[data]
-dataset = "classify:200000"
-[eval]
-every_versions = 4
-max_samples = 5000
-""",
+    "generated": GENERATED.format(rows=200_000),
     # the same problem with five times the rows: 60 s of one core is under 8
     # passes, so the one machine does not reach its ceiling (200,000 rows
     # overfit within the budget, and every run there ends near 0.92)
-    "generated-1m": """
-[model]
-widths = [64, 256, 256, 10]
-[data]
-dataset = "classify:1000000"
-[eval]
-every_versions = 4
-max_samples = 5000
-""",
+    "generated-1m": GENERATED.format(rows=1_000_000),
     "csv": """
 [model]
 widths = [64, 128, 10]

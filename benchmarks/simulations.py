@@ -57,8 +57,7 @@ PLAYERS = 8
 def scale(virtual_s: float, *, overlap: bool = False, prefetch: bool = True) -> dict[str, Any]:
     data = load_raw(resolve("scale-700"))
     data.setdefault("run", {})["max_virtual_s"] = virtual_s
-    data["clients"]["prefetch"] = prefetch
-    data["job"].setdefault("lease", {})["prefetch"] = prefetch  # the job offers it (off by default)
+    data["job"].setdefault("lease", {})["prefetch"] = prefetch  # players ask where it is offered
     sc = parse_scenario(data, source="scale-700")
     marks: list[tuple[float, float, float]] = []  # (virtual s, wall s, cpu s) per sample
 
@@ -113,7 +112,7 @@ def _large(
         "link": {"profile": link},
         "stop": {"max_time_s": 36_000},
         "eval": {"every_versions": 1},
-        "lease": {"min_s": 600.0, "prefetch": prefetch},  # offered (off by default) and asked
+        "lease": {"min_s": 600.0, "prefetch": prefetch},  # players ask where it is offered
     }
     if codecs:
         job["codecs"] = codecs
@@ -125,7 +124,6 @@ def _large(
             "count": PLAYERS,
             "compute": 2.4e8,
             "latency": 0.05,
-            "prefetch": prefetch,
             "warm_data": warm_data,
         },
         "server": {"compute": 2.4e8},

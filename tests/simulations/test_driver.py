@@ -296,8 +296,7 @@ def _crowd(
     data = load_raw(resolve("digits-time-to-target"))
     data.pop("sweep", None)
     data["clients"]["count"] = count
-    data["clients"]["prefetch"] = prefetch
-    data["job"].setdefault("lease", {})["prefetch"] = prefetch  # the job offers it (off by default)
+    data["job"].setdefault("lease", {})["prefetch"] = prefetch  # players ask where it is offered
     data["clients"]["warm_data"] = True
     data["job"]["strategy"]["staleness"] = staleness
     if alpha is not None:  # the merge weights of an older default, its lr as given

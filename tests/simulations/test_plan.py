@@ -111,13 +111,12 @@ def _simulated_speedup(preset: str, *, compute: float, steps: int, prefetch: boo
                 "link": {"profile": "roblox"},
                 "stop": {"max_time_s": 36_000},
                 "eval": {"every_versions": 1000},
-                "lease": {"min_s": 600.0, "prefetch": prefetch},  # off by default
+                "lease": {"min_s": 600.0, "prefetch": prefetch},  # players ask where offered
             },
             "clients": {
                 "count": 8,
                 "compute": compute,
                 "latency": 0.05,
-                "prefetch": prefetch,
                 "warm_data": True,
             },
             "server": {"compute": compute},
