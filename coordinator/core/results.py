@@ -17,7 +17,9 @@ The core hands each fully reassembled upload (coordinator/core/uploads.py) to
 A taken result is acknowledged ``accepted=True`` and resolves its task; every refusal with its
 reason. Only accepted updates move the reference norms and ``accepted`` (the count a checkpoint
 keeps). A ``decline`` (docs/protocol.md §3.13) ends the lease at once instead of at its
-deadline (:meth:`ResultPath.on_decline`).
+deadline (:meth:`ResultPath.on_decline`). A decline for ``diverged`` and an update
+refused ``nonfinite`` are reports against the task's lr, accepted results the
+opposite (strategies/divergence.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ from protocol import messages as m
 from protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
+
+#: the reason word of a ``decline`` whose task's training was not finite (§3.13)
+DIVERGED = "diverged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,8 @@ class ResultPath:
         if reject is None and task.block is not None:
             reject = self._take_boundary(task, upload, self._validators[BOUNDARY])
         if reject is not None:
+            if reject is Reject.NONFINITE:  # a client that uploads a diverged update
+                self._diverged(task)
             f = self._reject(conn, rec, result.task_id, reject, now, out, count=True)
             return FollowUp(close=f.close, reissue=task)
         verifier = self._verifier
@@ -181,6 +188,7 @@ class ResultPath:
             outcome, staleness = None, self._model.version - task.version
         self._orphans.discard(task.task_id)
         book.resolve_task(task, TaskState.ACCEPTED, now)
+        self._strategy.divergence.accepted(task.task_id)
         rec.accepted += 1
         # Refusals fade as results are accepted: a client is closed for a run of
         # bad updates, not for a few spread over a long session.
@@ -263,6 +271,8 @@ class ResultPath:
         self._conns.declined(cid, rec.declined_in_row, now)
         reissued = self._orphans.declined(task, now)
         log.info("client %s declined task %s: %s", cid, msg.task_id, msg.reason)
+        if msg.reason.partition(":")[0].strip() == DIVERGED:
+            self._diverged(task)
         out.append(
             ev.TaskDeclined(
                 client_id=cid,
@@ -362,6 +372,12 @@ class ResultPath:
             if lease.holder == rec.resume_id:
                 return lease
         return None
+
+    def _diverged(self, task: Task) -> None:
+        """Its holder found ``task``'s training not finite: a report against its lr."""
+        if task.kind == "local":
+            guard = self._strategy.divergence
+            guard.diverged(task.task_id, task.lr_scale, self._book.next_task_id)
 
     def _reject(
         self,

@@ -483,7 +483,7 @@ def test_a_diverged_update_is_declined_not_uploaded() -> None:
     req = feed(s, task_with_model("3", 0, SPEC.init_params(0)), 1.0)[-1]
     bad = np.full(SPEC.num_params, np.nan, dtype=np.float32)
     out = s.compute_done(req.request_id, bad, 2.0)
-    assert sends(out) == [m.Decline(task_id="3", reason="compute: the update is not finite")]
+    assert sends(out) == [m.Decline(task_id="3", reason="diverged: the update is not finite")]
     assert s.pending is None
 
 

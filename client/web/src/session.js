@@ -274,6 +274,11 @@ export class Session {
     if (this.task.boundary != null && !(result.boundary instanceof Float32Array)) {
       return this.computeFailed(requestId, "compute: the task asks for its boundary", now);
     }
+    if (this.task.kind !== "evaluate" && result.update != null && !result.update.every(Number.isFinite)) {
+      // Training diverged (an lr too high for this model): no codec carries it and the
+      // server would refuse it. The word lets the server lower its tasks' lr (§3.13).
+      return this.computeFailed(requestId, "diverged: the update is not finite", now);
+    }
     this.computing = null;
     this.lastComputeS = Math.max(0, result.computeSeconds ?? 0);
     const task = this.task;

@@ -309,3 +309,15 @@ test("a lower task whose compute returned no boundary is declined, not sent half
   assert.deepEqual(out.map((m) => m.type), ["decline"]);
   assert.match(out[0].reason, /boundary/);
 });
+
+test("an update that is not finite is declined as diverged, never uploaded (§3.13)", () => {
+  const s = ready();
+  const req = computeFirst(s);
+  const update = new Float32Array(req.params.length).fill(0.5);
+  update[1] = NaN;
+  const out = sent(s.computeDone(req.requestId, { update, loss: NaN, samples: 4, steps: 2 }, 0.1));
+  assert.deepEqual(out.map((m) => m.type), ["decline"]);
+  assert.equal(out[0].reason.split(":")[0], "diverged");
+  assert.equal(s.stats.declined, 1);
+  assert.equal(s.unacked.size, 0, "nothing is kept to resend");
+});

@@ -16,7 +16,7 @@ Call-order contract (all calls from one thread, ``now`` never decreasing):
 - ``on_tick(now)`` on every tick, for deadlines; may step the model.
 - ``on_evaluation(loss)`` after each of the coordinator's held-out
   evaluations; ``lr_scale()`` when a new local task is leased (its lr is the
-  job's times that).
+  job's times that); ``divergence`` hears of accepted and diverged tasks.
 
 Every step the strategy takes is reported (``StepReport``) so the core can emit
 events, count contributions and drop tasks whose round has closed.
@@ -37,6 +37,7 @@ import numpy as np
 from coordinator.core.config import DataSection, StrategySection
 from coordinator.core.leases import Task, TaskPlan
 from coordinator.core.strategies.aggregate import schedule_factor, staleness_scale
+from coordinator.core.strategies.divergence import DivergenceGuard
 from coordinator.core.strategies.robust import aggregate
 from nn.changes import ChangedRows
 from nn.params import Params
@@ -161,6 +162,8 @@ class Strategy(ABC):
         self.concurrency = 1.0
         #: the tasks' lr multiplier from held-out plateaus (``on_evaluation``)
         self.lr_decay = 1.0
+        #: the cap on that multiplier from tasks that diverged (divergence.py)
+        self.divergence = DivergenceGuard()
         self._best_loss = float("inf")
         self._since_best = 0
         self._best_version = 0
@@ -278,16 +281,22 @@ class Strategy(ABC):
             self._since_best, self._best_version = 0, v
 
     def lr_scale(self) -> float:
-        """The next local task's lr multiplier (``lr_scaling``): K or sqrt(K), up
-        to ``lr_scale_max``, for decentral-async, where K deltas are merged at
-        about 1/K each and their noise averages out; 1 for everything else."""
+        """The next local task's lr multiplier: for decentral-async (``lr_scaling``)
+        K or sqrt(K), up to ``lr_scale_max``, where K deltas are merged at about
+        1/K each and their noise averages out, times the plateau decay; for every
+        local task, at most the cap from diverged tasks (divergence.py); 1 for
+        gradient tasks, which take no step of their own."""
         c = self.config
-        if self.name != "decentral-async":
+        if self.task_kind != "local":
             return 1.0
+        cap = self.divergence.cap
+        if self.name != "decentral-async":
+            return min(1.0, cap)
         if c.lr_scaling == "none":
-            return self.lr_decay
+            return min(cap, self.lr_decay)
         k = max(1.0, self.concurrency)
-        return self.lr_decay * min(c.lr_scale_max, k if c.lr_scaling == "linear" else math.sqrt(k))
+        scaled = min(c.lr_scale_max, k if c.lr_scaling == "linear" else math.sqrt(k))
+        return min(cap, self.lr_decay * scaled)
 
     def step_scale(self) -> float:
         """The schedule's multiplier on the step taken now (at the model's version)."""
@@ -327,6 +336,7 @@ class Strategy(ABC):
             "best_loss": None if best == float("inf") else best,
             "since_best": self._since_best,
             "best_version": self._best_version,
+            "divergence": self.divergence.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -339,3 +349,4 @@ class Strategy(ABC):
         self._best_loss = float("inf") if best is None else float(best)
         self._since_best = int(state.get("since_best", 0))
         self._best_version = int(state.get("best_version", 0))
+        self.divergence.load_state_dict(state.get("divergence"))
