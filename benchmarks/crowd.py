@@ -60,7 +60,6 @@ widths = [64, 256, 256, 10]
 [data]
 dataset = "classify:{rows}"
 [eval]
-every_versions = 4
 max_samples = 5000
 """
 
@@ -84,7 +83,6 @@ widths = [64, 128, 10]
 path = "rows.csv"
 label = "label"
 [eval]
-every_versions = 4
 max_samples = 5000
 """,
 }
