@@ -34,7 +34,9 @@ BROWSER_CLIENT = "crowdgrad-web/"
 #: The decline reasons of docs/protocol.md §3.13. A client may send another word;
 #: it is counted as ``other``, so that strangers cannot grow the label set (each
 #: label value is a series kept for the process's life).
-DECLINE_REASONS = frozenset({"compute", "memory", "dataset", "optimizer", "codec", "kind", "model"})
+DECLINE_REASONS = frozenset(
+    {"diverged", "compute", "memory", "dataset", "optimizer", "codec", "kind", "model"}
+)
 
 #: Leases whose start the round-trip histogram remembers, at most: a backstop, as
 #: every lease is forgotten when it ends; a client holds two at most (a prefetch).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import mimetypes
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from coordinator.http.dashboard import estimate_left
 from coordinator.runtime.service import ServiceStopped
 
 if TYPE_CHECKING:
+    from coordinator.core.strategies import Strategy
     from coordinator.http.server import CrowdServer
 
 
@@ -64,6 +66,7 @@ def status(crowd: CrowdServer) -> dict[str, Any]:
             "http_bytes": st.data_http_bytes,
         },
         "throughput": {"results_per_s": round(st.throughput(), 3)},
+        "lr": None if core is None else lr_now(core.strategy),
         "last_evaluation": st.last_eval,
         "evaluations": {
             "count": st.evaluations,
@@ -96,6 +99,20 @@ def status(crowd: CrowdServer) -> dict[str, Any]:
             "slow_consumers_closed": crowd.net.slow_closed,
             "max_send_queue_bytes": crowd.net.max_queued,
         },
+    }
+
+
+def lr_now(strategy: Strategy) -> dict[str, Any]:
+    """The next local task's lr multiplier and its parts: the crowd's scaling by
+    its concurrency, the plateau cut, the cap from tasks that diverged. Read from
+    the HTTP thread: plain numbers, each a moment old at worst."""
+    cap = strategy.divergence.cap
+    return {
+        "multiplier": round(strategy.lr_scale(), 6),
+        "concurrency": round(strategy.concurrency, 3),
+        "plateau": strategy.lr_decay,
+        "diverged_cap": None if math.isinf(cap) else cap,
+        "diverged_cuts": strategy.divergence.cuts,
     }
 
 

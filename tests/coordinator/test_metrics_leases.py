@@ -69,7 +69,8 @@ def test_decline_reasons_are_a_closed_label_set() -> None:
     """A stranger's decline reason is free text: one series per word it made up
     would grow for the process's life."""
     metrics = Metrics()
-    reasons = ["compute: ValueError: x", "model", "", *(f"word{i}" for i in range(1_000))]
+    reasons = ["compute: ValueError: x", "model", "", "diverged: the update is not finite"]
+    reasons += [f"word{i}" for i in range(1_000)]
     for i, reason in enumerate(reasons):
         metrics([
             ev.TaskDeclined(client_id=f"c{i}", task_id=i, lease_id=i, reason=reason,
@@ -80,4 +81,4 @@ def test_decline_reasons_are_a_closed_label_set() -> None:
         for s in next(iter(metrics.declined.collect())).samples
         if s.name.endswith("_total")
     }
-    assert counts == {"compute": 1.0, "model": 1.0, "none": 1.0, "other": 1_000.0}
+    assert counts == {"compute": 1.0, "model": 1.0, "none": 1.0, "diverged": 1.0, "other": 1_000.0}

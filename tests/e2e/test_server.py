@@ -32,6 +32,9 @@ def test_status_health_docs_and_admin_token() -> None:
         status = http.get("/api/status").json()
         assert status["job"]["strategy"] == "decentral-async"
         assert {"version", "clients", "throughput", "last_evaluation"} <= set(status)
+        lr = status["lr"]  # nothing diverged: no cap; the crowd's scaling alone
+        assert lr["diverged_cap"] is None and lr["diverged_cuts"] == 0
+        assert lr["multiplier"] >= 1.0 and lr["plateau"] == 1.0
         assert "/api/status" in http.get("/openapi.json").json()["paths"]
         assert http.get("/docs").status_code == 200
         assert http.post("/api/admin/pause").status_code == 401
