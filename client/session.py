@@ -236,7 +236,7 @@ class ClientSession:
             # Training diverged (a learning rate too high for this model): no codec
             # can carry it and the server would refuse it; say so instead, with
             # the word that lets the server lower its tasks' lr (§3.13).
-            return self.compute_failed(request_id, "diverged: the update is not finite", now)
+            return self.compute_failed(request_id, f"{m.DIVERGED}: the update is not finite", now)
         if self.task.boundary is not None and boundary is None:
             return self.compute_failed(request_id, "compute: the task asks for its boundary", now)
         self.computing = None

@@ -279,6 +279,19 @@ class Decline(Message):
     }
 
 
+#: The reason words of a ``decline`` that docs/protocol.md §3.13 lists; ``diverged``
+#: is the one a server acts on (its task's lr was too high for the model).
+DECLINE_REASONS = frozenset(
+    {"diverged", "compute", "memory", "dataset", "optimizer", "codec", "kind", "model"}
+)
+DIVERGED = "diverged"
+
+
+def decline_word(reason: str) -> str:
+    """A decline reason's word: the text before any ``": "`` detail (§3.13)."""
+    return reason.split(":", 1)[0]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Heartbeat(Message):
     """Either side: liveness. ``time`` is the sender's clock; ``echo`` returns the

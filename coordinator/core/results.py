@@ -47,9 +47,6 @@ from protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
-#: the reason word of a ``decline`` whose task's training was not finite (§3.13)
-DIVERGED = "diverged"
-
 
 @dataclass(frozen=True, slots=True)
 class FollowUp:
@@ -271,7 +268,7 @@ class ResultPath:
         self._conns.declined(cid, rec.declined_in_row, now)
         reissued = self._orphans.declined(task, now)
         log.info("client %s declined task %s: %s", cid, msg.task_id, msg.reason)
-        if msg.reason.partition(":")[0].strip() == DIVERGED:
+        if m.decline_word(msg.reason) == m.DIVERGED:
             self._diverged(task)
         out.append(
             ev.TaskDeclined(

@@ -26,17 +26,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from coordinator.core import events as ev
+from protocol import messages as m
 
 #: Where a browser tab says who it is (client/web/src/session.js CLIENT_NAME): its
 #: hello.platform starts with it, and so does hello.client when it sends no key.
 BROWSER_CLIENT = "crowdgrad-web/"
-
-#: The decline reasons of docs/protocol.md §3.13. A client may send another word;
-#: it is counted as ``other``, so that strangers cannot grow the label set (each
-#: label value is a series kept for the process's life).
-DECLINE_REASONS = frozenset(
-    {"diverged", "compute", "memory", "dataset", "optimizer", "codec", "kind", "model"}
-)
 
 #: Leases whose start the round-trip histogram remembers, at most: a backstop, as
 #: every lease is forgotten when it ends; a client holds two at most (a prefetch).
@@ -148,11 +142,13 @@ NET, CORE = 0, 1
 
 def decline_label(reason: str) -> str:
     """The ``reason`` label of a decline: its word (before any ``": "`` detail) if
-    docs/protocol.md §3.13 lists it, ``none`` if empty, else ``other``."""
-    word = reason.split(":", 1)[0]
+    docs/protocol.md §3.13 lists it, ``none`` if empty, else ``other``: a client
+    may send another word, and strangers must not grow the label set (each label
+    value is a series kept for the process's life)."""
+    word = m.decline_word(reason)
     if not word:
         return "none"
-    return word if word in DECLINE_REASONS else "other"
+    return word if word in m.DECLINE_REASONS else "other"
 
 
 class Metrics:
