@@ -18,8 +18,11 @@ time / crowd time for that accuracy (above 1: the crowd is faster), best and
 final accuracy, results/s, bytes per task and per volunteer-hour (both
 directions), and how a job that ended early ended (``converged``: the held-out
 loss stopped improving and the model went back to its best; rates are then of
-the time it trained, ``bytes_per_volunteer`` is the whole run's). Rows run with
-the job's defaults unless marked tuned.
+the time it trained, ``bytes_per_volunteer`` is the whole run's), and with
+``--json`` the held-out accuracy curve behind the row. ``--out F`` also writes
+the results to F after every row, so a run cut short (a lent machine's time
+limit) keeps what it measured. Rows run with the job's defaults unless marked
+tuned (``--tuned``, ``--tuned-toml``; ``--tuned-clients`` their crowd sizes).
 
     .venv/bin/python benchmarks/crowd.py [--workload generated] [--clients 1,2] [--json]
 """
@@ -281,6 +284,7 @@ def settled(curve: list[tuple[float, float]], t_end: float) -> float:
 
 
 def row(name: str, curve: list, target: float, anchor_t: float | None, extra: dict) -> dict:
+    """One table row; with the held-out accuracy curve behind it (seconds, accuracy)."""
     t_85 = time_to(curve, 0.85)
     t_target = time_to(curve, target)
     accs = [a for _, a in curve]
@@ -292,6 +296,7 @@ def row(name: str, curve: list, target: float, anchor_t: float | None, extra: di
         "best": max(accs) if accs else None,
         "final": accs[-1] if accs else None,
         **extra,
+        "curve": [[round(t, 3), a] for t, a in curve],
     }
 
 
@@ -308,6 +313,8 @@ def main() -> None:
     ap.add_argument(
         "--tuned-toml", help="tables appended to the job for the tuned rows (default: TUNED)"
     )
+    ap.add_argument("--tuned-clients", help="crowd sizes of the tuned rows (default: --clients)")
+    ap.add_argument("--out", type=Path, help="also write the results (JSON) here after every row")
     ap.add_argument(
         "--cold",
         action="store_true",
@@ -327,8 +334,16 @@ def main() -> None:
     sizes = [1, 2] + ([cores - 2] if cores - 2 > 2 else [])
     if args.clients:
         sizes = [int(x) for x in args.clients.split(",")]
+    tuned_sizes = [int(x) for x in args.tuned_clients.split(",")] if args.tuned_clients else sizes
     console = Console(stderr=True)
-    results = []
+    results: list[dict] = []
+
+    def save() -> dict:
+        doc = {"seconds": args.seconds, "cores": cores, "rows": results}
+        if args.out is not None:
+            args.out.write_text(json.dumps(doc, indent=1))
+        return doc
+
     with tempfile.TemporaryDirectory(prefix="crowd-bench-") as tmp:
         folder = Path(tmp)
         for w in workloads:
@@ -352,6 +367,7 @@ def main() -> None:
                     ),
                 }
             )
+            save()
             if not args.cold:
                 console.print("  warm-up (untimed)")
                 warm_up(job, folder)
@@ -359,7 +375,7 @@ def main() -> None:
             kinds += [True] if args.tuned and w in TUNED else []
             for tuned in kinds:
                 jf = job_file(folder, w, tuned)
-                for n in sizes:
+                for n in tuned_sizes if tuned else sizes:
                     console.print(f"  {n} client(s){' tuned' if tuned else ''}")
                     c = crowd(jf, n, args.seconds, folder)
                     name = f"{n} client(s), {'tuned' if tuned else 'defaults'}"
@@ -380,8 +396,10 @@ def main() -> None:
                             **row(name, c["curve"], target, anchor_t, extra),
                         }
                     )
+                    save()
+    doc = save()
     if args.json:
-        print(json.dumps({"seconds": args.seconds, "cores": cores, "rows": results}, indent=1))
+        print(json.dumps(doc, indent=1))
         return
     table = Table(title=f"crowd against the machine, {args.seconds:g} s, {cores} cores")
     for col in (
