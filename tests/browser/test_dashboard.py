@@ -41,6 +41,9 @@ def test_the_dashboard_shows_the_run_live(context) -> None:
         assert any(e["kind"] == "join" for e in d["events"])
         assert board.inner_text("#version") != "–" and int(board.inner_text("#version")) > 0
         assert board.inner_text("#accuracy").endswith("%")
+        # the tasks' lr multiplier, and what sets it (here the crowd's concurrency alone)
+        assert board.inner_text("#lr").startswith("×"), board.inner_text("#lr")
+        assert board.inner_text("#lr-why").startswith("concurrency "), board.inner_text("#lr-why")
         assert board.locator("#clients-table tbody tr").count() == 2
         drawn = board.evaluate("[...document.querySelectorAll('.uplot canvas')].length")
         assert drawn == 4

@@ -15,7 +15,10 @@ import { formatFlops } from "./volunteer.js";
  *    last_evaluation?: {accuracy?: number | null} | null, clients: number, throughput: {results_per_s: number},
  *    accepted_results: number, rejected_results: number,
  *    checkpoints: {written: number, last: number | null, restored_from: number | null},
- *    finished: {reason: string} | null, paused: boolean}} Status */
+ *    finished: {reason: string} | null, paused: boolean, lr?: Lr | null}} Status */
+/** /api/status's `lr`: the next local task's lr multiplier and its parts (docs/operations.md).
+ *  @typedef {{multiplier: number, concurrency: number, plateau: number,
+ *    diverged_cap: number | null, diverged_cuts: number}} Lr */
 /** @typedef {{seconds: number | null, by: string}} Left */
 /** A client's row (coordinator/http/dashboard.py).
  *  @typedef {{client_id: number | string, name: string, kind: string, flops: number | null, tasks: number,
@@ -191,6 +194,7 @@ function showStatus(st, left) {
   $("checkpoints").textContent = ck.written
     ? `${ck.written} (last v${ck.last})`
     : ck.restored_from != null ? `restored v${ck.restored_from}` : "none";
+  showLr(st.lr ?? null);
   if (st.finished) {
     $("state").textContent = `finished: ${words(st.finished.reason)}`;
     $("left").textContent = "0 s";
@@ -200,6 +204,31 @@ function showStatus(st, left) {
     $("left").textContent = left.seconds == null ? "unknown" : duration(left.seconds);
     $("left-by").textContent = left.seconds == null ? "" : `by ${words(left.by)}`;
   }
+}
+
+/** The tasks' lr: the multiplier on the job's lr, and why it is not 1.
+ *  @param {Lr | null} lr */
+function showLr(lr) {
+  if (lr == null) {
+    $("lr").textContent = "–";
+    $("lr-why").textContent = "";
+    return;
+  }
+  $("lr").textContent = `×${Number(lr.multiplier.toPrecision(3))}`;
+  $("lr-why").textContent = lrWhy(lr);
+}
+
+/** What sets the multiplier: the crowd's concurrency, the plateau cuts, the
+ *  divergence cap (only the parts in effect).
+ *  @param {Lr} lr @returns {string} */
+function lrWhy(lr) {
+  const parts = [`concurrency ${lr.concurrency.toFixed(1)}`];
+  if (lr.plateau < 1) parts.push(`plateau ×${Number(lr.plateau.toPrecision(3))}`);
+  if (lr.diverged_cap != null) {
+    const cuts = lr.diverged_cuts === 1 ? "1 cut" : `${lr.diverged_cuts} cuts`;
+    parts.push(`diverged: cap ×${Number(lr.diverged_cap.toPrecision(3))} (${cuts})`);
+  }
+  return parts.join(" · ");
 }
 
 /** @param {ClientRow[]} rows */
