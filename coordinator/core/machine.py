@@ -35,23 +35,14 @@ from coordinator.core.evaluation import Evaluator
 from coordinator.core.handshake import check_hello, open_conn, welcome
 from coordinator.core.issuing import TaskIssuer
 from coordinator.core.layersplit import LOWER, SplitBlocks
-from coordinator.core.leases import (
-    LeaseBook,
-    LeaseState,
-    TaskState,
-)
+from coordinator.core.leases import LeaseBook, LeaseState, TaskState
 from coordinator.core.orphans import Orphans
 from coordinator.core.reference import job_reference_norms
 from coordinator.core.refusals import RefusalMarks
 from coordinator.core.registry import ClientRecord, Registry
 from coordinator.core.replication import Replicator
 from coordinator.core.results import FollowUp, ResultPath
-from coordinator.core.strategies import (
-    ClientView,
-    ModelState,
-    StepReport,
-    Strategy,
-)
+from coordinator.core.strategies import ClientView, ModelState, StepReport, Strategy
 from coordinator.core.submodel import SubmodelPlanner
 from coordinator.core.taskwriter import TaskWriter
 from coordinator.core.upstream import UpstreamState
@@ -149,11 +140,11 @@ class Coordinator:
         """A connection opened and sent ``hello``; answer welcome (or refuse).
         ``address``: the peer's, when the driver knows it (refusals.py)."""
         out: list[ev.Output] = []
-        self._advance(now)
         if client_id in self.conns:
             raise ValueError(f"connect: client {client_id!r} is already connected")
+        self._enter(now, out)
         if self.finished is not None:  # a client that missed the bye learns it now
-            return finished_bye(client_id, self.finished.reason)
+            return out + finished_bye(client_id, self.finished.reason)
         try:
             version, offered = check_hello(self.job, hello, data_only=self.data_only)
         except ProtocolError as exc:
@@ -262,7 +253,7 @@ class Coordinator:
     def tick(self, now: float) -> list[ev.Output]:
         """Time passed: heartbeats, lease deadlines, round deadlines, paced frames."""
         out: list[ev.Output] = []
-        self._advance(now)
+        self._enter(now, out)
         self.book.forget(now)
         self.registry.forget(now - self.book.retain_s)
         self.orphans.forget_holders(self.registry.take_forgotten(), now)
@@ -552,6 +543,15 @@ class Coordinator:
     def now(self) -> float:
         """The latest time the driver gave (-inf before the first call)."""
         return self._now
+
+    def _enter(self, now: float, out: list[ev.Output]) -> None:
+        """The clock; and a core restored at or past ``max_versions`` (a run that ended
+        there, restarted) ends at its first input instead of training on."""
+        first = self._now == -math.inf
+        self._advance(now)
+        cap = self.job.stop.max_versions
+        if first and self.finished is None and cap is not None and self.model.version >= cap:
+            self._finish("max_versions", now, out)
 
     def _advance(self, now: float) -> None:
         self._now = advance_clock("coordinator", self._now, now)

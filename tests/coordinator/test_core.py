@@ -370,12 +370,37 @@ def test_checkpoints_stop_and_restore() -> None:
     assert [b.finished for b in sent(refused, "b", m.Bye)] == [True]
     assert only(refused, ev.Close)[-1].code == CLOSE_NORMAL
     state = core.state_dict()
+    # Restarted from that checkpoint, the run is over at once: its first client
+    # learns so, and no version past max_versions is trained.
     again = restore_core(core.job, state, seed=0, dataset=digits())
     assert again.version == 4 and again.params.array_equal(core.params)
-    t2 = task_of(again.connect("c", hello("c"), 0.0), "c")
-    assert int(t2.task_id) > int(task.task_id)  # ids never reused
-    out = deliver(again, "c", result_messages(task), 1.0)
+    out = again.connect("c", hello("c"), 0.0)
+    (fin,) = only(out, ev.JobFinished)
+    assert (fin.reason, fin.version) == ("max_versions", 4)
+    assert [b.finished for b in sent(out, "c", m.Bye)] == [True] and not sent(out, "c", m.Task)
+    assert again.version == 4
+    # Restored under a raised max_versions it trains on: ids never reused, and a
+    # result resent for a task taken before the checkpoint is a duplicate.
+    more = restore_core(make_job(stop={"max_versions": 8}), state, seed=0, dataset=digits())
+    more.tick(0.0)
+    assert more.finished is None
+    t2 = task_of(more.connect("c", hello("c"), 0.0), "c")
+    assert int(t2.task_id) > int(task.task_id)
+    out = deliver(more, "c", result_messages(task), 1.0)
     assert (task.task_id, False, "duplicate") in acks(out, "c")
+
+
+def test_a_restored_run_at_max_versions_ends_at_its_first_tick() -> None:
+    core = make_core(stop={"max_versions": 1})
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    deliver(core, "a", result_messages(task), 1.0)
+    assert core.finished is not None
+    again = restore_core(core.job, core.state_dict(), seed=0, dataset=digits())
+    out = again.tick(5.0)
+    (fin,) = only(out, ev.JobFinished)
+    assert (fin.reason, fin.version, again.version) == ("max_versions", 1, 1)
+    assert fin.accuracy is not None  # evaluated at the end, as any finish is
+    assert not only(again.tick(6.0), ev.JobFinished)  # once
 
 
 def test_a_result_for_a_task_issued_after_the_last_checkpoint_is_stale_after_a_crash() -> None:
