@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from coordinator.core import events as ev
+from coordinator.core.validation import Reject
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,12 @@ class ConsoleLog:
                         self.emit(f"first result accepted, from {name}")
                 case ev.ResultRejected():
                     name = self._names.get(o.client_id, o.client_id)
-                    if not self._say("rejected", f"rejected a result from {name}: {o.reason}"):
+                    said = (  # a resend after a reconnect is no fault of the client's
+                        f"a result {name} sent again was taken already (duplicate)"
+                        if o.reason == Reject.DUPLICATE.value
+                        else f"rejected a result from {name}: {o.reason}"
+                    )
+                    if not self._say("rejected", said):
                         self._reasons[o.reason] += 1
                 case ev.ModelUpdated():
                     self._version = o.version

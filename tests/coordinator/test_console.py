@@ -25,6 +25,7 @@ def test_a_small_job_is_told_event_by_event() -> None:
     log([ev.ClientJoined(client_id="c1", name="alice", resumed=False, now=0)])
     log([ev.ResultAccepted(client_id="c1", task_id=1, staleness=0, version=0, now=0)])
     log([ev.ResultRejected(client_id="c1", task_id=2, reason="norm", now=0)])
+    log([ev.ResultRejected(client_id="c1", task_id=1, reason="duplicate", now=0)])
     log([ev.Evaluated(version=10, loss=0.5, accuracy=0.9, n=100, now=0)])
     log([ev.Checkpoint(version=10), ev.Checkpoint(version=10)])
     log([ev.ClientLeft(client_id="c1", reason="bye", now=0)])
@@ -33,6 +34,7 @@ def test_a_small_job_is_told_event_by_event() -> None:
         "alice joined; 1 connected",
         "first result accepted, from alice",
         "rejected a result from alice: norm",
+        "a result alice sent again was taken already (duplicate)",
         "model v10: test accuracy 0.9000, loss 0.5000",
         "checkpoint of model v10",
         "alice left (bye); 0 connected",

@@ -17,6 +17,7 @@ def test_rows_follow_the_events() -> None:
        ev.ResultAccepted(client_id="c1", task_id=1, staleness=2, version=1, now=1.0,
                          frame_bytes=300),
        ev.ResultRejected(client_id="c1", task_id=2, reason="norm", now=2.0),
+       ev.ResultRejected(client_id="c1", task_id=1, reason="duplicate", now=2.5),
        ev.LeaseExpired(client_id="c1", task_id=3, lease_id=3, reissued=True, now=3.0)])  # fmt: skip
     snap = d.snapshot(lambda cid: 1e9)
     (row,) = snap["clients"]
@@ -24,12 +25,14 @@ def test_rows_follow_the_events() -> None:
     assert (row["tasks"], row["accepted"], row["rejected"], row["expired"]) == (
         1,
         1,
-        {"norm": 1},
+        {"norm": 1, "duplicate": 1},
         1,
     )
     assert (row["bytes_down"], row["bytes_up"], row["mean_staleness"]) == (1000, 300, 2.0)
     kinds = [e["kind"] for e in snap["events"]]
-    assert kinds == ["join", "rejected", "expired"]
+    # a resend after a reconnect is told apart from a refusal (not shown as one)
+    assert kinds == ["join", "rejected", "duplicate", "expired"]
+    assert "taken already" in snap["events"][2]["text"]
     assert d.snapshot(lambda cid: None, since_event=snap["events"][-1]["id"])["events"] == []
     d([ev.ClientLeft(client_id="c1", reason="bye: client stopping", now=4.0)])
     assert d.snapshot(lambda cid: None)["clients"][0]["connected"] is False
