@@ -25,6 +25,7 @@ import numpy as np
 
 from coordinator.core.config import JobConfig
 from coordinator.core.data import load_job_data
+from coordinator.core.strategies.plateau import LrPlateau
 from nn.data import Dataset
 from nn.optim import Optimizer, OptState
 from nn.spec import ModelSpec
@@ -75,7 +76,8 @@ def settled_accuracy(curve: Sequence[tuple[float, float | None]], t_end: float) 
 class Plateau:
     """Reduce-on-plateau: the lr times ``factor`` each time the held-out loss has
     not reached a new best for ``patience`` evaluations, down to ``minimum`` of
-    the start (the crowd's rule, coordinator/core/strategies/base.py)."""
+    the start (the crowd's rule, coordinator/core/strategies/plateau.py, counting
+    each evaluation as a round)."""
 
     patience: int
     factor: float
@@ -202,7 +204,8 @@ def train_for(
     )
     run = AnchorRun(optimizer=optimizer.to_dict(), threads=threads, batch=batch, plateau=plateau)
     start = evaluate(params, X_test, y_test).loss  # a loss 10x above it: diverged
-    best_loss, since_best, decay = start, 0, 1.0
+    cuts = None if plateau is None else LrPlateau(plateau.patience, plateau.factor, plateau.minimum)
+    evaluations = 0
     spent, steps, chunk = 0.0, 0, 8
     next_eval = eval_every_s
     while spent < seconds:
@@ -223,15 +226,10 @@ def train_for(
             next_eval = spent + eval_every_s
             if not ev.loss < 10 * start:  # (NaN too) diverged: nothing more to learn here
                 break
-            if plateau is not None:
-                if ev.loss < best_loss:
-                    best_loss, since_best = ev.loss, 0
-                elif (since_best := since_best + 1) >= plateau.patience:
-                    since_best = 0
-                    if decay > plateau.minimum:
-                        decay = max(plateau.minimum, decay * plateau.factor)
-                        state.optimizer = replace(optimizer, lr=optimizer.lr * decay)
-                        run.cuts.append(point.t)
+            evaluations += 1  # the machine's rounds are its evaluations
+            if cuts is not None and cuts.observe(ev.loss, evaluations):
+                state.optimizer = replace(optimizer, lr=optimizer.lr * cuts.decay)
+                run.cuts.append(point.t)
     return run
 
 

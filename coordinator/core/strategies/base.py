@@ -38,6 +38,7 @@ from coordinator.core.config import DataSection, StrategySection
 from coordinator.core.leases import Task, TaskPlan
 from coordinator.core.strategies.aggregate import schedule_factor, staleness_scale
 from coordinator.core.strategies.divergence import DivergenceGuard
+from coordinator.core.strategies.plateau import LrPlateau
 from coordinator.core.strategies.robust import aggregate
 from nn.changes import ChangedRows
 from nn.params import Params
@@ -161,12 +162,9 @@ class Strategy(ABC):
         #: the running mean of results' staleness + 1: the tasks in flight together
         self.concurrency = 1.0
         #: the tasks' lr multiplier from held-out plateaus (``on_evaluation``)
-        self.lr_decay = 1.0
+        self.plateau = LrPlateau(config.plateau_patience, config.plateau_factor, config.plateau_min)
         #: the cap on that multiplier from tasks that diverged (divergence.py)
         self.divergence = DivergenceGuard()
-        self._best_loss = float("inf")
-        self._since_best = 0
-        self._best_version = 0
         #: ``config.schedule`` and its fields as keywords, dumped once (``step_scale``
         #: runs per result; the section is frozen, a new one is dumped again)
         self._schedule_of: Any = None
@@ -267,18 +265,13 @@ class Strategy(ABC):
         close), the tasks' lr is cut by ``plateau_factor`` (not below
         ``plateau_min``): the reduce-on-plateau of one-machine training, on the
         one signal no client can fake."""
-        c = self.config
-        if c.plateau_patience == 0 or math.isnan(loss):
-            return
-        v = self.model.version
-        if loss < self._best_loss:
-            self._best_loss, self._since_best, self._best_version = loss, 0, v
-            return
-        self._since_best += 1
-        rounds = (v - self._best_version) / max(1.0, self.concurrency)
-        if self._since_best >= c.plateau_patience and rounds >= c.plateau_patience:
-            self.lr_decay = max(c.plateau_min, self.lr_decay * c.plateau_factor)
-            self._since_best, self._best_version = 0, v
+        if self.config.plateau_patience:  # (the rule: strategies/plateau.py)
+            self.plateau.observe(loss, self.model.version, max(1.0, self.concurrency))
+
+    @property
+    def lr_decay(self) -> float:
+        """The tasks' lr multiplier from held-out plateaus."""
+        return self.plateau.decay
 
     def lr_scale(self) -> float:
         """The next local task's lr multiplier: for decentral-async (``lr_scaling``)
@@ -327,15 +320,15 @@ class Strategy(ABC):
     # -- checkpoints ------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        best = self._best_loss
+        p = self.plateau
         return {
             "rng": self.rng.bit_generator.state,
             "cursor": self.cursor.state_dict(),
             "concurrency": self.concurrency,
-            "lr_decay": self.lr_decay,
-            "best_loss": None if best == float("inf") else best,
-            "since_best": self._since_best,
-            "best_version": self._best_version,
+            "lr_decay": p.decay,
+            "best_loss": None if p.best == math.inf else p.best,
+            "since_best": p.since_best,
+            "best_version": int(p.best_at),
             "divergence": self.divergence.state_dict(),
         }
 
@@ -344,9 +337,10 @@ class Strategy(ABC):
         self.cursor.load_state_dict(state["cursor"])
         # (checkpoints before these were kept: a fresh start for each)
         self.concurrency = float(state.get("concurrency", 1.0))
-        self.lr_decay = float(state.get("lr_decay", 1.0))
+        p = self.plateau
+        p.decay = float(state.get("lr_decay", 1.0))
         best = state.get("best_loss")
-        self._best_loss = float("inf") if best is None else float(best)
-        self._since_best = int(state.get("since_best", 0))
-        self._best_version = int(state.get("best_version", 0))
+        p.best = math.inf if best is None else float(best)
+        p.since_best = int(state.get("since_best", 0))
+        p.best_at = int(state.get("best_version", 0))
         self.divergence.load_state_dict(state.get("divergence"))
