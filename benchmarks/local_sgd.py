@@ -50,29 +50,28 @@ def run(
     seed = 0
     spec = ModelSpec(widths=tuple(WIDTHS))
     params = spec.init_params(seed)
-    parts = shard(ds.y_train, k, kind="iid", seed=seed)
-    data = [(ds.X_train[p], ds.y_train[p]) for p in parts]
     rngs = [np.random.default_rng(seed + 1 + i) for i in range(k)]
-    opt = Optimizer.from_dict({"kind": "sgd", "lr": lr})
+    state = OptState.init(Optimizer.from_dict({"kind": "sgd", "lr": lr}), spec)  # no memory
+    if k > 1 and h > 1:  # the replicas' shards and one model to train them from
+        parts = shard(ds.y_train, k, kind="iid", seed=seed)
+        data = [(ds.X_train[p], ds.y_train[p]) for p in parts]
+        replica, total = params.copy(), np.empty_like(params.data)
     X_test, y_test = ds.X_test[:5000], ds.y_test[:5000]
     hit: dict[float, int] = {}
     best, done, next_eval, t0 = 0.0, 0, every, time.perf_counter()
     while done < max_steps and len(hit) < len(thresholds):
-        if k == 1:  # the one machine: no copies
-            train_steps(params, OptState.init(opt, spec), *data[0], h, BATCH, rngs[0])
-        elif h == 1:  # the mean of K one-step deltas is one step on K batches' rows
-            step = every - done % every
-            X, y = ds.X_train, ds.y_train
-            train_steps(params, OptState.init(opt, spec), X, y, step, BATCH * k, rngs[0])
-            done += step - h
+        if k == 1 or h == 1:  # one model: K one-step deltas averaged are one step on
+            step = every - done % every  # K batches' rows; up to the next evaluation
+            train_steps(params, state, ds.X_train, ds.y_train, step, BATCH * k, rngs[0])
+            done += step
         else:
-            total = np.zeros_like(params.data)
+            total.fill(0.0)
             for (X, y), rng in zip(data, rngs, strict=True):
-                replica = params.copy()
-                train_steps(replica, OptState.init(opt, spec), X, y, h, BATCH, rng)
+                replica.data[:] = params.data
+                train_steps(replica, state, X, y, h, BATCH, rng)
                 total += replica.data
             params.data[:] = total / np.float32(k)
-        done += h
+            done += h
         if done < next_eval:
             continue
         next_eval = done + every

@@ -205,7 +205,6 @@ def train_for(
     run = AnchorRun(optimizer=optimizer.to_dict(), threads=threads, batch=batch, plateau=plateau)
     start = evaluate(params, X_test, y_test).loss  # a loss 10x above it: diverged
     cuts = None if plateau is None else LrPlateau(plateau.patience, plateau.factor, plateau.minimum)
-    evaluations = 0
     spent, steps, chunk = 0.0, 0, 8
     next_eval = eval_every_s
     while spent < seconds:
@@ -226,8 +225,8 @@ def train_for(
             next_eval = spent + eval_every_s
             if not ev.loss < 10 * start:  # (NaN too) diverged: nothing more to learn here
                 break
-            evaluations += 1  # the machine's rounds are its evaluations
-            if cuts is not None and cuts.observe(ev.loss, evaluations):
+            # the machine's rounds are its evaluations
+            if cuts is not None and cuts.observe(ev.loss, len(run.history)):
                 state.optimizer = replace(optimizer, lr=optimizer.lr * cuts.decay)
                 run.cuts.append(point.t)
     return run

@@ -141,6 +141,12 @@ class ResultRejected:
     reason: str
     now: float
 
+    @property
+    def resent(self) -> bool:
+        """A result its client sent again (after a reconnect) that was taken already
+        (``validation.Reject.DUPLICATE``): no fault of the client's."""
+        return self.reason == "duplicate"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResultVerified:

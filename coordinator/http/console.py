@@ -23,7 +23,6 @@ from collections import Counter
 from collections.abc import Callable
 
 from coordinator.core import events as ev
-from coordinator.core.validation import Reject
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ class ConsoleLog:
                     name = self._names.get(o.client_id, o.client_id)
                     said = (  # a resend after a reconnect is no fault of the client's
                         f"a result {name} sent again was taken already (duplicate)"
-                        if o.reason == Reject.DUPLICATE.value
+                        if o.resent
                         else f"rejected a result from {name}: {o.reason}"
                     )
                     if not self._say("rejected", said):

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.core import events as ev
-from coordinator.core.validation import Reject
 from coordinator.http.metrics import client_kind
 
 #: rows kept for clients that left (the newest), and events kept
@@ -139,7 +138,7 @@ class Dashboard:
                 case ev.ResultRejected():
                     if (row := rows.get(o.client_id)) is not None:
                         row.rejected[o.reason] = row.rejected.get(o.reason, 0) + 1
-                    if o.reason == Reject.DUPLICATE.value:  # a resend after a reconnect
+                    if o.resent:
                         self.note("duplicate", f"task {o.task_id} from {o.client_id}: "
                                   "sent again, taken already (duplicate)")  # fmt: skip
                     else:

@@ -265,8 +265,7 @@ class Strategy(ABC):
         close), the tasks' lr is cut by ``plateau_factor`` (not below
         ``plateau_min``): the reduce-on-plateau of one-machine training, on the
         one signal no client can fake."""
-        if self.config.plateau_patience:  # (the rule: strategies/plateau.py)
-            self.plateau.observe(loss, self.model.version, max(1.0, self.concurrency))
+        self.plateau.observe(loss, self.model.version, max(1.0, self.concurrency))
 
     @property
     def lr_decay(self) -> float:

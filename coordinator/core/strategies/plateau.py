@@ -5,7 +5,8 @@ against (crowdgrad/anchor.py). ``observe(loss, at, per)`` counts evaluations
 without a new best; once there are ``patience`` of them and ``at`` has moved
 ``patience x per`` since the best (a crowd's rounds of K versions, so that a
 fast crowd's frequent evaluations do not cut sooner), the multiplier is cut by
-``factor``, not below ``minimum``. A NaN loss is no evidence either way.
+``factor``, not below ``minimum``. A NaN loss is no evidence either way;
+``patience`` 0 turns the rule off.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class LrPlateau:
 
     def observe(self, loss: float, at: float, per: float = 1.0) -> bool:
         """One evaluation's loss at progress ``at``; True when the multiplier fell."""
-        if math.isnan(loss):
+        if self.patience == 0 or math.isnan(loss):
             return False
         if loss < self.best:
             self.best, self.since_best, self.best_at = loss, 0, at
