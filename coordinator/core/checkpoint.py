@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from coordinator.core.earlystop import ending
 from coordinator.core.upstream import UpstreamState
 from nn.params import Params
 from nn.spec import ModelSpec
@@ -48,6 +49,8 @@ def state_of(core: Coordinator, *, params: bool = True) -> dict[str, Any]:
         state["submodel"] = core.submodels.state_dict()
     if core.credit.accounts:
         state["credit"] = core.credit.state_dict()
+    if core.finished is not None:
+        state["finished"] = ending(core.job.stop, core.finished)
     if params:
         state["params"] = core.model.params.data.copy()
     return state
@@ -78,6 +81,7 @@ def load_state(core: Coordinator, state: dict[str, Any]) -> None:
         core.submodels.load_state_dict(state["submodel"])
     if "credit" in state:
         core.credit.load_state_dict(state["credit"])
+    core.ended = state.get("finished")  # (a checkpoint of before endings were kept: none)
 
 
 def params_of(spec: ModelSpec, state: dict[str, Any]) -> Params:

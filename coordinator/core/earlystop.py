@@ -13,11 +13,14 @@ keep paying compute and bandwidth for a worse model.
 
 The best is of this run only: it is not checkpointed (it would double a
 checkpoint), so a coordinator restarted from a checkpoint counts again from there.
+Why a run ended is checkpointed (``ending``): restarted, it ends again unless the
+operator lifted that stop (``ends_again``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -104,3 +107,44 @@ class EarlyStop:
         v, n = model.version, model.contributions
         out.append(ev.ModelUpdated(version=v, contributions=n, now=now))
         return self.best_version
+
+
+def ending(stop: StopSection, finished: ev.JobFinished) -> dict[str, Any]:
+    """What a checkpoint keeps of why the run ended: the reason, the version and
+    accuracy it ended at, and the limit that ended it (the stop's own value)."""
+    limit = {
+        "max_versions": stop.max_versions,
+        "target_accuracy": stop.target_accuracy,
+        "converged": stop.patience,
+        "max_time": stop.max_time_s,
+    }.get(finished.reason)
+    return {
+        "reason": finished.reason,
+        "version": finished.version,
+        "accuracy": finished.accuracy,
+        "limit": limit,
+    }
+
+
+def ends_again(stop: StopSection, version: int, ended: dict[str, Any] | None) -> str | None:
+    """Why a core restored at ``version`` ends at once, if it does: its model is at
+    or past ``max_versions``, or the checkpoint says the run ended (``ended``, from
+    ``ending``) and that stop still holds. Lifting the stop trains on: a higher
+    ``max_versions`` or ``target_accuracy`` than was reached, a longer ``max_time_s``
+    (counted again from this start), a longer ``patience`` or 0."""
+    if stop.max_versions is not None and version >= stop.max_versions:
+        return "max_versions"
+    if ended is None:
+        return None
+    reason, limit = ended.get("reason"), ended.get("limit")
+    match reason:
+        case "target_accuracy":
+            target, reached = stop.target_accuracy, ended.get("accuracy")
+            holds = target is not None and reached is not None and reached >= target
+        case "converged":
+            holds = stop.patience > 0 and limit is not None and stop.patience <= limit
+        case "max_time":
+            holds = stop.max_time_s is not None and limit is not None and stop.max_time_s <= limit
+        case _:  # max_versions is the model's own version, checked above
+            holds = False
+    return reason if holds else None

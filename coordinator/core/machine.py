@@ -30,7 +30,7 @@ from coordinator.core.connections import Conn, Connections, ConnState, finished_
 from coordinator.core.credit import CreditBook
 from coordinator.core.data import DataCatalog
 from coordinator.core.downloads import ModelDistribution
-from coordinator.core.earlystop import EarlyStop
+from coordinator.core.earlystop import EarlyStop, ends_again
 from coordinator.core.evaluation import Evaluator
 from coordinator.core.handshake import check_hello, open_conn, welcome
 from coordinator.core.issuing import TaskIssuer
@@ -115,6 +115,8 @@ class Coordinator:
     #: offer prefetch (welcome.prefetch) and serve it
     prefetch: bool
     finished: ev.JobFinished | None = None
+    #: why the run this core was restored from ended (earlystop.ending), if it did
+    ended: dict[str, Any] | None = None
     started_at: float | None = None
     #: Answer each heartbeat with an echo. A driver that echoes on its own IO
     #: thread (the websocket server) turns this off: the core then only notes
@@ -545,13 +547,15 @@ class Coordinator:
         return self._now
 
     def _enter(self, now: float, out: list[ev.Output]) -> None:
-        """The clock; and a core restored at or past ``max_versions`` (a run that ended
-        there, restarted) ends at its first input instead of training on."""
+        """The clock; and a core restored from a run that ended (at or past
+        ``max_versions``, or a checkpoint that says so while its stop still holds:
+        earlystop.ends_again) ends at its first input instead of training on."""
         first = self._now == -math.inf
         self._advance(now)
-        cap = self.job.stop.max_versions
-        if first and self.finished is None and cap is not None and self.model.version >= cap:
-            self._finish("max_versions", now, out)
+        if first and self.finished is None:
+            reason = ends_again(self.job.stop, self.model.version, self.ended)
+            if reason is not None:
+                self._finish(reason, now, out)
 
     def _advance(self, now: float) -> None:
         self._now = advance_clock("coordinator", self._now, now)

@@ -82,6 +82,14 @@ def to_checkpoint(
     )
 
 
+def ending_of(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """Why the run a checkpoint is of had ended (coordinator.core.earlystop.ending),
+    read without its arrays; None while it trained (or for a foreign checkpoint)."""
+    core = metadata.get("core")
+    pairs = core.get(_DICT, []) if isinstance(core, dict) else []
+    return next((_unpack(v, {}) for k, v in pairs if k == "finished"), None)
+
+
 def from_checkpoint(ckpt: Checkpoint, *, params: bool = True) -> dict[str, Any]:
     """The ``state_dict()`` that ``Coordinator.restore`` takes (``params=False``:
     without the model, which the caller restored in place)."""

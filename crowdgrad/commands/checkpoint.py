@@ -26,6 +26,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from coordinator.runtime.persist import ending_of
 from crowdgrad.export import (
     FORMATS,
     ExportError,
@@ -232,6 +233,14 @@ def summary_lines(shown: dict[str, Any], *, store: str) -> list[str]:
         lines.append(f"  state:      {' and '.join(state)} state stored")
     if "restored_from" in meta:
         lines.append(f"  restored:   from v{meta['restored_from']}")
+    ended = ending_of(meta)
+    if ended is not None:
+        acc = ended.get("accuracy")
+        at = f"v{ended.get('version')}" + ("" if acc is None else f", accuracy {acc:.4f}")
+        lines.append(
+            f"  ended:      {ended.get('reason')} at {at} (a restart ends again unless "
+            "the job lifts that stop)"
+        )
     lines.append("(--full: everything stored; --json: the same, machine-readable)")
     return lines
 

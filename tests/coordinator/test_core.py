@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.core import events as ev
 from coordinator.core.assembly import build_core, restore_core
+from coordinator.core.earlystop import ends_again
 from coordinator.core.leases import LeaseState, TaskState
 from nn.spec import INIT_SCHEME
 from protocol import messages as m
@@ -401,6 +402,70 @@ def test_a_restored_run_at_max_versions_ends_at_its_first_tick() -> None:
     assert (fin.reason, fin.version, again.version) == ("max_versions", 1, 1)
     assert fin.accuracy is not None  # evaluated at the end, as any finish is
     assert not only(again.tick(6.0), ev.JobFinished)  # once
+
+
+def test_a_restored_run_that_reached_its_target_ends_again_unless_the_target_is_raised() -> None:
+    """The checkpoint says why the run ended; restarted under the same stop it ends
+    at once (no volunteer trains a finished job), under a lifted one it trains on."""
+    stop = {"target_accuracy": 0.01, "patience": 0}
+    core = make_core(stop=stop, eval={"every_versions": 1, "max_samples": 64})
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    deliver(core, "a", result_messages(task), 1.0)
+    assert core.finished is not None and core.finished.reason == "target_accuracy"
+    state = core.state_dict()
+    assert state["finished"]["reason"] == "target_accuracy"
+    again = restore_core(core.job, state, seed=0, dataset=digits())
+    out = again.connect("c", hello("c"), 0.0)
+    (fin,) = only(out, ev.JobFinished)
+    assert (fin.reason, fin.version) == ("target_accuracy", core.version)
+    assert not sent(out, "c", m.Task) and [b.finished for b in sent(out, "c", m.Bye)] == [True]
+    # The same state, a target above what was reached: the run trains on.
+    raised = make_job(stop={"target_accuracy": 0.999, "patience": 0})
+    more = restore_core(raised, state, seed=0, dataset=digits())
+    assert task_of(more.connect("c", hello("c"), 0.0), "c") is not None
+    assert more.finished is None
+
+
+def test_a_restored_run_that_ran_out_of_time_ends_again_unless_given_more() -> None:
+    core = make_core(stop={"max_time_s": 5.0})
+    task_of(core.connect("a", hello("a"), 0.0), "a")
+    (fin,) = only(core.tick(5.0), ev.JobFinished)
+    assert fin.reason == "max_time"
+    state = core.state_dict()
+    again = restore_core(core.job, state, seed=0, dataset=digits())
+    assert only(again.tick(100.0), ev.JobFinished)[0].reason == "max_time"
+    longer = restore_core(make_job(stop={"max_time_s": 50.0}), state, seed=0, dataset=digits())
+    assert not only(longer.tick(100.0), ev.JobFinished)
+    task_of(longer.connect("c", hello("c"), 100.0), "c")  # counted again from this start
+    assert not only(longer.tick(149.0), ev.JobFinished)
+    assert only(longer.tick(150.0), ev.JobFinished)[0].reason == "max_time"
+
+
+@pytest.mark.parametrize(
+    ("stop", "ended", "expect"),
+    [
+        ({"patience": 40}, {"reason": "converged", "limit": 40}, "converged"),
+        ({"patience": 20}, {"reason": "converged", "limit": 40}, "converged"),
+        ({"patience": 80}, {"reason": "converged", "limit": 40}, None),
+        ({"patience": 0}, {"reason": "converged", "limit": 40}, None),
+        (
+            {"target_accuracy": 0.9},
+            {"reason": "target_accuracy", "accuracy": 0.93},
+            "target_accuracy",
+        ),
+        ({"target_accuracy": 0.95}, {"reason": "target_accuracy", "accuracy": 0.93}, None),
+        ({}, {"reason": "target_accuracy", "accuracy": 0.93}, None),
+        ({"max_time_s": 60.0}, {"reason": "max_time", "limit": 60.0}, "max_time"),
+        ({}, {"reason": "max_time", "limit": 60.0}, None),
+        ({"max_versions": 9}, None, "max_versions"),
+        ({"max_versions": 11}, {"reason": "max_versions", "limit": 9}, None),
+        ({}, None, None),
+    ],
+)
+def test_ends_again_holds_while_the_stop_that_ended_the_run_does(
+    stop: dict, ended: dict | None, expect: str | None
+) -> None:
+    assert ends_again(make_job(stop=stop).stop, 10, ended) == expect
 
 
 def test_a_result_for_a_task_issued_after_the_last_checkpoint_is_stale_after_a_crash() -> None:

@@ -38,6 +38,8 @@ def test_state_round_trips_through_the_store(strategy: str, tmp_path: Path) -> N
         store.save(to_checkpoint(job, state, created_at=0.0))
         back = from_checkpoint(store.load_latest())
     assert set(back) == set(state)
+    assert back["finished"] == state["finished"]  # why it ended survives the store
+    assert back["finished"]["reason"] == "max_versions"
     np.testing.assert_array_equal(back["params"], state["params"])
     restored = restore_core(job, back, 1, dataset=data)
     assert restored.version == core.version

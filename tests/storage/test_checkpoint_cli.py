@@ -111,6 +111,36 @@ def test_show_is_a_summary_and_restore_a_sentence(
     assert "list: --store FILE is required" in capsys.readouterr().err
 
 
+def test_show_says_why_a_finished_run_ended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from coordinator.core.assembly import build_core
+    from coordinator.core.config import parse_job
+    from coordinator.runtime.persist import to_checkpoint
+    from nn.data import load_dataset
+    from testkit.loopback import Loopback
+
+    job = parse_job(
+        {
+            "model": {"widths": [64, 16, 10]},
+            "data": {"shards": 4, "batch": 8},
+            "strategy": {"tau": 2},
+            "stop": {"max_versions": 2},
+        }
+    )
+    core = build_core(job, seed=1, dataset=load_dataset("digits", seed=0))
+    lb = Loopback(core)
+    lb.add_client("c0")
+    lb.run(until=100)
+    assert core.finished is not None
+    path = tmp_path / "done.db"
+    with CheckpointStore.open(path) as store:
+        store.save(to_checkpoint(job, core.state_dict(), created_at=1.7e9))
+    assert main(["checkpoint", "show", "--store", str(path)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "ended:" in x]
+    assert f"max_versions at v{core.version}, accuracy {core.finished.accuracy:.4f}" in line
+
+
 def test_an_incremental_checkpoint_lists_its_base_and_verifies(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
