@@ -48,6 +48,8 @@ class ClientRow:
     tasks: int = 0
     accepted: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    #: results sent again after a reconnect and taken already: not refusals
+    resent: int = 0
     declined: int = 0
     expired: int = 0
     bytes_down: int = 0
@@ -76,6 +78,7 @@ class ClientRow:
             "tasks": self.tasks,
             "accepted": self.accepted,
             "rejected": dict(self.rejected),
+            "resent": self.resent,
             "declined": self.declined,
             "expired": self.expired,
             "bytes_down": self.bytes_down,
@@ -137,7 +140,10 @@ class Dashboard:
                         row.staleness_sum += o.staleness
                 case ev.ResultRejected():
                     if (row := rows.get(o.client_id)) is not None:
-                        row.rejected[o.reason] = row.rejected.get(o.reason, 0) + 1
+                        if o.resent:
+                            row.resent += 1
+                        else:
+                            row.rejected[o.reason] = row.rejected.get(o.reason, 0) + 1
                     if o.resent:
                         self.note("duplicate", f"task {o.task_id} from {o.client_id}: "
                                   "sent again, taken already (duplicate)")  # fmt: skip

@@ -51,6 +51,7 @@ def status(crowd: CrowdServer) -> dict[str, Any]:
         "joined_clients": st.clients,
         "accepted_results": st.accepted,
         "rejected_results": st.rejected,
+        "resent_results": st.resent,
         "leases_expired": st.leases_expired,
         "tasks_prefetched": st.tasks_prefetched,
         "tasks_declined": st.declined,

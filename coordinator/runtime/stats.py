@@ -25,7 +25,10 @@ class Stats:
     version: int = 0
     clients: int = 0
     accepted: int = 0
+    #: results refused (a resend of one taken already is counted in ``resent``)
     rejected: int = 0
+    #: results sent again after a reconnect and taken already (duplicates)
+    resent: int = 0
     leases_expired: int = 0
     #: tasks clients declined (``decline``: the lease ended before its deadline)
     declined: int = 0
@@ -91,6 +94,8 @@ class Stats:
                     self.declined += 1
                 case ev.ResultAccepted():
                     self.accepted += 1
+                case ev.ResultRejected(resent=True):
+                    self.resent += 1
                 case ev.ResultRejected():
                     self.rejected += 1
                 case ev.LeaseExpired():

@@ -22,10 +22,12 @@ def test_rows_follow_the_events() -> None:
     snap = d.snapshot(lambda cid: 1e9)
     (row,) = snap["clients"]
     assert row["kind"] == "browser" and row["flops"] == 1e9
-    assert (row["tasks"], row["accepted"], row["rejected"], row["expired"]) == (
+    # the resend is counted as such, not as a refusal of the client's work
+    assert (row["tasks"], row["accepted"], row["rejected"], row["resent"], row["expired"]) == (
         1,
         1,
-        {"norm": 1, "duplicate": 1},
+        {"norm": 1},
+        1,
         1,
     )
     assert (row["bytes_down"], row["bytes_up"], row["mean_staleness"]) == (1000, 300, 2.0)
@@ -147,3 +149,19 @@ def test_time_left_takes_the_first_bound() -> None:
                          max_versions=None, max_time_s=None, target_accuracy=0.9,
                          versions_per_s=0.0)  # fmt: skip
     assert flat == {"seconds": None, "by": None}
+
+
+def test_status_counts_a_resend_apart_from_refusals() -> None:
+    """/api/status's counters (runtime.stats): a result resent after a reconnect and
+    taken already is ``resent``, not a refusal of the client's work."""
+    from coordinator.runtime.stats import Stats
+
+    st = Stats()
+    st.count(
+        [
+            ev.ResultRejected(client_id="c1", task_id=2, reason="norm", now=2.0),
+            ev.ResultRejected(client_id="c1", task_id=1, reason="duplicate", now=2.5),
+            ev.ResultRejected(client_id="c1", task_id=1, reason="duplicate", now=2.6),
+        ]
+    )
+    assert (st.rejected, st.resent) == (1, 2)

@@ -13,7 +13,7 @@ import { formatFlops } from "./volunteer.js";
 /** /api/status, the part the dashboard shows.
  *  @typedef {{job: {name: string, strategy: string, widths: number[]}, version: number,
  *    last_evaluation?: {accuracy?: number | null} | null, clients: number, throughput: {results_per_s: number},
- *    accepted_results: number, rejected_results: number,
+ *    accepted_results: number, rejected_results: number, resent_results?: number,
  *    checkpoints: {written: number, last: number | null, restored_from: number | null},
  *    finished: {reason: string} | null, paused: boolean, lr?: Lr | null}} Status */
 /** /api/status's `lr`: the next local task's lr multiplier and its parts (docs/operations.md).
@@ -22,7 +22,7 @@ import { formatFlops } from "./volunteer.js";
 /** @typedef {{seconds: number | null, by: string}} Left */
 /** A client's row (coordinator/http/dashboard.py).
  *  @typedef {{client_id: number | string, name: string, kind: string, flops: number | null, tasks: number,
- *    accepted: number, rejected: Record<string, number>, declined: number, expired: number, bytes_down: number,
+ *    accepted: number, rejected: Record<string, number>, resent: number, declined: number, expired: number, bytes_down: number,
  *    bytes_up: number, bytes_per_hour: number | null, mean_staleness: number | null, connected: boolean,
  *    left_reason: string | null}} ClientRow */
 /** @typedef {{t: number, kind: string, text: string}} Event */
@@ -189,7 +189,8 @@ function showStatus(st, left) {
   $("accuracy").textContent = acc == null ? "no evaluation yet" : `${(100 * acc).toFixed(2)}%`;
   $("clients").textContent = String(st.clients);
   $("rps").textContent = st.throughput.results_per_s.toFixed(1);
-  $("results").textContent = `${st.accepted_results} · ${st.rejected_results}`;
+  const resent = st.resent_results ? ` · resent ${st.resent_results}` : "";
+  $("results").textContent = `${st.accepted_results} · ${st.rejected_results}${resent}`;
   const ck = st.checkpoints;
   $("checkpoints").textContent = ck.written
     ? `${ck.written} (last v${ck.last})`
@@ -242,7 +243,8 @@ function showClients(rows) {
       .map((r) => {
         const tr = document.createElement("tr");
         if (!r.connected) tr.className = "gone";
-        const rej = Object.entries(r.rejected).map(([k, v]) => `${k} ${v}`).join(", ") || "0";
+        const refused = Object.entries(r.rejected).map(([k, v]) => `${k} ${v}`).join(", ") || "0";
+        const rej = r.resent ? `${refused} · resent ${r.resent}` : refused;
         tr.append(
           cell(r.client_id), cell(r.name), cell(r.kind),
           cell(r.flops == null ? "–" : (r.flops / 1e9).toFixed(2)),
