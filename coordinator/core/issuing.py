@@ -99,6 +99,7 @@ class TaskIssuer:
                     round=task.round,
                 )
             self.strategy.on_task_created(task)
+        rec.hold_shard(task.shard)
         replica = self.verifier.leased(task, plan, rec, len(self.connections.by_id))
         self.orphans.discard(task.task_id)
         # A client that builds version 0 from the init seed gets no model at all.

@@ -26,7 +26,11 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+#: shards remembered per client: what a client keeps decoded (client/shards.py's
+#: MAX_HELD_SHARDS); its disk cache may hold more, which the coordinator does not see
+HELD_SHARDS = 16
 
 
 @dataclass(slots=True, kw_only=True)
@@ -62,9 +66,21 @@ class ClientRecord:
     #: the §12 kernel family its hello named (``hello.kernel``; "": unknown), as of
     #: its last hello: replication pairs twins by it and judges by it
     kernel: str = ""
+    #: shards of its latest tasks, newest first (at most HELD_SHARDS): a client
+    #: keeps the shards it trained on (client/shards.py), so its next task goes to
+    #: one of them when the shard cycle allows (strategies/base.py, ShardCursor)
+    shards_held: list[int] = field(default_factory=list)
 
     def rate(self) -> float:
         return self.measured_flops if self.measured_flops is not None else self.flops
+
+    def hold_shard(self, shard: int) -> None:
+        """It was given a task on ``shard``: it holds that shard now."""
+        held = self.shards_held
+        if shard in held:
+            held.remove(shard)
+        held.insert(0, shard)
+        del held[HELD_SHARDS:]
 
     def observe_speed(self, flops: float, seconds: float) -> None:
         """Fold one finished task into the speed estimate (EMA, weight 0.3)."""

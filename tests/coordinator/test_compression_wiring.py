@@ -309,10 +309,10 @@ def test_volunteers_distill_a_small_student_from_a_teacher_file(tmp_path) -> Non
     assert tasks and {t.kind for t in tasks} == {"distill"}
     assert all(t.teacher_logits.shape == (t.indices.size, 10) for t in tasks)
     assert core.params.spec.widths == (64, 16, 10)
-    # the teacher's soft targets help: the same student alone needs more versions
-    alone, _ = run_job(distill_job(None))
-    assert alone.finished is not None and alone.finished.reason == "target_accuracy"
-    assert core.finished.version < alone.finished.version
+    # Whether the soft targets make this student reach 0.93 in fewer versions is
+    # not asserted: at this size it is within the noise of one seed (seeds 0-5
+    # took 475 versions in all with the teacher and 515 without; before shard
+    # affinity changed the order of shards, 495 and 470).
 
 
 def test_distill_job_config_errors(tmp_path) -> None:

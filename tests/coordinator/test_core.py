@@ -696,3 +696,24 @@ def test_a_timed_evaluator_keeps_evaluations_under_their_share_of_time() -> None
     assert 0.05 * (runs["timed"] - 1) / 10.0 <= cfg.max_share + 0.005  # the first: warm-up
     assert runs["timed"] >= 9 and runs["untimed"] == 1000
     assert untimed.last is not None and untimed.last.seconds is None
+
+
+def test_a_client_on_a_slow_link_is_given_the_shard_it_holds_when_the_cycle_allows() -> None:
+    """Shard affinity: where fetching a shard takes longer than a task computes,
+    a new cycle starts with the shard the client trained on last, not a new one
+    to fetch; on a fast link the cycle's own order is kept."""
+    slow = make_core(link={"profile": "roblox"}, lease={"min_s": 600.0, "slack": 1.0})
+    conn_out = slow.connect("a", hello("a", data=True), 0.0)
+    assert slow._keeps_shards(slow.conns["a"])
+    shards, task, t = [], task_of(conn_out, "a"), 0.0
+    for _ in range(12):  # three cycles of the job's 4 shards
+        shards.append(slow.book.tasks[int(task.task_id)].shard)
+        t += 30.0
+        out = deliver(slow, "a", result_messages(task), t) + slow.tick(t + 1.0)
+        task = task_of(out, "a")
+    cycles = [shards[i : i + 4] for i in range(0, 12, 4)]
+    assert all(sorted(c) == [0, 1, 2, 3] for c in cycles)  # every shard once a cycle
+    assert cycles[1][0] == cycles[0][-1] and cycles[2][0] == cycles[1][-1]
+    fast = make_core()  # lan: a shard is fetched in a blink
+    fast.connect("a", hello("a", data=True), 0.0)
+    assert not fast._keeps_shards(fast.conns["a"])

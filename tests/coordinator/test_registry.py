@@ -112,3 +112,15 @@ def test_records_of_clients_with_no_accepted_result_have_their_own_lower_cap() -
     assert r.forget(before=6.0) == 3 and r.known() == 2 + 4  # connected: s4b, s5b + 4 fresh
     with pytest.raises(ValueError, match="max_left_unproven"):
         Registry(0, max_left_unproven=-1)
+
+
+def test_a_record_remembers_its_latest_shards_newest_first() -> None:
+    from coordinator.core.registry import HELD_SHARDS
+
+    a, _ = Registry(1).join("x", name="a", flops=1e9, resume_id=None, now=0.0)
+    for s in (3, 5, 3):
+        a.hold_shard(s)
+    assert a.shards_held == [3, 5]  # once each, the newest first
+    for s in range(100, 100 + HELD_SHARDS):
+        a.hold_shard(s)
+    assert len(a.shards_held) == HELD_SHARDS and a.shards_held[0] == 100 + HELD_SHARDS - 1

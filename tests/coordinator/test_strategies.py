@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.core.config import DataSection, StrategySection
 from coordinator.core.leases import LeaseBook, TaskState
@@ -45,6 +47,41 @@ def test_shard_cursor_visits_every_shard_each_cycle() -> None:
     first = c.next()
     c.requeue(first)
     assert c.next() == first
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shards=st.integers(1, 12),
+    prefs=st.lists(st.lists(st.integers(0, 11), max_size=4), min_size=1, max_size=60),
+)
+def test_shard_cursor_with_preferences_still_visits_every_shard_once_a_cycle(
+    shards: int, prefs: list[list[int]]
+) -> None:
+    """Affinity reorders a cycle, never skips or repeats a shard within one; a
+    preferred shard still due is the one given."""
+    c = ShardCursor(shards, np.random.default_rng(0))
+    given_out: list[int] = []
+    for p in prefs:
+        due = set(c._queue) if c._queue else set(range(shards))
+        wanted = [s for s in p if s in due]
+        got = c.next(tuple(p))
+        assert got == wanted[0] if wanted else got in due
+        given_out.append(got)
+    full = len(given_out) // shards * shards
+    for i in range(0, full, shards):
+        assert sorted(given_out[i : i + shards]) == list(range(shards))
+
+
+def test_a_client_is_given_a_shard_it_holds_when_one_is_due() -> None:
+    s, _ = build("decentral-async", tau=2)
+    first = s.task_for(view("a"), 0).shard
+    held = ClientView(client_id="b", version_held=None, connected=2, held=(first,))
+    other = s.task_for(held, 0).shard  # its shard was given this cycle: a new one
+    assert other != first
+    # next cycle, "a" gets its shard back before any other
+    s.task_for(view("c"), 0)  # the cycle's last shard (3 shards)
+    again = ClientView(client_id="a", version_held=None, connected=2, held=(first,))
+    assert s.task_for(again, 0).shard == first
 
 
 def test_central_async_scales_by_staleness() -> None:

@@ -80,6 +80,8 @@ class ClientView:
     #: it fetches shards by hash (hello.data), and returns boundaries (hello.boundary)
     shards: bool = False
     boundary: bool = False
+    #: shards of its latest tasks, newest first: it holds them (ClientRecord.shards_held)
+    held: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +111,11 @@ class ShardCursor:
     """Hands out shard ids so every shard is visited once per cycle.
 
     Each cycle is a fresh seeded permutation of ``range(shards)``; a shard whose
-    task was lost is put back at the front so it is not skipped.
+    task was lost is put back at the front so it is not skipped. ``next(prefer)``
+    takes the first of ``prefer`` still due in this cycle before the queue's head:
+    a client is given a shard it holds whenever the cycle allows, so a volunteer
+    on a slow link fetches a shard about once a cycle instead of once a task
+    (docs/coordinator.md, "Strategies": shard affinity).
     """
 
     __slots__ = ("_queue", "rng", "shards")
@@ -119,9 +125,13 @@ class ShardCursor:
         self.rng = rng
         self._queue: deque[int] = deque()
 
-    def next(self) -> int:
+    def next(self, prefer: tuple[int, ...] = ()) -> int:
         if not self._queue:
             self._queue.extend(int(s) for s in self.rng.permutation(self.shards))
+        for s in prefer:
+            if s in self._queue:
+                self._queue.remove(s)
+                return s
         return self._queue.popleft()
 
     def requeue(self, shard: int) -> None:
@@ -204,11 +214,12 @@ class Strategy(ABC):
 
     # -- helpers ----------------------------------------------------------------
 
-    def new_plan(self, *, round: int | None = None) -> TaskPlan:
+    def new_plan(self, client: ClientView | None = None, *, round: int | None = None) -> TaskPlan:
+        """A task plan; for ``client``, on a shard it holds when one is due."""
         steps = self.config.nominal_tau if self.task_kind == "local" else 1
         return TaskPlan(
             kind=self.task_kind,
-            shard=self.cursor.next(),
+            shard=self.cursor.next(client.held if client is not None else ()),
             seed=int(self.rng.integers(0, 2**31 - 1)),
             steps=steps,
             batch=self.data.batch,

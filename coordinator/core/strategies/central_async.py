@@ -22,7 +22,7 @@ class CentralAsync(Strategy):
     # every player closed for rejected updates): docs/simulations.md.
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
-        return self.new_plan()
+        return self.new_plan(client)
 
     def on_result(self, task: Task, update: np.ndarray, now: float) -> Outcome:
         s = self.staleness_of(task)

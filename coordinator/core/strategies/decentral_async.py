@@ -95,7 +95,7 @@ class DecentralAsync(Strategy):
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
         self.crowd = client.connected
-        return self.new_plan()
+        return self.new_plan(client)
 
     def on_task_created(self, task: Task) -> None:
         if self.overlap is not None:

@@ -133,7 +133,7 @@ class RoundStrategy(Strategy):
             self.target = client.connected
         if self.planned < self.target:
             self.planned += 1
-            return self.new_plan(round=self.round)
+            return self.new_plan(client, round=self.round)
         return None
 
     def on_task_created(self, task: Task) -> None:
