@@ -248,6 +248,7 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
         hist = get_json(f"{base}/api/history")
         status = get_json(f"{base}/api/status")
         read_at = time.time() - t0
+        joins = join_times(get_json(f"{base}/api/dashboard"), t0)
     finally:
         for p in procs:
             stop(p)
@@ -269,7 +270,15 @@ def crowd(job: Path, clients: int, seconds: float, folder: Path) -> dict:
         "bytes_per_volunteer": nbytes / clients,
         "accepted": accepted,
         "ended": None if fin is None else {**fin, "at_s": round(elapsed, 1)},
+        "joins_s": joins,
     }
+
+
+def join_times(dashboard: dict, t0: float) -> list[float]:
+    """When each client's hello arrived, in s after its process was started (the
+    dashboard's rows): how long a crowd takes to assemble, which the simulator's
+    ``clients.join_over_s`` stands for when it is calibrated against this run."""
+    return sorted(round(c["joined"] - t0, 3) for c in dashboard["clients"])
 
 
 def _rows(hist: dict, key: str) -> list[list]:

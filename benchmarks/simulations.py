@@ -18,7 +18,9 @@ machine; ``--virtual-s 3600`` runs the whole hour.
 same codec; then ``lan`` and roblox top-k both ways for 800 steps (whole waves
 of tasks); ``--topk F,...`` adds the 800-step roblox row with sparser top-k.
 Then the crowd at its own settings (TUNED_*): FedAsync and synchronous rounds
-on lan, top-k and dense int8 on roblox. Two speedups per row. ``speedup``
+on lan, top-k and dense int8 on roblox. Last, the job's defaults (an empty strategy
+table: what an operator gets) for 600 virtual s on lan, and on roblox in fp32 and with
+int8 both ways. Two speedups per row. ``speedup``
 counts steps per unit of time: the crowd's steps done by the modelled single
 machine (steps x FLOP/step / rate) over the crowd's time, whatever loss either
 reaches (what the seed measured). ``at_equal_loss`` is the one ML means, per
@@ -105,14 +107,19 @@ def _large(
     warm_data: bool = False,
     strategy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The large preset's scenario; ``strategy=DEFAULTS`` leaves the job's strategy and lease
+    tables empty (what an operator gets) and runs for DEFAULTS_VIRTUAL_S instead of ``steps``."""
+    defaults = strategy is DEFAULTS
+    seed_strategy = {"name": "decentral-async", "tau": 10, "lr": 0.01}
     job: dict[str, Any] = {
         "model": {"preset": "large", "loss": "mse"},
         "data": {"dataset": "teacher:large", "shards": 8, "batch": 16},
-        "strategy": {"name": "decentral-async", "tau": 10, "lr": 0.01, **(strategy or {})},
+        "strategy": {} if defaults else {**seed_strategy, **(strategy or {})},
         "link": {"profile": link},
         "stop": {"max_time_s": 36_000},
         "eval": {"every_versions": 1},
-        "lease": {"min_s": 600.0, "prefetch": prefetch},  # players ask where it is offered
+        # players ask for prefetch where it is offered; the defaults rows keep the job's
+        "lease": {} if defaults else {"min_s": 600.0, "prefetch": prefetch},
     }
     if codecs:
         job["codecs"] = codecs
@@ -127,7 +134,8 @@ def _large(
             "warm_data": warm_data,
         },
         "server": {"compute": 2.4e8},
-        "run": {"mode": "numeric", "max_steps": steps, "sample_every_s": 1.0},
+        "run": {"mode": "numeric", "sample_every_s": 1.0}
+        | ({"max_virtual_s": DEFAULTS_VIRTUAL_S} if defaults else {"max_steps": steps}),
     }
 
 
@@ -214,6 +222,9 @@ TUNED_ASYNC = {"lr": 0.03, "alpha": 0.3}
 TUNED_SYNC = {"name": "decentral-sync", "lr": 0.03, "outer_lr": 1.5}
 TUNED_DENSE = {**TUNED_ASYNC, "tau": 50}
 INT8 = {"model": "int8", "update": "int8", "delta": "int8"}
+#: the job's own defaults (an empty strategy table), run for DEFAULTS_VIRTUAL_S virtual s
+DEFAULTS: dict[str, Any] = {}
+DEFAULTS_VIRTUAL_S = 600.0
 INT4 = {"model": "int8", "update": "int4", "delta": "int4"}
 
 
@@ -237,6 +248,9 @@ def speedup(
         ("roblox", both_label, both, 1600, TUNED_ASYNC),
         ("roblox", "int8 both ways, delta downloads int8", INT8, 4000, TUNED_DENSE),
         ("roblox", "int4 both ways, delta downloads int4", INT4, 4000, {**TUNED_SYNC, "tau": 25}),
+        ("lan", "fp32", None, 0, DEFAULTS),
+        ("roblox", "fp32", None, 0, DEFAULTS),
+        ("roblox", "int8 both ways, delta downloads int8", INT8, 0, DEFAULTS),
     ]
     for f in fractions:  # --topk: how far sparser codecs take the roblox row
         name = f"topk:{f:g}+int8"
@@ -245,7 +259,11 @@ def speedup(
     anchor: dict[str, Any] | None = None
     for link, label, codecs, steps, strategy in cases:
         row: dict[str, Any] = {"link": link, "uploads": label, "steps": steps}
-        row["strategy"] = strategy or {"name": "decentral-async", "lr": 0.01, "alpha": 0.6}
+        if strategy is DEFAULTS:
+            row["strategy"] = "the job's defaults"
+            row["virtual_s"] = DEFAULTS_VIRTUAL_S
+        else:
+            row["strategy"] = strategy or {"name": "decentral-async", "lr": 0.01, "alpha": 0.6}
         try:
             sc = parse_scenario(_large(link, codecs, steps, prefetch, warm_data, strategy))
             t0 = time.perf_counter()

@@ -21,3 +21,8 @@ def test_the_settled_accuracy_is_the_mean_of_the_last_tenth() -> None:
     # the last tenth: t from 9.0 to 10.0, accuracies 0.59 .. 0.6, mean 0.595
     assert crowd.settled(curve, 10.0) == 0.595
     assert time_to(curve, crowd.settled(curve, 10.0)) == 9.5
+
+
+def test_join_times_are_seconds_after_the_start_in_order() -> None:
+    dash = {"clients": [{"joined": 103.25}, {"joined": 101.5}, {"joined": 102.0}]}
+    assert crowd.join_times(dash, 100.0) == [1.5, 2.0, 3.25]

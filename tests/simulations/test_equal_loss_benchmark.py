@@ -71,3 +71,14 @@ def test_the_crowds_time_to_a_loss_is_its_first_sample_at_or_below_it(bench, mon
     out = bench.equal_loss(series, anchor)["at_equal_loss"]
     assert out["0.5"] == {"crowd_s": 10.0, "single_s": 30.0, "speedup": 3.0}
     assert out["0.1"] == {"crowd_s": None, "single_s": 60.0, "speedup": None}
+
+
+def test_the_defaults_rows_leave_the_strategy_and_lease_to_the_job(bench) -> None:
+    """What an operator gets: no strategy or lease table, a run of fixed virtual time."""
+    raw = bench._large("roblox", None, 0, strategy=bench.DEFAULTS)
+    assert raw["job"]["strategy"] == {} and raw["job"]["lease"] == {}
+    assert raw["run"]["max_virtual_s"] == bench.DEFAULTS_VIRTUAL_S and "max_steps" not in raw["run"]
+    sc = parse_scenario(raw)
+    assert sc.job.strategy.tau == "auto"
+    seeded = bench._large("roblox", None, 100)
+    assert seeded["job"]["strategy"]["tau"] == 10 and seeded["run"]["max_steps"] == 100
