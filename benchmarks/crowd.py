@@ -396,6 +396,7 @@ def main() -> None:
                             "bytes_per_volunteer_hour",
                             "bytes_per_volunteer",
                             "ended",
+                            "joins_s",
                         )
                     }
                     results.append(
