@@ -455,9 +455,8 @@ class Coordinator:
     def _keeps_shards(self, conn: Conn) -> bool:
         """Shard affinity (ShardCursor.next) for a client whose link takes longer to
         fetch a shard than a task computes (``strategy.task_seconds``): there it
-        pays; on a fast link the cycle's own order is kept. (On the medium teacher
-        at lr 2, 16 lan players, affinity everywhere ended at a loss of 0.08-1.0
-        over four seeds against 0.05-0.12: docs/performance.md, session 9.)"""
+        pays; on a fast link the cycle's own order is kept, where affinity was
+        measured no better and once worse (docs/performance.md, session 9)."""
         fetch_s = self.data.mean_bytes / conn.limits.bytes_per_s
         return conn.data and fetch_s >= self.job.strategy.task_seconds
 
