@@ -93,6 +93,13 @@ class DataCatalog:
         for key in [k for k in self._frames if k[0] == blob.sha256]:
             del self._frames[key]
 
+    def slow_to_fetch(self, limits: LinkLimits, task_seconds: float) -> bool:
+        """Whether fetching a shard over ``limits`` takes longer than a task
+        computes: then shard affinity (strategies/base.py, ShardCursor.next) pays.
+        On a fast link the cycle's own order is kept, where affinity was measured
+        no better and once worse (docs/performance.md, session 9)."""
+        return self.mean_bytes / limits.bytes_per_s >= task_seconds
+
     @classmethod
     def for_job(cls, job: JobConfig, dataset: Dataset) -> DataCatalog:
         parts = shard(dataset.y_train, job.data.shards, kind=job.data.sharding, seed=job.data.seed)

@@ -22,7 +22,7 @@ from coordinator.core.leases import LeaseBook, TaskPlan, lease_seconds, task_ste
 from coordinator.core.orphans import Orphans
 from coordinator.core.registry import ClientRecord
 from coordinator.core.replication import Replicator
-from coordinator.core.strategies import ModelState, Strategy
+from coordinator.core.strategies import ClientView, ModelState, Strategy
 from coordinator.core.submodel import SubmodelPlanner
 from coordinator.core.taskwriter import TaskWriter
 from nn.spec import ModelSpec
@@ -47,6 +47,19 @@ class TaskIssuer:
     connections: Connections
     flops_per_sample: float
     v0_crc: int | None
+
+    def view(self, conn: Conn, rec: ClientRecord, *, connected: int) -> ClientView:
+        """What the strategy may know of this client when it asks for work; the
+        shards it holds only where fetching one is slower than a task (affinity)."""
+        slow = self.data.slow_to_fetch(conn.limits, self.job.strategy.task_seconds)
+        return ClientView(
+            client_id=conn.client_id,
+            version_held=rec.version_held,
+            connected=connected,
+            shards=conn.data,
+            boundary=conn.boundary,
+            held=tuple(rec.shards_held) if conn.data and slow else (),
+        )
 
     def sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
         """A new local task's plan with this client's own number of local steps

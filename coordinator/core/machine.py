@@ -42,7 +42,7 @@ from coordinator.core.refusals import RefusalMarks
 from coordinator.core.registry import ClientRecord, Registry
 from coordinator.core.replication import Replicator
 from coordinator.core.results import FollowUp, ResultPath
-from coordinator.core.strategies import ClientView, ModelState, StepReport, Strategy
+from coordinator.core.strategies import ModelState, StepReport, Strategy
 from coordinator.core.submodel import SubmodelPlanner
 from coordinator.core.taskwriter import TaskWriter
 from coordinator.core.upstream import UpstreamState
@@ -437,28 +437,13 @@ class Coordinator:
         for conn in self.connections.waiting(now):
             rec = self.registry.get(conn.client_id)
             assert rec is not None
-            view = ClientView(
-                client_id=conn.client_id,
-                version_held=rec.version_held,
-                connected=len(self.conns),
-                shards=conn.data,
-                boundary=conn.boundary,
-                held=tuple(rec.shards_held) if self._keeps_shards(conn) else (),
-            )
+            view = self.issuer.view(conn, rec, connected=len(self.conns))
             plan = self.verifier.twin_for(rec, now) or self.strategy.task_for(view, now)
             if plan is None:
                 continue  # this client waits; another may still get work (a reissue)
             queued = conn.state is ConnState.PREFETCH
             out.append(self.issuer.lease(conn, rec, plan, now, queued=queued))
             self.connections.leased(conn)
-
-    def _keeps_shards(self, conn: Conn) -> bool:
-        """Shard affinity (ShardCursor.next) for a client whose link takes longer to
-        fetch a shard than a task computes (``strategy.task_seconds``): there it
-        pays; on a fast link the cycle's own order is kept, where affinity was
-        measured no better and once worse (docs/performance.md, session 9)."""
-        fetch_s = self.data.mean_bytes / conn.limits.bytes_per_s
-        return conn.data and fetch_s >= self.job.strategy.task_seconds
 
     # -- model steps, evaluation, stop ---------------------------------------------
 
@@ -556,9 +541,8 @@ class Coordinator:
         return self._now
 
     def _enter(self, now: float, out: list[ev.Output]) -> None:
-        """The clock; and a core restored from a run that ended (at or past
-        ``max_versions``, or a checkpoint that says so while its stop still holds:
-        earlystop.ends_again) ends at its first input instead of training on."""
+        """The clock; a core restored from a run that ended ends at its first input
+        while that stop still holds (earlystop.ends_again)."""
         first = self._now == -math.inf
         self._advance(now)
         if first and self.finished is None:

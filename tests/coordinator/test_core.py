@@ -704,7 +704,6 @@ def test_a_client_on_a_slow_link_is_given_the_shard_it_holds_when_the_cycle_allo
     to fetch; on a fast link the cycle's own order is kept."""
     slow = make_core(link={"profile": "roblox"}, lease={"min_s": 600.0, "slack": 1.0})
     conn_out = slow.connect("a", hello("a", data=True), 0.0)
-    assert slow._keeps_shards(slow.conns["a"])
     shards, task, t = [], task_of(conn_out, "a"), 0.0
     for _ in range(12):  # three cycles of the job's 4 shards
         shards.append(slow.book.tasks[int(task.task_id)].shard)
@@ -715,5 +714,6 @@ def test_a_client_on_a_slow_link_is_given_the_shard_it_holds_when_the_cycle_allo
     assert all(sorted(c) == [0, 1, 2, 3] for c in cycles)  # every shard once a cycle
     assert cycles[1][0] == cycles[0][-1] and cycles[2][0] == cycles[1][-1]
     fast = make_core()  # lan: a shard is fetched in a blink
-    fast.connect("a", hello("a", data=True), 0.0)
-    assert not fast._keeps_shards(fast.conns["a"])
+    task_of(fast.connect("a", hello("a", data=True), 0.0), "a")  # it holds a shard now
+    assert fast.issuer.view(fast.conns["a"], fast.registry.get("a"), connected=1).held == ()
+    assert slow.issuer.view(slow.conns["a"], slow.registry.get("a"), connected=1).held
