@@ -28,7 +28,6 @@ Reported per accuracy threshold: each one's virtual seconds, the crowd's speedup
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -38,11 +37,14 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from nn.data import classification_task  # noqa: E402
+from nn.data import Dataset, classification_task  # noqa: E402
 from nn.spec import ModelSpec  # noqa: E402
 from nn.threads import set_threads  # noqa: E402
 from simulations.driver import Simulation  # noqa: E402
 from simulations.scenario import parse_scenario  # noqa: E402
+
+sys.path.append(str(_HERE))  # after the packages: only local_sgd is wanted from here
+from local_sgd import run as local_sgd_run  # noqa: E402
 
 PLAYERS = 700
 ROWS = 200_000
@@ -51,15 +53,6 @@ BATCH = 16
 #: accuracies timed; the low ones are where a 700-player crowd on these links is
 #: within its first 900 virtual s (docs/performance.md, session 9)
 THRESHOLDS = (0.5, 0.6, 0.7, 0.75, 0.78, 0.80, 0.85, 0.88, 0.90)
-
-
-def _local_sgd() -> Any:
-    """benchmarks/local_sgd.py (its ``run`` times K replicas; K = 1 is one machine)."""
-    spec = importlib.util.spec_from_file_location("bench_local_sgd", _HERE / "local_sgd.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def scenario(virtual_s: float, flops: float, shards: int, eval_every: int) -> dict[str, Any]:
@@ -100,12 +93,12 @@ def crowd(virtual_s: float, flops: float, shards: int, eval_every: int) -> dict[
 
 
 def one_model(
-    lrs: list[float], k: int, max_steps: int, every: int, step_s: float
+    ds: Dataset, lrs: list[float], k: int, max_steps: int, every: int, step_s: float
 ) -> dict[str, Any]:
-    """Steps to each threshold at the best of ``lrs``: one machine (k = 1) or ideal
-    data parallelism (one step on k x 16 rows, timed as one batch-16 step)."""
-    local_sgd, ds = _local_sgd(), classification_task(ROWS, seed=0)
-    runs = [local_sgd.run(ds, k, 1, lr, max_steps, every, THRESHOLDS) for lr in lrs]
+    """Steps to each threshold at the best of ``lrs`` (benchmarks/local_sgd.py's
+    ``run``): one machine (k = 1) or ideal data parallelism (one step on k x 16
+    rows, timed as one batch-16 step)."""
+    runs = [local_sgd_run(ds, k, 1, lr, max_steps, every, THRESHOLDS) for lr in lrs]
     best: dict[str, Any] = {}
     for t in map(str, THRESHOLDS):
         hits = [(r["steps_to"][t], r["lr"]) for r in runs if r["steps_to"][t]]
@@ -148,8 +141,9 @@ def main() -> None:
     spec = ModelSpec(widths=WIDTHS)
     step_s = spec.flops_per_sample(train=True) * BATCH / args.flops
     out: dict[str, Any] = {"players": PLAYERS, "flops": args.flops, "step_s": step_s}
-    out["machine"] = one_model(lrs, 1, args.max_steps, 250, step_s)
-    out["data_parallel"] = one_model(dp_lrs, PLAYERS, args.dp_max_steps, 25, step_s)
+    ds = classification_task(ROWS, seed=0)
+    out["machine"] = one_model(ds, lrs, 1, args.max_steps, 250, step_s)
+    out["data_parallel"] = one_model(ds, dp_lrs, PLAYERS, args.dp_max_steps, 25, step_s)
     if not args.skip_crowd:
         out["crowd"] = crowd(args.virtual_s, args.flops, args.shards, args.eval_every)
     table = []

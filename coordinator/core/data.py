@@ -64,7 +64,7 @@ class DataCatalog:
             self.shards.append(ShardBlob(i, sha256_hex(blob), blob, len(idx)))
         self.by_hash = {s.sha256: s for s in self.shards}
         #: the job's shards' mean size: what a client's fetch of one costs its link
-        self.mean_bytes = sum(len(s.blob) for s in self.shards) / max(1, len(self.shards))
+        self.mean_bytes = self.total_bytes / max(1, len(self.shards))
         #: shards added while the job runs, by index (``add``)
         self.extra: dict[int, ShardBlob] = {}
         # (hash, frame bytes) -> the whole shard's frames from offset 0

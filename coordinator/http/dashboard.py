@@ -138,17 +138,15 @@ class Dashboard:
                         row.accepted += 1
                         row.bytes_up += o.frame_bytes
                         row.staleness_sum += o.staleness
+                case ev.ResultRejected(resent=True):
+                    if (row := rows.get(o.client_id)) is not None:
+                        row.resent += 1
+                    self.note("duplicate", f"task {o.task_id} from {o.client_id}: "
+                              "sent again, taken already (duplicate)")  # fmt: skip
                 case ev.ResultRejected():
                     if (row := rows.get(o.client_id)) is not None:
-                        if o.resent:
-                            row.resent += 1
-                        else:
-                            row.rejected[o.reason] = row.rejected.get(o.reason, 0) + 1
-                    if o.resent:
-                        self.note("duplicate", f"task {o.task_id} from {o.client_id}: "
-                                  "sent again, taken already (duplicate)")  # fmt: skip
-                    else:
-                        self.note("rejected", f"task {o.task_id} from {o.client_id}: {o.reason}")
+                        row.rejected[o.reason] = row.rejected.get(o.reason, 0) + 1
+                    self.note("rejected", f"task {o.task_id} from {o.client_id}: {o.reason}")
                 case ev.LeaseExpired():
                     if (row := rows.get(o.client_id)) is not None:
                         row.expired += 1

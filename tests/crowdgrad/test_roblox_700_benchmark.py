@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from nn.data import classification_task
 from simulations.scenario import parse_scenario
 from tests.bench_module import load_benchmark
 
@@ -22,9 +23,9 @@ def test_the_scenario_is_700_players_on_roblox_links_at_the_machines_rate() -> N
 def test_each_threshold_takes_the_lr_that_reached_it_in_the_fewest_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(bench, "ROWS", 3000)
     monkeypatch.setattr(bench, "THRESHOLDS", (0.2, 0.3))
-    out = bench.one_model([0.01, 0.1], 1, 600, 50, step_s=0.5)
+    ds = classification_task(3000, seed=0)
+    out = bench.one_model(ds, [0.01, 0.1], 1, 600, 50, step_s=0.5)
     for t, best in out["best"].items():
         hits = [r["steps_to"][t] for r in out["runs"] if r["steps_to"][t]]
         if not hits:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -118,30 +118,37 @@ class ShardCursor:
     (docs/coordinator.md, "Strategies": shard affinity).
     """
 
-    __slots__ = ("_queue", "rng", "shards")
+    __slots__ = ("_due", "_queue", "rng", "shards")
 
     def __init__(self, shards: int, rng: np.random.Generator) -> None:
         self.shards = shards
         self.rng = rng
         self._queue: deque[int] = deque()
+        #: the queue's shards counted, so a preference is looked up without a scan
+        self._due: Counter[int] = Counter()
 
     def next(self, prefer: tuple[int, ...] = ()) -> int:
         if not self._queue:
             self._queue.extend(int(s) for s in self.rng.permutation(self.shards))
-        for s in prefer:
-            if s in self._queue:
-                self._queue.remove(s)
-                return s
-        return self._queue.popleft()
+            self._due.update(self._queue)
+        s = next((s for s in prefer if self._due[s]), None)
+        if s is None:
+            s = self._queue.popleft()
+        else:
+            self._queue.remove(s)
+        self._due[s] -= 1
+        return s
 
     def requeue(self, shard: int) -> None:
         self._queue.appendleft(shard)
+        self._due[shard] += 1
 
     def state_dict(self) -> dict[str, Any]:
         return {"queue": list(self._queue)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._queue = deque(int(s) for s in state["queue"])
+        self._due = Counter(self._queue)
 
 
 class Strategy(ABC):
