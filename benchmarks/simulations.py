@@ -32,7 +32,7 @@ free communication would do. Players prefetch their next task while they compute
 (docs/protocol.md §3.12) unless ``--no-prefetch``.
 
     python benchmarks/simulations.py [--virtual-s 60] [--skip-scale] [--json]
-        [--topk 0.003,0.001]
+        [--topk 0.003,0.001] [--only-defaults]
 """
 
 from __future__ import annotations
@@ -229,7 +229,11 @@ INT4 = {"model": "int8", "update": "int4", "delta": "int4"}
 
 
 def speedup(
-    fractions: tuple[float, ...] = (), *, prefetch: bool = True, warm_data: bool = False
+    fractions: tuple[float, ...] = (),
+    *,
+    prefetch: bool = True,
+    warm_data: bool = False,
+    only_defaults: bool = False,
 ) -> dict[str, Any]:
     rows = []
     topk = {"update": "topk:0.01+int8", "error_feedback": True}
@@ -256,6 +260,8 @@ def speedup(
         name = f"topk:{f:g}+int8"
         codecs = {"update": name, "error_feedback": True, "delta": name}
         cases.append(("roblox", f"{name} +ef, delta downloads {name}", codecs, 800, None))
+    if only_defaults:
+        cases = [c for c in cases if c[4] is DEFAULTS]
     anchor: dict[str, Any] | None = None
     for link, label, codecs, steps, strategy in cases:
         row: dict[str, Any] = {"link": link, "uploads": label, "steps": steps}
@@ -297,6 +303,11 @@ def main() -> None:
     ap.add_argument("--virtual-s", type=float, default=60.0, help="scale run length")
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--skip-speedup", action="store_true")
+    ap.add_argument(
+        "--only-defaults",
+        action="store_true",
+        help="speedup: only the rows at the job's defaults (with the anchors)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--topk",
@@ -330,7 +341,12 @@ def main() -> None:
     set_threads(1)
     out: dict[str, Any] = {}
     if not args.skip_speedup:
-        out["speedup"] = speedup(fractions, prefetch=not args.no_prefetch, warm_data=args.warm_data)
+        out["speedup"] = speedup(
+            fractions,
+            prefetch=not args.no_prefetch,
+            warm_data=args.warm_data,
+            only_defaults=args.only_defaults,
+        )
     if not args.skip_scale:
         out["scale"] = scale(args.virtual_s, overlap=args.overlap, prefetch=not args.no_prefetch)
     if args.json:
