@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from coordinator.core.config import JobConfigError, parse_job
 from coordinator.core.leases import task_steps
 from protocol import messages as m
+from protocol.limits import profile
 from tests.coordinator.coord_helpers import (
     acks,
     deliver,
@@ -75,6 +76,34 @@ def test_a_faster_client_gets_a_longer_task_and_a_fixed_tau_is_kept():
     assert 10 <= slow.steps < fast.steps
     fixed = make_core(**{**job, "strategy": {"tau": 7}})
     assert task_of(fixed.connect("a", m.Hello(client="a", flops=1e6), 0.0), "a").steps == 7
+
+
+def test_the_default_task_is_short_on_a_fast_link_and_long_on_a_slow_one():
+    """The job's defaults: a lan client on large shards averages every quarter
+    second; a roblox client's task is set by its transfer, a small shard's by one
+    pass, neither by ``task_seconds`` (docs/coordinator.md, tau = "auto")."""
+    st = parse_job({}).strategy
+    model = 4 * 84_490  # [64, 256, 256, 10] in fp32
+    kw = {
+        "flops_per_step": 6 * 84_490 * 16,
+        "flops_per_s": 5e10,
+        "transfer_bytes": 2 * model,
+        "rows": 125_000,
+        "batch": 16,
+        "task_seconds": st.task_seconds,
+        "transfer_ratio": st.transfer_ratio,
+        "max_epochs": st.max_epochs,
+        "tau_min": st.tau_min,
+        "tau_max": st.tau_max,
+    }
+    per_s = kw["flops_per_s"] / kw["flops_per_step"]
+    lan = task_steps(bytes_per_s=profile("lan").bytes_per_s, **kw)
+    assert lan / per_s == pytest.approx(0.25, rel=0.01)
+    slow = {**kw, "flops_per_s": 2.4e8}  # the seed's player
+    roblox = task_steps(bytes_per_s=profile("roblox").bytes_per_s, **slow)
+    transfer_s = 2 * model / profile("roblox").bytes_per_s  # 13.5 s
+    assert roblox == math.ceil(5 * transfer_s * 2.4e8 / kw["flops_per_step"])
+    assert task_steps(bytes_per_s=1e9, **{**kw, "rows": 168}) == st.tau_min  # digits
 
 
 def test_tau_errors_name_the_field():
