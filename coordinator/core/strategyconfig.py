@@ -101,7 +101,7 @@ class StrategySection(_Section):
     # and max_epochs passes over its shard. A quarter second, not one: the tasks
     # in flight move the model by about their mean, so shorter ones let a crowd
     # average more often (2 real clients on the 1,000,000-row job reached the
-    # machine's 60-s accuracy 2.0x sooner than it, against 1.16x at 1 s;
+    # machine's 60-s accuracy 2.0x sooner than it, against 1.16x at 1;
     # docs/performance.md, "Session 10")
     task_seconds: float = Field(default=0.25, gt=0, le=600, allow_inf_nan=False)
     transfer_ratio: float = Field(default=5.0, ge=0, le=1000, allow_inf_nan=False)
