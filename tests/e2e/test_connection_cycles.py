@@ -62,10 +62,15 @@ OPEN_ENDED = {"target_accuracy": None, "max_versions": 10**6, "max_time_s": None
 def _all_closed(bg) -> None:
     """Wait until the server's ``connection_lost`` (on its loop) ran for every socket."""
     admission = bg.crowd.admission
-    deadline = time.monotonic() + SOCKET_TIMEOUT_S  # hang guard
-    while (admission.open or admission.sockets) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _poll(lambda: not admission.open and not admission.sockets)
     assert not admission.open and not admission.sockets
+
+
+def _poll(done) -> None:
+    """Wait until ``done()`` holds, or the hang guard's time has passed."""
+    deadline = time.monotonic() + SOCKET_TIMEOUT_S  # hang guard
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_closed_websockets_and_http_connections_leave_no_cycles() -> None:
@@ -120,11 +125,8 @@ def test_closed_websockets_free_their_parser_without_a_collection() -> None:
             # connection_lost has run, but the loop may still hold the last
             # connection's handler for a moment under load: a cycle the collector
             # must break never clears with it off, so waiting hides no leak
-            deadline = time.monotonic() + SOCKET_TIMEOUT_S  # hang guard
+            _poll(lambda: not any(_alive(n) for n in WEBSOCKETS_PER_CONNECTION))
             alive = {n: _alive(n) for n in WEBSOCKETS_PER_CONNECTION}
-            while any(alive.values()) and time.monotonic() < deadline:
-                time.sleep(0.01)
-                alive = {n: _alive(n) for n in WEBSOCKETS_PER_CONNECTION}
         finally:
             gc.enable()
     assert alive == dict.fromkeys(WEBSOCKETS_PER_CONNECTION, 0), (
