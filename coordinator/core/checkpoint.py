@@ -34,6 +34,7 @@ def state_of(core: Coordinator, *, params: bool = True) -> dict[str, Any]:
     state = {
         "version": core.model.version,
         "contributions": core.model.contributions,
+        "progress": core.model.progress,
         "strategy": core.strategy.state_dict(),
         "accepted_tasks": core.book.accepted_ids(),
         "accepted_ages": core.book.accepted_ages(core.now),
@@ -60,6 +61,8 @@ def load_state(core: Coordinator, state: dict[str, Any]) -> None:
     """Put ``state`` into a core just built for the same job (its model in place)."""
     core.model.version = int(state["version"])
     core.model.contributions = int(state["contributions"])
+    # (a checkpoint of before the progress clock: its versions, as that clock was)
+    core.model.progress = float(state.get("progress", core.model.version))
     core.strategy.load_state_dict(state["strategy"])
     ages = state.get("accepted_ages")  # (a checkpoint of before ages were kept: none)
     core.book.remember_accepted(
@@ -116,6 +119,7 @@ def replay(
         subnet.add_to(model.params, update, scale, rows=rows)
         model.changed.mark(subnet)
         model.version = version
+        model.progress += 1.0  # (the log keeps no task's share: a whole round's)
         model.contributions += 1
         book.remember_accepted([task_id])
         core.results.accepted += 1

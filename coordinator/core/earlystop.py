@@ -3,8 +3,9 @@
 ``verdict`` takes each held-out evaluation: the job ends at ``stop.target_accuracy``,
 or when it has converged (``observe``): ``stop.patience`` evaluations in a row
 without a new best of ``stop.monitor`` ("auto": accuracy for a classifier, the loss
-for a regression), spanning at least as many rounds (K versions each, K the crowd's
-concurrency: 700 players make versions fast and evaluations close). ``restore``
+for a regression), spanning at least as many rounds (K tasks of ``round_seconds``
+on the model's progress clock, K the crowd's concurrency: 700 players make
+versions fast and evaluations close, short tasks make them small). ``restore``
 then makes the best evaluation's parameters the final model (one version on), as
 one-machine training restores its best weights, when they were kept: while the
 model fits in ``stop.keep_best_mib``. A crowd's model overfits long after its best
@@ -35,6 +36,7 @@ class EarlyStop:
     __slots__ = (
         "_best",
         "_keep",
+        "best_progress",
         "best_score",
         "best_version",
         "by_accuracy",
@@ -52,18 +54,29 @@ class EarlyStop:
         #: the monitored value of the best evaluation, lower is better (-accuracy)
         self.best_score = math.inf
         self.best_version: int | None = None
+        #: the progress clock at the best (ModelState.progress)
+        self.best_progress = 0.0
         #: evaluations since the last new best
         self.since_best = 0
         self._best: np.ndarray | None = None
 
-    def observe(self, e: ev.Evaluated, params: Params, concurrency: float = 1.0) -> bool:
-        """Evaluation ``e`` of ``params``; whether the job has converged."""
+    def observe(
+        self,
+        e: ev.Evaluated,
+        params: Params,
+        concurrency: float = 1.0,
+        progress: float | None = None,
+    ) -> bool:
+        """Evaluation ``e`` of ``params`` with the model's clock at ``progress``
+        (None: its version); whether the job has converged."""
         patience = self.config.patience
         if patience == 0:
             return False
         score, version = (-e.accuracy if self.by_accuracy else e.loss), e.version
+        at = float(version) if progress is None else progress
         if score < self.best_score:  # NaN never is: a diverged model is never the best
             self.best_score, self.best_version, self.since_best = score, version, 0
+            self.best_progress = at
             if self._keep:
                 if self._best is None:
                     self._best = params.data.copy()
@@ -71,7 +84,7 @@ class EarlyStop:
                     self._best[:] = params.data
             return False
         self.since_best += 1
-        rounds = (version - (self.best_version or 0)) / max(1.0, concurrency)
+        rounds = (at - self.best_progress) / max(1.0, concurrency)
         return self.since_best >= patience and rounds >= patience
 
     def verdict(
@@ -83,7 +96,7 @@ class EarlyStop:
         target = self.config.target_accuracy
         if target is not None and e.accuracy >= target:
             return "target_accuracy"
-        converged = self.observe(e, params, strategy.concurrency)
+        converged = self.observe(e, params, strategy.concurrency, strategy.model.progress)
         return "converged" if converged and upstream is None else None
 
     def best(self, version: int) -> np.ndarray | None:

@@ -11,6 +11,7 @@ measured speed (leases.task_steps), its lr scaled as the strategy says.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from coordinator.core import events as ev
 from coordinator.core.config import JobConfig
@@ -18,7 +19,7 @@ from coordinator.core.connections import Conn, Connections
 from coordinator.core.data import DataCatalog
 from coordinator.core.downloads import ModelDistribution
 from coordinator.core.layersplit import LOWER, SplitBlocks
-from coordinator.core.leases import LeaseBook, TaskPlan, lease_seconds, task_steps
+from coordinator.core.leases import LeaseBook, TaskPlan, lease_seconds, task_steps, task_work
 from coordinator.core.orphans import Orphans
 from coordinator.core.registry import ClientRecord
 from coordinator.core.replication import Replicator
@@ -63,25 +64,36 @@ class TaskIssuer:
 
     def sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
         """A new local task's plan with this client's own number of local steps
-        (``tau = "auto"``) and the lr multiplier the strategy sets now."""
+        (``tau = "auto"``), the lr multiplier the strategy sets now, and its
+        share of a round on the progress clock (``round_seconds``)."""
         st = self.job.strategy
-        lr_scale = self.strategy.lr_scale()
-        if st.tau != "auto":
-            return plan if lr_scale == 1.0 else dataclasses.replace(plan, lr_scale=lr_scale)
-        steps = task_steps(
+        sizing = functools.partial(
+            task_steps,
             flops_per_step=self.flops_per_sample * plan.batch,
             flops_per_s=rec.rate(),
-            transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
-            bytes_per_s=conn.limits.bytes_per_s,
             rows=rows,
             batch=plan.batch,
-            task_seconds=st.task_seconds,
-            transfer_ratio=st.transfer_ratio,
             max_epochs=st.max_epochs,
             tau_min=st.tau_min,
             tau_max=st.tau_max,
         )
-        return dataclasses.replace(plan, steps=steps, lr_scale=lr_scale)
+        steps = plan.steps
+        if st.tau == "auto":
+            steps = sizing(
+                transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
+                bytes_per_s=conn.limits.bytes_per_s,
+                task_seconds=st.task_seconds,
+                transfer_ratio=st.transfer_ratio,
+            )
+        round_steps = sizing(
+            transfer_bytes=0.0, bytes_per_s=1.0, task_seconds=st.round_seconds, transfer_ratio=0.0
+        )
+        return dataclasses.replace(
+            plan,
+            steps=steps,
+            lr_scale=self.strategy.lr_scale(),
+            work=task_work(steps, round_steps),
+        )
 
     def lease(
         self,

@@ -104,6 +104,8 @@ class TaskPlan:
     block: int | None = None
     #: the task's lr is the job's times this (strategy.lr_scaling)
     lr_scale: float = 1.0
+    #: its share of a round's task on the progress clock (task_work), 0..1
+    work: float = 1.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -139,6 +141,8 @@ class Task:
     boundary_norm: float = 0.0
     #: its lr is the job's times this (strategy.lr_scaling; a twin takes its primary's)
     lr_scale: float = 1.0
+    #: its share of a round's task on the plateau's and early stop's clock (task_work)
+    work: float = 1.0
 
     def move(self, to: TaskState) -> None:
         self.state = checked_move(
@@ -208,6 +212,14 @@ def task_steps(
     return max(tau_min, min(tau_max, steps))
 
 
+def task_work(steps: int, round_steps: int) -> float:
+    """A task's share of a round on the progress clock (ModelState.progress):
+    ``steps`` against the ``round_steps`` of a round's task (task_steps at
+    ``round_seconds`` with no transfer), at most 1: a longer task (a slow link's)
+    moves the model by one averaged delta all the same."""
+    return min(1.0, steps / max(round_steps, 1))
+
+
 class LeaseBook:
     """All tasks and leases of a job, with ids from counters (deterministic).
 
@@ -270,6 +282,7 @@ class LeaseBook:
             rows=rows,
             block=plan.block,
             lr_scale=plan.lr_scale,
+            work=plan.work,
         )
         self._next_task += 1
         self.tasks[task.task_id] = task

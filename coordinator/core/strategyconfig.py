@@ -118,6 +118,13 @@ class StrategySection(_Section):
     plateau_patience: int = Field(default=10, ge=0)
     plateau_factor: float = Field(default=0.5, gt=0, lt=1)
     plateau_min: float = Field(default=0.125, gt=0, le=1)
+    # The plateau's and the early stop's clock (stop.patience) counts rounds: K
+    # tasks of round_seconds of the client's compute, or one pass over the
+    # task's shard where that is less; a shorter task counts for its share, so
+    # that shorter tasks do not cut the lr sooner in training done (at 0.1-s
+    # tasks 2 simulated clients cut three times by 18 s and stalled at 0.958;
+    # docs/performance.md, "Session 11")
+    round_seconds: float = Field(default=0.25, gt=0, le=600, allow_inf_nan=False)
     tau_min: int = Field(default=10, ge=1)
     tau_max: int = Field(default=5000, ge=1)
     max_epochs: float = Field(default=1.0, gt=0, allow_inf_nan=False)

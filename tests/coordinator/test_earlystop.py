@@ -63,6 +63,18 @@ def test_the_rounds_of_a_big_crowd_hold_the_end_back() -> None:
     assert stop.observe(evaluated(200, 0.6), params_of(3), concurrency=100.0)
 
 
+def test_short_tasks_hold_the_end_back_on_the_progress_clock() -> None:
+    """Counted on the model's progress clock (tasks a tenth of a round long move
+    it by a tenth each), 200 versions of 2 clients are 10 rounds, not 100."""
+    stop = EarlyStop(StopSection(patience=20, monitor="loss"), SPEC)
+    stop.observe(evaluated(0, 0.5), params_of(0), concurrency=2.0, progress=0.0)
+    late = [
+        stop.observe(evaluated(v, 0.6), params_of(v), concurrency=2.0, progress=v / 10)
+        for v in range(10, 410, 10)
+    ]
+    assert late.index(True) == 39  # at version 400: 40 progress, 20 rounds of 2
+
+
 def test_zero_patience_never_converges_and_a_big_model_is_not_kept() -> None:
     never = EarlyStop(StopSection(patience=0), SPEC)
     assert not any(never.observe(evaluated(v, 1.0), params_of(v)) for v in range(100))

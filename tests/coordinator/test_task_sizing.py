@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coordinator.core.assembly import restore_core
 from coordinator.core.config import JobConfigError, parse_job
 from coordinator.core.leases import task_steps
 from protocol import messages as m
@@ -18,6 +19,7 @@ from protocol.limits import profile
 from tests.coordinator.coord_helpers import (
     acks,
     deliver,
+    digits,
     hello,
     make_core,
     result_messages,
@@ -157,6 +159,7 @@ def test_the_lr_halves_on_a_held_out_plateau_and_survives_a_checkpoint():
 
     def evaluated(loss: float, versions: int = 1) -> None:
         s.model.version += versions
+        s.model.progress += versions  # tasks of a round's length
         s.on_evaluation(loss)
 
     for loss in (2.0, 1.5, 1.0):  # improving: no cut
@@ -183,5 +186,36 @@ def test_the_lr_halves_on_a_held_out_plateau_and_survives_a_checkpoint():
     off = make_core(strategy={"plateau_patience": 0, "lr_scaling": "none"})
     for _ in range(30):
         off.strategy.model.version += 10
+        off.strategy.model.progress += 10
         off.strategy.on_evaluation(5.0)
     assert off.strategy.lr_scale() == 1.0
+
+
+def test_a_task_shorter_than_a_round_counts_for_its_share_of_one():
+    """The plateau's and the early stop's clock (ModelState.progress): a task of
+    ``round_seconds`` (or of one pass, where that is less) moves it by one, a
+    shorter one by its share, so that shorter tasks do not cut the lr sooner in
+    training done; a task longer than a round (a slow link's) counts as one."""
+    job = {"data": {"shards": 1, "batch": 8}, "strategy": {"tau": "auto", "tau_min": 1}}
+
+    def merged(flops: float, **strategy: object) -> tuple[int, float]:
+        core = make_core(**{**job, "strategy": {**job["strategy"], **strategy}})
+        task = task_of(core.connect("a", m.Hello(client="a", flops=flops), 0.0), "a")
+        assert acks(deliver(core, "a", result_messages(task), 1.0)) == [(task.task_id, True, "")]
+        assert core.model.version == 1
+        return task.steps, core.model.progress
+
+    steps, progress = merged(1e7, task_seconds=0.1)  # neither bound applies
+    round_steps, one = merged(1e7, task_seconds=0.25)
+    assert one == 1.0 and progress == pytest.approx(steps / round_steps)
+    assert progress == pytest.approx(0.4, rel=0.05)
+    assert merged(1e7, task_seconds=1.0)[1] == 1.0  # longer than a round: one
+    short_pass, whole = merged(1e9, task_seconds=0.1)  # one pass of the shard binds both
+    assert whole == 1.0 and short_pass == math.floor(len(digits().X_train) / 8)
+    assert merged(1e7, task_seconds=0.1, round_seconds=0.1)[1] == 1.0
+    fixed = make_core(**{**job, "strategy": {"tau": 3, "tau_min": 1}})  # a job's own tau
+    task = task_of(fixed.connect("a", m.Hello(client="a", flops=1e7), 0.0), "a")
+    deliver(fixed, "a", result_messages(task), 1.0)
+    assert fixed.model.progress == pytest.approx(3 / round_steps)
+    again = restore_core(fixed.job, fixed.state_dict(), seed=0, dataset=digits())
+    assert again.model.progress == fixed.model.progress  # the clock survives a checkpoint

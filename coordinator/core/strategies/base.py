@@ -51,7 +51,10 @@ CONCURRENCY_GAIN = 0.2
 @dataclass(slots=True)
 class ModelState:
     """The global model: params, its version, and how many results it merged;
-    ``changed``: its rows moved since the service last took them (checkpoints).
+    ``changed``: its rows moved since the service last took them (checkpoints);
+    ``progress``: the clock of the lr plateau and the early stop, each version
+    adding the mean share of a round's task (leases.task_work) of what it merged:
+    the version itself while tasks are of a round's length.
 
     ``lock`` is held by every write to ``params`` together with its version step,
     so that a reader on another thread (a checkpoint taken while the model keeps
@@ -62,6 +65,7 @@ class ModelState:
     params: Params
     version: int = 0
     contributions: int = 0
+    progress: float = 0.0
     changed: ChangedRows = field(init=False)
     lock: AbstractContextManager[Any] = field(default_factory=nullcontext, repr=False)
     whole_steps: int = 0
@@ -278,12 +282,13 @@ class Strategy(ABC):
 
     def on_evaluation(self, loss: float) -> None:
         """The coordinator's held-out loss: without a new best for
-        ``plateau_patience`` evaluations, and for as many rounds (K versions each,
-        K the concurrency: a big crowd makes versions fast and evaluations
-        close), the tasks' lr is cut by ``plateau_factor`` (not below
+        ``plateau_patience`` evaluations, and for as many rounds (K tasks of
+        ``round_seconds`` each on the progress clock, K the concurrency: a big
+        crowd makes versions fast and evaluations close, short tasks make them
+        small), the tasks' lr is cut by ``plateau_factor`` (not below
         ``plateau_min``): the reduce-on-plateau of one-machine training, on the
         one signal no client can fake."""
-        self.plateau.observe(loss, self.model.version, max(1.0, self.concurrency))
+        self.plateau.observe(loss, self.model.progress, max(1.0, self.concurrency))
 
     @property
     def lr_decay(self) -> float:
@@ -329,8 +334,12 @@ class Strategy(ABC):
         within: Subnet | None = None,
         update: np.ndarray | None = None,
         scale: float = 1.0,
+        work: float = 1.0,
     ) -> StepReport:
+        """The next version, of ``merged`` results whose mean share of a round's
+        task is ``work`` (the progress clock)."""
         self.model.version += 1
+        self.model.progress += work
         self.model.contributions += merged
         return StepReport(stepped=True, merged=merged, within=within, update=update, scale=scale)
 
@@ -345,7 +354,7 @@ class Strategy(ABC):
             "lr_decay": p.decay,
             "best_loss": None if p.best == math.inf else p.best,
             "since_best": p.since_best,
-            "best_version": int(p.best_at),
+            "best_progress": p.best_at,
             "divergence": self.divergence.state_dict(),
         }
 
@@ -359,5 +368,6 @@ class Strategy(ABC):
         best = state.get("best_loss")
         p.best = math.inf if best is None else float(best)
         p.since_best = int(state.get("since_best", 0))
-        p.best_at = int(state.get("best_version", 0))
+        # (a checkpoint of before the progress clock kept the best's version)
+        p.best_at = float(state.get("best_progress", state.get("best_version", 0)))
         self.divergence.load_state_dict(state.get("divergence"))

@@ -67,6 +67,8 @@ class DecentralAsync(Strategy):
         self.buffer_weights: list[float] = []
         #: each buffered delta's subnet (None: the whole model)
         self.buffer_subnets: list[Subnet | None] = []
+        #: the buffered tasks' shares of a round (Task.work), summed
+        self.buffer_work = 0.0
         #: clients connected at the last lease ("auto" windows scale with it)
         self.crowd = 0
         #: staleness.count = "overlap": the steps that touched each hidden neuron
@@ -119,7 +121,9 @@ class DecentralAsync(Strategy):
                 scale = self.config.alpha * w * self.step_scale()
                 with self.model.lock:
                     task.subnet.add_to(self.model.params, update, scale)
-                    step = self.step_version(1, within=task.subnet, update=update, scale=scale)
+                    step = self.step_version(
+                        1, within=task.subnet, update=update, scale=scale, work=task.work
+                    )
                 if clock is not None:
                     clock.step_one(task.subnet)
                 return Outcome(accepted=True, staleness=s, step=step)
@@ -127,7 +131,7 @@ class DecentralAsync(Strategy):
             self.model.params.data += np.float32(self.config.alpha * self.step_scale()) * step
             if clock is not None:  # a window's step moves its other deltas' subnets too
                 clock.step([task.subnet if self.recent is None else None])
-            return Outcome(accepted=True, staleness=s, step=self.step_version(1))
+            return Outcome(accepted=True, staleness=s, step=self.step_version(1, work=task.work))
         if self.config.aggregation == "diloco":
             # as old as the crowd makes every result: full weight; far older, less
             step = self._merged(min(1.0, 2.0 * k / (s + 1)), self.dense(task, update))
@@ -139,19 +143,21 @@ class DecentralAsync(Strategy):
             )
             if clock is not None:
                 clock.step([task.subnet if self.recent is None else None])
-            return Outcome(accepted=True, staleness=s, step=self.step_version(1))
+            return Outcome(accepted=True, staleness=s, step=self.step_version(1, work=task.work))
         self.buffer.append((np.float32(w) * self.dense(task, update)).astype(np.float32))
         self.buffer_weights.append(self.sample_weight(task))
         self.buffer_subnets.append(task.subnet)
+        self.buffer_work += task.work
         if len(self.buffer) < self.config.buffer_k:
             return Outcome(accepted=True, staleness=s)
         combined = self.combine(self.buffer, self.buffer_weights, self.buffer_subnets)
         merged = len(self.buffer)
         if clock is not None:
             clock.step(self.buffer_subnets)
+        work, self.buffer_work = self.buffer_work / merged, 0.0
         self.buffer, self.buffer_weights, self.buffer_subnets = [], [], []
         self.outer.step(self.model.params.data, combined, self.step_scale())
-        return Outcome(accepted=True, staleness=s, step=self.step_version(merged))
+        return Outcome(accepted=True, staleness=s, step=self.step_version(merged, work=work))
 
     def _merged(self, w: float, update: np.ndarray) -> np.ndarray:
         """The step one arrival takes: the delta itself, or with ``window > 1`` the
@@ -179,6 +185,7 @@ class DecentralAsync(Strategy):
             "buffer": [b.copy() for b in self.buffer],
             "buffer_weights": list(self.buffer_weights),
             "buffer_subnets": [None if s is None else s.to_state() for s in self.buffer_subnets],
+            "buffer_work": self.buffer_work,
             "recent": None if self.recent is None else self.recent.state_dict(),
             **({} if self.overlap is None else self.overlap.state_dict()),
         }
@@ -192,6 +199,7 @@ class DecentralAsync(Strategy):
         spec = self.model.params.spec
         subnets = state.get("buffer_subnets", [None] * len(self.buffer))
         self.buffer_subnets = [None if s is None else Subnet.from_state(spec, s) for s in subnets]
+        self.buffer_work = float(state.get("buffer_work", len(self.buffer)))
         if self.recent is not None and state.get("recent") is not None:
             self.recent.load_state_dict(state["recent"])
         if self.overlap is not None:

@@ -3,8 +3,9 @@
 One rule for the crowd (strategies/base.py) and the one machine it is measured
 against (crowdgrad/anchor.py). ``observe(loss, at, per)`` counts evaluations
 without a new best; once there are ``patience`` of them and ``at`` has moved
-``patience x per`` since the best (a crowd's rounds of K versions, so that a
-fast crowd's frequent evaluations do not cut sooner), the multiplier is cut by
+``patience x per`` since the best (a crowd's rounds of K tasks on the model's
+progress clock, so that neither a fast crowd's frequent evaluations nor short
+tasks cut sooner), the multiplier is cut by
 ``factor``, not below ``minimum``. A NaN loss is no evidence either way;
 ``patience`` 0 turns the rule off.
 """

@@ -186,7 +186,9 @@ class RoundStrategy(Strategy):
             for tid, t in sorted(self.round_tasks.items())
             if t.state is TaskState.OPEN and tid not in self.results
         )
-        report = self.step_version(len(ids))
+        tasks = self.round_tasks
+        work = sum(tasks[i].work if i in tasks else 1.0 for i in ids) / len(ids)
+        report = self.step_version(len(ids), work=work)
         self._move(RoundPhase.IDLE)
         self.results = {}
         self.weights = {}
