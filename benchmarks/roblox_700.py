@@ -3,7 +3,8 @@
 Issue 33's last simulated target: 700 players on roblox links (50 kB/s each way,
 30 messages/s) train crowd.py's generated job (classify:200,000, model [64, 256,
 256, 10], batch 16) with the job's defaults, at least 10x sooner than one
-machine at its best, with their share of the ideal-data-parallel speedup. As the
+machine at its best, with their share of the ideal-data-parallel speedup
+(``--players`` for the issue's smaller crowds, 8 and 64). As the
 seed's tables and ``simulations.py``'s large preset do, every player and the
 machine compute at ``--flops`` (2.4e8 FLOP/s: the seed's Luau VM,
 docs/simulations.md), so the machine's time is its steps times the FLOPs of a
@@ -15,14 +16,14 @@ step over that rate.
   evaluation every ``--eval-every`` versions on 5,000 held-out rows.
 * **machine**: the same numerics, batch 16, SGD at each ``--lr`` (its best per
   threshold), evaluated every 250 steps.
-* **ideal data parallelism**: one model taking a batch of 700 x 16 rows a step at
-  its best of ``--dp-lr``, each step timed as one batch-16 step: 700 players
-  with free, instant communication averaging every step.
+* **ideal data parallelism**: one model taking a batch of N x 16 rows a step (N
+  the players) at its best of ``--dp-lr``, each step timed as one batch-16 step:
+  N players with free, instant communication averaging every step.
 
 Reported per accuracy threshold: each one's virtual seconds, the crowd's speedup
 (machine / crowd), ideal data parallelism's, and the crowd's share of it.
 
-    python benchmarks/roblox_700.py [--virtual-s 600] [--json]
+    python benchmarks/roblox_700.py [--players 700] [--virtual-s 600] [--json]
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ BATCH = 16
 THRESHOLDS = (0.5, 0.6, 0.7, 0.75, 0.78, 0.80, 0.85, 0.88, 0.90)
 
 
-def scenario(virtual_s: float, flops: float, shards: int, eval_every: int) -> dict[str, Any]:
+def scenario(
+    virtual_s: float, flops: float, shards: int, eval_every: int, players: int = PLAYERS
+) -> dict[str, Any]:
     return {
-        "name": "generated-700-roblox",
+        "name": f"generated-{players}-roblox",
         "seed": 1,
         "job": {
             "model": {"widths": list(WIDTHS)},
@@ -66,14 +69,16 @@ def scenario(virtual_s: float, flops: float, shards: int, eval_every: int) -> di
             "stop": {"max_time_s": virtual_s},
             "eval": {"every_versions": eval_every, "max_samples": 5000},
         },
-        "clients": {"count": PLAYERS, "compute": flops, "latency": 0.05},
+        "clients": {"count": players, "compute": flops, "latency": 0.05},
         "server": {"compute": flops},
         "run": {"mode": "numeric", "sample_every_s": 1.0},
     }
 
 
-def crowd(virtual_s: float, flops: float, shards: int, eval_every: int) -> dict[str, Any]:
-    sim = Simulation(parse_scenario(scenario(virtual_s, flops, shards, eval_every)))
+def crowd(
+    virtual_s: float, flops: float, shards: int, eval_every: int, players: int = PLAYERS
+) -> dict[str, Any]:
+    sim = Simulation(parse_scenario(scenario(virtual_s, flops, shards, eval_every, players)))
     t0 = time.perf_counter()
     r = sim.run()
     curve = [(x.t, x.accuracy) for x in r.series if x.accuracy is not None]
@@ -112,6 +117,7 @@ def one_model(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--players", type=int, default=PLAYERS, help="the crowd's size")
     ap.add_argument("--virtual-s", type=float, default=600.0, help="the crowd's run")
     ap.add_argument(
         "--flops", type=float, default=2.4e8, help="FLOP/s of each player and the machine"
@@ -134,18 +140,19 @@ def main() -> None:
         )
     if min(lrs + dp_lrs) <= 0:
         ap.error("--lr, --dp-lr: every lr must be positive")
-    for name in ("virtual_s", "flops", "shards", "eval_every", "max_steps", "dp_max_steps"):
+    names = ("players", "virtual_s", "flops", "shards", "eval_every", "max_steps", "dp_max_steps")
+    for name in names:
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')}: expected a positive number")
     set_threads(1)
     spec = ModelSpec(widths=WIDTHS)
     step_s = spec.flops_per_sample(train=True) * BATCH / args.flops
-    out: dict[str, Any] = {"players": PLAYERS, "flops": args.flops, "step_s": step_s}
+    out: dict[str, Any] = {"players": args.players, "flops": args.flops, "step_s": step_s}
     ds = classification_task(ROWS, seed=0)
     out["machine"] = one_model(ds, lrs, 1, args.max_steps, 250, step_s)
-    out["data_parallel"] = one_model(ds, dp_lrs, PLAYERS, args.dp_max_steps, 25, step_s)
+    out["data_parallel"] = one_model(ds, dp_lrs, args.players, args.dp_max_steps, 25, step_s)
     if not args.skip_crowd:
-        out["crowd"] = crowd(args.virtual_s, args.flops, args.shards, args.eval_every)
+        out["crowd"] = crowd(args.virtual_s, args.flops, args.shards, args.eval_every, args.players)
     table = []
     for t in map(str, THRESHOLDS):
         m, dp = out["machine"]["best"][t], out["data_parallel"]["best"][t]

@@ -108,8 +108,11 @@ class StrategySection(_Section):
     # decentral-async: each task's lr = lr x min(lr_scale_max, K) ("linear") or
     # sqrt(K), K the crowd's concurrency (the running mean of staleness + 1): K
     # deltas merged at 1/(1+s) average away their noise, as a K-times batch
-    # would, which a larger step can spend (the linear scaling rule)
-    lr_scaling: Literal["none", "linear", "sqrt"] = "linear"
+    # would, which a larger step can spend (the linear scaling rule). "auto":
+    # linear for plain SGD tasks, none for momentum and Adam ones, whose scaled
+    # lr went unstable (the huge preset's 64 players ended at loss 0.075 against
+    # 0.036; docs/performance.md, "Session 12")
+    lr_scaling: Literal["auto", "none", "linear", "sqrt"] = "auto"
     lr_scale_max: float = Field(default=4.0, ge=1, le=100, allow_inf_nan=False)
     # decentral-async: the tasks' lr halves (plateau_factor) each time the
     # held-out loss has not reached a new best for plateau_patience evaluations,

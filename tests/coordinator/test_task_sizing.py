@@ -136,6 +136,28 @@ def test_the_lr_grows_with_the_crowds_concurrency_up_to_its_bound():
     assert sqrt.strategy.lr_scale() == pytest.approx(2.0, rel=1e-3)
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_momentum_and_adam_tasks_keep_the_jobs_lr_unless_the_job_scales_them(optimizer):
+    """By default ("auto") only plain SGD tasks take the crowd's larger lr: a
+    momentum task already steps lr / (1 - momentum), and scaled by K it went
+    unstable (docs/performance.md, "Session 12"). A job may still ask for it."""
+    auto = make_core(strategy={"client_optimizer": optimizer})
+    for _ in range(50):
+        auto.strategy.observe_concurrency(9)
+    assert auto.strategy.lr_scale() == 1.0
+    task = task_of(auto.connect("a", hello("a"), 0.0), "a")
+    assert task.optimizer["kind"] == optimizer
+    assert task.optimizer["lr"] == pytest.approx(auto.job.strategy.lr)
+    linear = make_core(strategy={"client_optimizer": optimizer, "lr_scaling": "linear"})
+    for _ in range(50):
+        linear.strategy.observe_concurrency(9)
+    assert linear.strategy.lr_scale() == linear.job.strategy.lr_scale_max
+    sgd = make_core(strategy={"client_optimizer": "sgd"})
+    for _ in range(50):
+        sgd.strategy.observe_concurrency(9)
+    assert sgd.strategy.lr_scale() == sgd.job.strategy.lr_scale_max
+
+
 def test_norms_are_judged_per_step_at_the_tasks_lr():
     """A task with twice the steps at twice the lr may move four times as far as
     the median task: judged per unit of effort, it is an ordinary update."""

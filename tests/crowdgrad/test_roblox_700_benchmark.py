@@ -18,6 +18,8 @@ def test_the_scenario_is_700_players_on_roblox_links_at_the_machines_rate() -> N
     assert sc.job.data.shards == 64 and sc.job.stop.max_time_s == 60.0
     assert sc.job.strategy.tau == "auto"  # the job's defaults: nothing tuned
     assert sc.server.compute == 2.4e8
+    small = parse_scenario(bench.scenario(60.0, 2.4e8, 64, 20, players=8))
+    assert small.clients.count == 8 and small.name == "generated-8-roblox"
 
 
 def test_each_threshold_takes_the_lr_that_reached_it_in_the_fewest_steps(
