@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 from coordinator.core import events as ev
 from coordinator.core.config import JobConfig
@@ -27,6 +28,9 @@ from coordinator.core.strategies import ClientView, ModelState, Strategy
 from coordinator.core.submodel import SubmodelPlanner
 from coordinator.core.taskwriter import TaskWriter
 from nn.spec import ModelSpec
+from protocol.limits import LinkLimits
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
@@ -48,6 +52,9 @@ class TaskIssuer:
     connections: Connections
     flops_per_sample: float
     v0_crc: int | None
+    #: whether the job was told its shards make tasks spend longer on the link
+    #: than on compute (once a job)
+    said_short_shards: bool = False
 
     def view(self, conn: Conn, rec: ClientRecord, *, connected: int) -> ClientView:
         """What the strategy may know of this client when it asks for work; the
@@ -79,12 +86,16 @@ class TaskIssuer:
         )
         steps = plan.steps
         if st.tau == "auto":
-            steps = sizing(
+            auto = functools.partial(
+                sizing,
                 transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
                 bytes_per_s=conn.limits.bytes_per_s,
                 task_seconds=st.task_seconds,
                 transfer_ratio=st.transfer_ratio,
             )
+            steps = auto()
+            if not self.said_short_shards and steps < auto(rows=0):  # the shard capped it
+                self._say_if_link_bound(steps, plan.batch, rec.rate(), conn.limits, rows)
         round_steps = sizing(
             transfer_bytes=0.0, bytes_per_s=1.0, task_seconds=st.round_seconds, transfer_ratio=0.0
         )
@@ -93,6 +104,31 @@ class TaskIssuer:
             steps=steps,
             lr_scale=self.strategy.lr_scale(),
             work=task_work(steps, round_steps),
+        )
+
+    def _say_if_link_bound(
+        self, steps: int, batch: int, rate: float, limits: LinkLimits, rows: int
+    ) -> None:
+        """Warn, once a job, when a task capped by its shard (``max_epochs``
+        passes) computes for less than its transfers: on slow links most of a
+        player's time is then the link, and fewer, larger shards would carry more
+        training per byte (64 roblox players reached 0.78 1.3x sooner on 16
+        shards than on 64; docs/performance.md, "Session 12")."""
+        compute_s = steps * self.flops_per_sample * batch / max(rate, 1.0)
+        transfer_s = 2 * self.spec.nbytes / limits.bytes_per_s  # as task_steps counts it
+        if compute_s >= transfer_s:
+            return
+        self.said_short_shards = True
+        log.warning(
+            "tasks are capped at %g pass(es) over their %d-row shard: %d steps, %.2g s of "
+            "compute at the client's %.3g FLOP/s against %.2g s of model down and update "
+            "up; fewer, larger shards (data.shards) would carry more training per byte",
+            self.job.strategy.max_epochs,
+            rows,
+            steps,
+            compute_s,
+            rate,
+            transfer_s,
         )
 
     def lease(

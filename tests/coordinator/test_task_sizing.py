@@ -241,3 +241,20 @@ def test_a_task_shorter_than_a_round_counts_for_its_share_of_one():
     assert fixed.model.progress == pytest.approx(3 / round_steps)
     again = restore_core(fixed.job, fixed.state_dict(), seed=0, dataset=digits())
     assert again.model.progress == fixed.model.progress  # the clock survives a checkpoint
+
+
+def test_the_job_is_told_once_when_its_shards_leave_tasks_link_bound(caplog):
+    """A roblox client's task is capped at one pass over a small shard, shorter
+    than its own transfers: the operator hears it once (fewer, larger shards
+    would carry more training per byte); a lan client's is never such."""
+    caplog.set_level("WARNING", logger="coordinator.core.issuing")
+    slow = make_core(strategy={"tau": "auto"}, link={"profile": "roblox"})
+    for name in ("a", "b"):
+        task = task_of(slow.connect(name, hello(name), 0.0), name)
+        assert task.steps * task.batch <= slow.data.shard(task.shard).rows  # one pass
+    said = [r for r in caplog.records if "data.shards" in r.getMessage()]
+    assert len(said) == 1 and "pass(es) over their" in said[0].getMessage()
+    caplog.clear()
+    fast = make_core(strategy={"tau": "auto"}, link={"profile": "lan"})
+    task_of(fast.connect("a", hello("a"), 0.0), "a")
+    assert not [r for r in caplog.records if "data.shards" in r.getMessage()]
