@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 
 from coordinator.core import events as ev
 from coordinator.core.config import JobConfig
@@ -94,8 +95,8 @@ class TaskIssuer:
                 transfer_ratio=st.transfer_ratio,
             )
             steps = auto()
-            if not self.said_short_shards and steps < auto(rows=0):  # the shard capped it
-                self._say_if_link_bound(steps, plan.batch, rec.rate(), conn.limits, rows)
+            if not self.said_short_shards:
+                self._say_if_link_bound(steps, plan.batch, rec.rate(), conn.limits, rows, auto)
         round_steps = sizing(
             transfer_bytes=0.0, bytes_per_s=1.0, task_seconds=st.round_seconds, transfer_ratio=0.0
         )
@@ -107,7 +108,13 @@ class TaskIssuer:
         )
 
     def _say_if_link_bound(
-        self, steps: int, batch: int, rate: float, limits: LinkLimits, rows: int
+        self,
+        steps: int,
+        batch: int,
+        rate: float,
+        limits: LinkLimits,
+        rows: int,
+        auto: Callable[..., int],
     ) -> None:
         """Warn, once a job, when a task capped by its shard (``max_epochs``
         passes) computes for less than its transfers: on slow links most of a
@@ -116,7 +123,9 @@ class TaskIssuer:
         shards than on 64; docs/performance.md, "Session 12")."""
         compute_s = steps * self.flops_per_sample * batch / max(rate, 1.0)
         transfer_s = 2 * self.spec.nbytes / limits.bytes_per_s  # as task_steps counts it
-        if compute_s >= transfer_s:
+        # Sized by transfer_ratio, a task computes 5x its transfer unless its
+        # shard caps it: only a link-bound task asks again without the cap.
+        if compute_s >= transfer_s or steps >= auto(rows=0):
             return
         self.said_short_shards = True
         log.warning(
