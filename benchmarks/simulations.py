@@ -19,8 +19,10 @@ same codec; then ``lan`` and roblox top-k both ways for 800 steps (whole waves
 of tasks); ``--topk F,...`` adds the 800-step roblox row with sparser top-k.
 Then the crowd at its own settings (TUNED_*): FedAsync and synchronous rounds
 on lan, top-k and dense int8 on roblox. Last, the job's defaults (an empty strategy
-table: what an operator gets) for 600 virtual s on lan, and on roblox in fp32 and with
-int8 both ways. Two speedups per row. ``speedup``
+table: what an operator gets) for 600 virtual s on lan, and on roblox with the job's
+codecs (``codecs.slow_link`` auto: int8 models and updates on that link), in fp32
+(``slow_link`` off, the default before session 13) and with int8 both ways and int8
+deltas. Rows labelled fp32 pin ``slow_link`` off. Two speedups per row. ``speedup``
 counts steps per unit of time: the crowd's steps done by the modelled single
 machine (steps x FLOP/step / rate) over the crowd's time, whatever loss either
 reaches (what the seed measured). ``at_equal_loss`` is the one ML means, per
@@ -121,7 +123,9 @@ def _large(
         # players ask for prefetch where it is offered; the defaults rows keep the job's
         "lease": {} if defaults else {"min_s": 600.0, "prefetch": prefetch},
     }
-    if codecs:
+    if codecs is None:  # fp32 every way, as labelled, whatever the link
+        codecs = {"slow_link": "off"}
+    if codecs:  # JOB_CODECS ({}): the job's own, slow_link auto included
         job["codecs"] = codecs
     return {
         "name": f"large-{link}",
@@ -222,6 +226,8 @@ TUNED_ASYNC = {"lr": 0.03, "alpha": 0.3}
 TUNED_SYNC = {"name": "decentral-sync", "lr": 0.03, "outer_lr": 1.5}
 TUNED_DENSE = {**TUNED_ASYNC, "tau": 50}
 INT8 = {"model": "int8", "update": "int8", "delta": "int8"}
+#: the job's own codecs (an empty codecs table); None means fp32 every way
+JOB_CODECS: dict[str, Any] = {}
 #: the job's own defaults (an empty strategy table), run for DEFAULTS_VIRTUAL_S virtual s
 DEFAULTS: dict[str, Any] = {}
 DEFAULTS_VIRTUAL_S = 600.0
@@ -252,7 +258,14 @@ def speedup(
         ("roblox", both_label, both, 1600, TUNED_ASYNC),
         ("roblox", "int8 both ways, delta downloads int8", INT8, 4000, TUNED_DENSE),
         ("roblox", "int4 both ways, delta downloads int4", INT4, 4000, {**TUNED_SYNC, "tau": 25}),
-        ("lan", "fp32", None, 0, DEFAULTS),
+        ("lan", "fp32 (the job's codecs)", JOB_CODECS, 0, DEFAULTS),
+        (
+            "roblox",
+            "the job's codecs (slow_link auto: int8 models and updates)",
+            JOB_CODECS,
+            0,
+            DEFAULTS,
+        ),
         ("roblox", "fp32", None, 0, DEFAULTS),
         ("roblox", "int8 both ways, delta downloads int8", INT8, 0, DEFAULTS),
     ]

@@ -18,7 +18,8 @@ sizes only:
   the round).
 
 What it leaves out, and the report says so: no accuracy, no staleness effects
-on convergence, no server-side pacing beyond the links themselves, no leases.
+on convergence, no server-side pacing beyond the links themselves, no leases,
+no codecs (every transfer is fp32, a slow link's int8 of linkcodecs.py too).
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from compression import CodecId
+from coordinator.core.config import JobConfig
+from coordinator.core.linkcodecs import choose
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits
 
@@ -114,6 +117,14 @@ def transfer_seconds(nbytes: int, limits: LinkLimits, latency: float = 0.0) -> f
     """One transfer of ``nbytes`` cut into frames of at most ``max_message_bytes``."""
     frames = max(1, math.ceil(nbytes / limits.max_message_bytes))
     return limits.transfer_seconds(nbytes, frames) + latency
+
+
+def job_bytes_per_param(job: JobConfig, limits: LinkLimits) -> float:
+    """Bytes a parameter takes on this link in this job: its model codec's, or the
+    slow-link codec's where the coordinator gives it to a client on such a link
+    (coordinator/core/linkcodecs.py; every in-tree client lists it)."""
+    codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
+    return codecs.model_bytes / job.spec.num_params
 
 
 def inputs_from_model(

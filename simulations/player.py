@@ -31,6 +31,7 @@ from client.session import (
     Phase,
     Send,
 )
+from coordinator.core.linkcodecs import slow_codec
 from coordinator.core.machine import Coordinator
 from nn.data import Dataset
 from nn.params import Params
@@ -117,9 +118,11 @@ class Player:
         self.index = index
         self.rng = sim.engine.rng(f"{self.STREAM}/{index}")
         self.flops = max(1.0, sim.scenario.clients.sample_flops(self.rng))
-        # every codec of the job, the delta codec too: a client offers what it decodes
-        # (the coordinator sends deltas only to a client that lists their codec)
-        job_codecs = (sim.job.codecs.model, sim.job.codecs.update, sim.job.codecs.delta)
+        # every codec of the job, the delta and slow-link ones too: a client offers
+        # what it decodes (the coordinator sends deltas only to a client that lists
+        # their codec, the slow-link codec only to one that lists it)
+        c = sim.job.codecs
+        job_codecs = (c.model, c.update, c.delta, slow_codec(sim.job))
         codecs = tuple(sorted({c for c in job_codecs if c is not None}))
         cache = MemoryCache()  # a player's shards outlive its reconnects
         if sim.scenario.clients.warm_data:

@@ -299,6 +299,12 @@ class CodecSection(_Section):
     in a row, which bounds the drift a lossy delta codec accumulates).
     ``error_feedback`` makes clients keep what the update codec dropped and add
     it to their next update.
+
+    ``slow_link``: the codec of every transfer (model, delta, update) to a client
+    whose link, not its compute, sets its task's length (coordinator/core/linkcodecs.py):
+    ``auto`` is ``int8`` for a job on the default fp32 codecs without replication,
+    sub-model or layer-split tasks and off otherwise; ``off`` keeps every client on
+    the codecs above.
     """
 
     model: str = "fp32"
@@ -307,12 +313,13 @@ class CodecSection(_Section):
     delta: str | None = None
     delta_versions: int = Field(default=16, ge=1)
     max_delta_chain: int = Field(default=16, ge=1)
+    slow_link: str = "auto"
 
     @model_validator(mode="after")
     def _known_codecs(self) -> CodecSection:
-        for key in ("model", "update", "delta"):
+        for key in ("model", "update", "delta", "slow_link"):
             name = getattr(self, key)
-            if name is None:
+            if name is None or (key == "slow_link" and name in ("auto", "off")):
                 continue
             try:
                 get(name)
@@ -425,6 +432,11 @@ class JobConfig(_Section):
         c = self.codecs
         if c.model != "fp32" or c.update != "fp32" or c.delta not in (None, "fp32"):
             raise ValueError("replication.enabled: needs fp32 codecs (model, update, delta)")
+        if c.slow_link not in ("auto", "off", "fp32"):
+            raise ValueError(
+                f"replication.enabled: needs fp32 codecs; codecs.slow_link {c.slow_link!r} "
+                "would make a slow client's results differ (use 'auto' or 'off')"
+            )
         if c.error_feedback:
             raise ValueError("replication.enabled: error feedback makes results differ")
         return self
@@ -447,6 +459,11 @@ class JobConfig(_Section):
             )
         if self.replication.enabled:
             raise ValueError("submodel.mode: replication of sub-model tasks is not supported")
+        if self.codecs.slow_link not in ("auto", "off"):
+            raise ValueError(
+                "codecs.slow_link: a sub-model job sizes its slices in its own codecs "
+                "(codecs.model, codecs.update); use 'auto' or 'off'"
+            )
         if self.codecs.error_feedback and self.submodel.mode != "nested":
             raise ValueError(
                 "codecs.error_feedback: a client's residual belongs to its last subnet's "
@@ -473,12 +490,14 @@ class JobConfig(_Section):
                 "split.cut: needs strategy.name 'decentral-async', aggregation 'fedasync' "
                 "and window = 1 (each block's result lands alone)"
             )
-        if self.codecs.update.startswith("topk"):
-            raise ValueError(
-                f"split.cut: codecs.update {self.codecs.update!r} keeps a few values of "
-                "each block, and a lower result's boundary activations travel in it too; "
-                "use a dense codec (fp32, fp16, int8, int4)"
-            )
+        for key in ("update", "slow_link"):
+            name = getattr(self.codecs, key)
+            if name.startswith("topk"):
+                raise ValueError(
+                    f"split.cut: codecs.{key} {name!r} keeps a few values of "
+                    "each block, and a lower result's boundary activations travel in it "
+                    "too; use a dense codec (fp32, fp16, int8, int4)"
+                )
         for on, what in (
             (self.submodel.enabled, "submodel.mode"),
             (self.replication.enabled, "replication.enabled"),

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from coordinator.core import events as ev
 from coordinator.core.leases import LeaseBook
+from coordinator.core.linkcodecs import LinkCodecs
 from coordinator.core.uploads import Uploads
 from protocol import messages as m
 from protocol.errors import CLOSE_NORMAL, ErrorCode, ProtocolError
@@ -75,11 +76,13 @@ class Conn:
     client_id: str
     limits: LinkLimits
     uploads: Uploads
+    #: the codecs of this link's transfers (linkcodecs.choose)
+    codecs: LinkCodecs
     #: frames waiting for the link, released by the granted limits' pacer
     outbox: PacedOutbox[ev.Send] = field(init=False)
     meter: RateMeter = field(init=False)
     state: ConnState = ConnState.READY
-    #: the client applies model deltas in the job's delta codec (from hello)
+    #: the client applies model deltas in ``codecs.delta`` (from hello)
     deltas: bool = False
     #: deltas sent in a row since the last full model (drift bound)
     delta_chain: int = 0

@@ -14,6 +14,7 @@ from compression import CodecError
 from compression import get as get_codec
 from coordinator.core.config import JobConfig
 from coordinator.core.connections import Conn
+from coordinator.core.linkcodecs import choose as choose_codecs
 from coordinator.core.uploads import Uploads
 from nn.spec import INIT_SCHEME, ModelSpec
 from protocol import messages as m
@@ -81,14 +82,14 @@ def open_conn(
     seeded_v0: bool,
 ) -> Conn:
     """A connection under the negotiated ``limits``, with what the checked hello
-    says the client can do. ``seeded_v0``: this coordinator's version 0 is the
-    job's init seed's, so a client with the portable scheme builds it itself."""
+    says the client can do and the codecs its link gets (linkcodecs.py).
+    ``seeded_v0``: this coordinator's version 0 is the job's init seed's, so a
+    client with the portable scheme builds it itself."""
     # A layer-split lower result also carries its shard's boundary rows.
     extra = MAX_BOUNDARY_ROWS if job.split.enabled else 0
-    conn = Conn(client_id, limits, Uploads(spec, job.codecs.update, extra_rows=extra))
-    conn.deltas = (
-        hello.deltas and job.codecs.delta is not None and _codec_id(job.codecs.delta) in offered
-    )
+    codecs = choose_codecs(job, spec, limits, offered)
+    conn = Conn(client_id, limits, Uploads(spec, codecs.update, extra_rows=extra), codecs)
+    conn.deltas = hello.deltas and codecs.delta is not None and _codec_id(codecs.delta) in offered
     conn.seeded_init = INIT_SCHEME in hello.init_schemes and seeded_v0
     conn.spans = hello.spans
     conn.data = hello.data

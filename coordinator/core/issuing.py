@@ -5,7 +5,8 @@ lease whose deadline covers the client's measured compute and its link, queues
 the task message and its model frames behind whatever the client has queued, and
 returns the ``TaskLeased`` event. A plan sized ``tau = "auto"`` computes for the
 job's ``task_seconds`` and ``transfer_ratio`` times its transfer at the client's
-measured speed (leases.task_steps), its lr scaled as the strategy says.
+measured speed (leases.task_steps), the transfer counted in its link's codecs
+(linkcodecs.py), its lr scaled as the strategy says.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from coordinator.core.strategies import ClientView, ModelState, Strategy
 from coordinator.core.submodel import SubmodelPlanner
 from coordinator.core.taskwriter import TaskWriter
 from nn.spec import ModelSpec
-from protocol.limits import LinkLimits
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,14 @@ class TaskIssuer:
         if st.tau == "auto":
             auto = functools.partial(
                 sizing,
-                transfer_bytes=2 * self.spec.nbytes,  # the model down, the update up
+                transfer_bytes=conn.codecs.round_trip_bytes,  # the model down, the update up
                 bytes_per_s=conn.limits.bytes_per_s,
                 task_seconds=st.task_seconds,
                 transfer_ratio=st.transfer_ratio,
             )
             steps = auto()
             if not self.said_short_shards:
-                self._say_if_link_bound(steps, plan.batch, rec.rate(), conn.limits, rows, auto)
+                self._say_if_link_bound(steps, plan.batch, rec.rate(), conn, rows, auto)
         round_steps = sizing(
             transfer_bytes=0.0, bytes_per_s=1.0, task_seconds=st.round_seconds, transfer_ratio=0.0
         )
@@ -112,7 +112,7 @@ class TaskIssuer:
         steps: int,
         batch: int,
         rate: float,
-        limits: LinkLimits,
+        conn: Conn,
         rows: int,
         auto: Callable[..., int],
     ) -> None:
@@ -122,7 +122,7 @@ class TaskIssuer:
         training per byte (64 roblox players reached 0.78 1.3x sooner on 16
         shards than on 64; docs/performance.md, "Session 12")."""
         compute_s = steps * self.flops_per_sample * batch / max(rate, 1.0)
-        transfer_s = 2 * self.spec.nbytes / limits.bytes_per_s  # as task_steps counts it
+        transfer_s = conn.codecs.round_trip_bytes / conn.limits.bytes_per_s  # as task_steps
         # Sized by transfer_ratio, a task computes 5x its transfer unless its
         # shard caps it: only a link-bound task asks again without the cap.
         if compute_s >= transfer_s or steps >= auto(rows=0):
@@ -178,12 +178,14 @@ class TaskIssuer:
         seeded = conn.seeded_init and rec.version_held is None and task.version == 0
         if sub is not None:  # its slice, whatever the client holds
             seeded = False
-            dl, conn.delta_chain = self.downloads.subnet(task, conn.limits, conn.spans), 0
+            dl = self.downloads.subnet(task, conn.limits, conn.spans, conn.codecs.model)
+            conn.delta_chain = 0
         elif part is not None:  # a layer-split block, the same
             assert self.split is not None and task.block is not None
             seeded = False
             block = self.split.slice(task.block, self.model.params)
-            dl, conn.delta_chain = self.downloads.part(task, block, conn.limits, conn.spans), 0
+            dl = self.downloads.part(task, block, conn.limits, conn.spans, conn.codecs.model)
+            conn.delta_chain = 0
         else:
             dl, conn.delta_chain = self.downloads.plan(
                 task_version=task.version,
@@ -193,6 +195,7 @@ class TaskIssuer:
                 chain=conn.delta_chain,
                 limits=conn.limits,
                 spans=conn.spans,
+                codecs=conn.codecs,
             )
         model_bytes = dl.nbytes
         shard = self.data.shard(task.shard)
@@ -207,9 +210,11 @@ class TaskIssuer:
         flops = per_sample * task.steps * task.batch
         # A queued task starts when the one in front is done: about one task later.
         compute_s = flops / rec.rate() * (2 if queued else 1)
+        # the update up: a whole model's in the link's codec, else the slice's in fp32
+        up_bytes = conn.codecs.update_bytes if trained is self.spec else trained.nbytes
         lease_s = lease_seconds(
             compute_s=compute_s,
-            nbytes=model_bytes + data_bytes + trained.nbytes,
+            nbytes=model_bytes + data_bytes + up_bytes,
             bytes_per_s=conn.limits.bytes_per_s,
             min_s=self.job.lease.min_s,
             slack=self.job.lease.slack,
@@ -222,6 +227,7 @@ class TaskIssuer:
             queued=queued,
             holder=rec.resume_id,
         )
+        lease.upload_codec = conn.codecs.update
         msg = self.tasks.message(
             task,
             dl,
@@ -231,6 +237,7 @@ class TaskIssuer:
             init_crc=self.v0_crc,
             part=part,
             boundary=self.split.cut if part is not None and task.block == LOWER else None,
+            upload_codec=conn.codecs.update,
         )
         task_bytes = self.connections.queue(conn, msg)
         self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))

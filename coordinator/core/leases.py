@@ -161,6 +161,8 @@ class Lease:
     resolved_at: float | None = None
     #: who may answer it: the client's resume id, which outlives its connection id
     holder: str = ""
+    #: the update codec its task message named (linkcodecs: the holder's link's)
+    upload_codec: str | None = None
 
     @property
     def live(self) -> bool:

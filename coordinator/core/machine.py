@@ -386,14 +386,16 @@ class Coordinator:
                     if task.block == LOWER:  # the update, then its rows' boundary
                         rows = self.data.shard(task.shard).rows
                         layout = self.split.result_layout(LOWER, rows)
+                lease = None if task is None else self.results.lease_for(task, rec)
                 conn.uploads.start(
                     msg,
                     nbytes,
                     spec=spec,
                     layout=layout,
                     extra=int(layout is not None),
-                    taken=task is not None and self.results.lease_for(task, rec) is not None,
+                    taken=lease is not None,
                     keep_wire=subnet is not None and self.merges_in_place,
+                    codec=None if lease is None else lease.upload_codec,
                 )
             case m.Chunk():
                 upload = conn.uploads.chunk(msg, nbytes)

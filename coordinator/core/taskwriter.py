@@ -81,8 +81,10 @@ class TaskWriter:
         init_crc: int | None,
         part: ModelSpec | None = None,
         boundary: int | None = None,
+        upload_codec: str | None = None,
     ) -> m.Task:
         """The task as leased: ``dl`` is how its model reaches the client,
+        ``upload_codec`` the codec of its result (None: the job's),
         ``shards`` whether the client fetches shards by hash, ``seeded`` whether it
         builds version 0 itself from the init seed (``init_crc`` checks it).
         ``part``: a layer-split block's spec, ``boundary`` its cut (a lower block)."""
@@ -106,7 +108,7 @@ class TaskWriter:
             base_version=dl.version if dl.kind == "none" else None,
             model_transfer=dl.transfer if send_model else None,
             num_chunks=len(dl.chunks),
-            upload_codec=self._job.codecs.update,
+            upload_codec=upload_codec or self._job.codecs.update,
             error_feedback=self._job.codecs.error_feedback,
             delta_base=dl.delta_base,
             init_seed=self._job.model.init_seed if seeded else None,

@@ -72,6 +72,9 @@ class Upload:
 
     result: m.Result
     reasm: Reassembler | Dropped
+    #: the update codec its task named, and its wire id: every chunk's
+    codec: str = "fp32"
+    codec_id: int = 0
     frame_bytes: int = 0
     payload_bytes: int = 0
     #: the chunks as they came, kept when a journal may log the result in its wire
@@ -116,7 +119,8 @@ class Uploads:
         #: and ``extra_rows`` more: a layer-split lower block's boundary rows)
         self._rows = sum(b.rows for b in params_layout(spec)) + extra_rows
         self._codec_name = codec
-        #: the job's update codec: every chunk must be in it
+        #: the connection's update codec: a result's chunks are in it unless its
+        #: task named another (``start``'s ``codec``)
         self._codec = int(get_codec(codec).id)
         self._open: dict[str, Upload] = {}
 
@@ -130,11 +134,13 @@ class Uploads:
         extra: int = 0,
         taken: bool = True,
         keep_wire: bool = False,
+        codec: str | None = None,
     ) -> None:
         """A result header: chunks for ``msg.task_id`` follow, in the layout of
         ``spec`` (a sub-model task's subnet) or else of the job's model; or in
         ``layout`` (a layer-split block's), whose last ``extra`` blocks follow the
-        update's.
+        update's; every chunk in ``codec`` (the task's ``upload_codec``; None: the
+        connection's).
         ``taken=False``: the sender does not hold the task; see the module docstring.
         ``keep_wire``: keep the chunks too (``Upload.wire``)."""
         if msg.num_chunks < 1:
@@ -161,7 +167,12 @@ class Uploads:
             )
         else:
             reasm = Dropped(msg.task_id, msg.num_chunks)
-        upload = self._open[msg.task_id] = Upload(msg, reasm, extra=extra if taken else 0)
+        name, wire_id = (
+            (self._codec_name, self._codec) if codec is None else (codec, int(get_codec(codec).id))
+        )
+        upload = self._open[msg.task_id] = Upload(
+            msg, reasm, codec=name, codec_id=wire_id, extra=extra if taken else 0
+        )
         if keep_wire and taken:
             upload.wire = []
         upload.frame_bytes += _frame_bytes(msg, nbytes)
@@ -173,11 +184,11 @@ class Uploads:
             raise ProtocolError(
                 ErrorCode.UNKNOWN_TASK, f"chunk.transfer {msg.transfer!r}: no result sent"
             )
-        if msg.codec != self._codec:
+        if msg.codec != upload.codec_id:
             raise ProtocolError(
                 ErrorCode.BAD_CHUNK,
                 f"chunk {msg.seq} of {msg.transfer!r}: codec id {msg.codec}, the task "
-                f"asked for {self._codec_name!r} (id {self._codec})",
+                f"asked for {upload.codec!r} (id {upload.codec_id})",
             )
         upload.reasm.add(msg)
         if upload.wire is not None:

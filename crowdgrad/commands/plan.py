@@ -24,7 +24,7 @@ from coordinator.core.strategies import serves_prefetch
 from crowdgrad.cli import UsageError
 from nn.spec import ModelSpec, parse_widths
 from protocol.limits import PROFILES, profile
-from simulations.plan import PlanInputs, estimate, inputs_from_model
+from simulations.plan import PlanInputs, estimate, inputs_from_model, job_bytes_per_param
 from simulations.runner import run_scenario
 from simulations.scenario import (
     MACHINE_FLOPS,
@@ -146,6 +146,7 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         latency=sc.clients.latency.mean,
         steps=steps,
         tau=sc.job.strategy.nominal_tau,
+        bytes_per_param=job_bytes_per_param(job, sc.limits),  # its codecs on its link
         contention=args.contention or "independent",
         prefetch=prefetch,
     )

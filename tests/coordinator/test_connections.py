@@ -13,6 +13,7 @@ from coordinator.core.connections import (
     ConnState,
 )
 from coordinator.core.leases import LeaseBook, TaskPlan
+from coordinator.core.linkcodecs import LinkCodecs
 from coordinator.core.uploads import Uploads
 from nn.spec import ModelSpec
 from protocol import messages as m
@@ -20,7 +21,9 @@ from protocol.limits import profile
 
 
 def _conn(client_id: str) -> Conn:
-    return Conn(client_id, profile("lan"), Uploads(ModelSpec(widths=(4, 2)), "fp32"))
+    spec = ModelSpec(widths=(4, 2))
+    codecs = LinkCodecs.of(spec, "fp32", "fp32", None)
+    return Conn(client_id, profile("lan"), Uploads(spec, "fp32"), codecs)
 
 
 def test_every_phase_has_a_row_and_closed_is_final() -> None:

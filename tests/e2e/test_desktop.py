@@ -55,3 +55,19 @@ def test_duty_cycled_client_contributes() -> None:
         assert service.done.wait(60)
         assert p["half"].wait(30) == 0
     assert len(rec.of(ev.ResultAccepted)) >= 4
+
+
+def test_a_desktop_client_on_a_slow_link_moves_int8_both_ways() -> None:
+    """On ``mobile`` links (250 kB/s) the model's fp32 round trip sets the task's
+    length, so the coordinator sends the real client int8 models and asks for int8
+    updates (codecs.slow_link auto); the job trains all the same."""
+    job = digits_job(link={"profile": "mobile"}, stop={"max_versions": 6, "target_accuracy": None})
+    nbytes = job.spec.nbytes
+    with running(job) as (bg, service, rec), clients(bg.url, ["far"]) as procs:
+        assert service.done.wait(120)
+        assert procs["far"].wait(30) == 0
+    accepted = rec.of(ev.ResultAccepted)
+    assert len(accepted) >= 6
+    assert all(0 < a.payload_bytes < nbytes / 3 for a in accepted)
+    full = [t for t in rec.of(ev.TaskLeased) if t.download == "full"]
+    assert full and all(t.download_bytes < nbytes / 3 for t in full)

@@ -133,7 +133,9 @@ def test_linear_anchor_follows_the_jobs_schedule(digits):
 def test_players_take_delta_downloads_in_a_codec_of_their_own(digits):
     """A job whose delta codec is neither its model nor its update codec: the
     players offer it too, so later downloads are deltas (fp16: about half the
-    bytes of the fp32 model; 57 % of the bytes here), not whole models."""
+    bytes of the fp32 model; 57 % of the bytes here), not whole models. The
+    whole models are fp32 here (``slow_link`` off: on these roblox links the
+    job's codecs would otherwise be int8)."""
 
     def run(codecs):
         sc = small("decentral-async", target=0.99, warm_data=True)
@@ -141,7 +143,7 @@ def test_players_take_delta_downloads_in_a_codec_of_their_own(digits):
         run = sc.run.model_copy(update={"max_steps": 400})
         return Simulation(sc.model_copy(update={"job": job, "run": run}), dataset=digits).run()
 
-    whole, deltas = run({}), run({"delta": "fp16"})
+    whole, deltas = run({"slow_link": "off"}), run({"delta": "fp16"})
     assert deltas.summary["results_accepted"] == whole.summary["results_accepted"]
     assert deltas.summary["bytes_down"] < 0.8 * whole.summary["bytes_down"]
 
@@ -315,13 +317,16 @@ def test_prefetching_the_next_task_hides_the_download(digits):
     Time to target moves by several evaluations from seed to seed (one seed of
     these three is slower with prefetch), so the check is on the sum. The merge
     weights are the ones this was measured with (alpha 0.6 and the hinge at
-    a = 0.5, b = 4, the defaults before issue 33), for 10-step tasks."""
+    a = 0.5, b = 4, the defaults before issue 33), for 10-step tasks, and so are
+    the codecs (fp32: the job's default on these links is int8 since session 13,
+    and the downloads it hides are a quarter as long)."""
     hinge = {"kind": "hinge", "a": 0.5, "b": 4}
     times = {True: 0.0, False: 0.0}
     for seed in (1, 2, 3):
         runs = {}
         for prefetch in (True, False):
             data = _crowd(8, hinge, prefetch=prefetch, alpha=0.6)
+            data["job"]["codecs"] = {"slow_link": "off"}
             data["seed"] = seed
             runs[prefetch] = s = Simulation(parse_scenario(data), dataset=digits).run().summary
             assert s["reason"] == "target_accuracy"
@@ -340,7 +345,9 @@ def test_a_crowd_of_700_players_gets_there_faster_than_8(digits):
     independent of the crowd: 700 players on roblox links reach 0.90 on digits
     sooner than 8 do (docs/simulations.md, "Beyond the seed"; with 1/(1+s),
     the default since issue 33, 15.8 s against 24.2 s). Under the old
-    polynomial scale the 700-player run collapsed to one class."""
+    polynomial scale the 700-player run collapsed to one class in fp32 (0.10);
+    in int8, the default on these links since session 13, it ends at 0.72 by the
+    early stop, never at the target."""
     crowd = Simulation(parse_scenario(_crowd(700, {})), dataset=digits).run().summary
     few = Simulation(parse_scenario(_crowd(8, {})), dataset=digits).run().summary
     assert crowd["reason"] == few["reason"] == "target_accuracy"
@@ -348,7 +355,7 @@ def test_a_crowd_of_700_players_gets_there_faster_than_8(digits):
     assert parse_scenario(_crowd(8, {})).job.strategy.staleness.kind == "hinge"  # the default
     poly = {"kind": "polynomial", "a": 0.5}
     old = Simulation(parse_scenario(_crowd(700, poly)), dataset=digits).run().summary
-    assert old["reason"] == "max_time" and old["accuracy"] < 0.6
+    assert old["reason"] != "target_accuracy" and old["accuracy"] < 0.75
 
 
 def test_players_pay_for_shards_on_their_links_unless_their_cache_is_warm(digits):

@@ -3,7 +3,13 @@ import pytest
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits, profile
 from simulations.driver import Simulation
-from simulations.plan import PlanInputs, estimate, inputs_from_model, transfer_seconds
+from simulations.plan import (
+    PlanInputs,
+    estimate,
+    inputs_from_model,
+    job_bytes_per_param,
+    transfer_seconds,
+)
 from simulations.scenario import parse_scenario
 
 
@@ -112,6 +118,8 @@ def _simulated_speedup(preset: str, *, compute: float, steps: int, prefetch: boo
                 "stop": {"max_time_s": 36_000},
                 "eval": {"every_versions": 1000},
                 "lease": {"min_s": 600.0, "prefetch": prefetch},  # players ask where offered
+                # fp32 every way, as estimated below (the job's default is int8 on roblox)
+                "codecs": {"slow_link": "off"},
             },
             "clients": {
                 "count": 8,
@@ -138,6 +146,16 @@ def _simulated_speedup(preset: str, *, compute: float, steps: int, prefetch: boo
         prefetch=prefetch,
     )
     return summary["speedup"], table(inputs)["decentral-async"][1]
+
+
+def test_the_estimate_counts_the_bytes_a_parameter_takes_on_the_link():
+    """fp32 on lan; int8 (a byte and a scale per row) where the coordinator gives a
+    slow link int8; fp32 again where the job turns that off."""
+    job = parse_scenario({"job": {"model": {"preset": "small", "loss": "mse"}}}).job
+    assert job_bytes_per_param(job, profile("lan")) == 4.0
+    assert 1.0 < job_bytes_per_param(job, profile("roblox")) < 1.5  # 1.28: narrow rows
+    off = job.replace(codecs={"slow_link": "off"})
+    assert job_bytes_per_param(off, profile("roblox")) == 4.0
 
 
 def test_the_estimate_meets_a_simulated_run_with_and_without_prefetch():

@@ -9,8 +9,9 @@ from simulations.scenario import load_raw, parse_scenario, resolve
 
 def run(submodel: bool, *, warm: bool = False) -> dict:
     data = load_raw(resolve("submodel-smoke"))
-    if not submodel:
+    if not submodel:  # whole-model tasks in the same codec as the slices (fp32)
         data["job"].pop("submodel")
+        data["job"].setdefault("codecs", {})["slow_link"] = "off"
     if warm:
         data["clients"]["warm_data"] = True
     sim = Simulation(parse_scenario(data, source="submodel-smoke"))

@@ -1,0 +1,95 @@
+"""Codecs per connection: a client whose link sets its task's length moves fewer bytes.
+
+A task sized ``tau = "auto"`` computes for ``task_seconds``, or for ``transfer_ratio``
+times its transfers where that is longer (leases.task_steps). When the link wins,
+the client spends most of its time on the link or on a task longer than the job
+asks for, and every byte saved is training time: such a client gets the job's
+``codecs.slow_link`` codec (``int8`` under ``auto``) for its full models, its
+deltas and its updates. Every other client keeps the job's codecs, so a job on a
+fast link is unchanged. A client whose hello does not list the slow codec keeps
+the job's too (it is never refused for it).
+
+The choice is made once a connection, from the link the handshake granted; the
+lease remembers the update codec its task named, so a result is checked against
+what its own task asked for. Measured in docs/performance.md ("Session 13").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compression import get as get_codec
+from coordinator.core.config import JobConfig
+from nn.spec import ModelSpec
+from protocol.chunking import params_layout
+from protocol.limits import LinkLimits
+
+#: what ``codecs.slow_link = "auto"`` means where the job allows it
+AUTO_SLOW_CODEC = "int8"
+
+
+def encoded_bytes(spec: ModelSpec, codec: str) -> int:
+    """Payload bytes of a whole model (or a whole update) in ``codec``."""
+    c = get_codec(codec)
+    return sum(c.encoded_size(b.shape) for b in params_layout(spec))
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCodecs:
+    """The codecs of one connection's transfers, and a whole model's bytes in them."""
+
+    model: str
+    update: str
+    delta: str | None
+    model_bytes: int
+    update_bytes: int
+
+    @classmethod
+    def of(cls, spec: ModelSpec, model: str, update: str, delta: str | None) -> LinkCodecs:
+        return cls(model, update, delta, encoded_bytes(spec, model), encoded_bytes(spec, update))
+
+    @property
+    def round_trip_bytes(self) -> int:
+        """The model down and the update up: what a task's sizing counts as its transfer."""
+        return self.model_bytes + self.update_bytes
+
+
+def slow_codec(job: JobConfig) -> str | None:
+    """The codec a slow client gets in this job, or None (every client on the job's).
+
+    ``auto`` stays off where the job's results or slices depend on its own codecs:
+    replication compares two clients' uploads bit for bit, a sub-model job sizes
+    slices in its codecs, a layer-split job's boundary travels in its update codec;
+    and where the operator already chose codecs other than fp32."""
+    name = job.codecs.slow_link
+    if name == "off":
+        return None
+    if name != "auto":
+        return name
+    c = job.codecs
+    own = c.model == "fp32" and c.update == "fp32" and c.delta in (None, "fp32")
+    special = job.replication.enabled or job.submodel.enabled or job.split.enabled
+    return AUTO_SLOW_CODEC if own and not special else None
+
+
+def link_bound(job: JobConfig, round_trip_bytes: int, limits: LinkLimits) -> bool:
+    """Whether this link, not the client's compute, sets an auto-sized task's length:
+    ``transfer_ratio`` times the round trip outlasts ``task_seconds``."""
+    st = job.strategy
+    transfer_s = round_trip_bytes / limits.bytes_per_s
+    return st.transfer_ratio * transfer_s > st.task_seconds
+
+
+def choose(job: JobConfig, spec: ModelSpec, limits: LinkLimits, offered: set[int]) -> LinkCodecs:
+    """The codecs of a connection granted ``limits`` whose hello decodes the wire
+    ids ``offered``: the job's, or the slow-link codec in every direction."""
+    c = job.codecs
+    own = LinkCodecs.of(spec, c.model, c.update, c.delta)
+    slow = slow_codec(job)
+    if slow is None or int(get_codec(slow).id) not in offered:
+        return own
+    if not link_bound(job, own.round_trip_bytes, limits):
+        return own
+    # A delta in the slow codec is as large as the model in it: deltas only where
+    # the job sends them anyway (their error is smaller than the model's).
+    return LinkCodecs.of(spec, slow, slow, slow if c.delta is not None else None)

@@ -1,0 +1,141 @@
+"""Codecs per connection (coordinator/core/linkcodecs.py): a client whose link sets
+its task's length moves int8, everyone else the job's codecs; its result is
+checked against the codec its own task named."""
+
+from __future__ import annotations
+
+import pytest
+
+from compression import CodecId
+from coordinator.core.config import JobConfigError, parse_job
+from coordinator.core.linkcodecs import choose, encoded_bytes, link_bound, slow_codec
+from protocol import messages as m
+from protocol.errors import ErrorCode
+from protocol.limits import LinkLimits, profile
+from tests.coordinator.coord_helpers import (
+    acks,
+    deliver,
+    hello,
+    make_core,
+    make_job,
+    result_messages,
+    sent,
+    task_of,
+)
+
+INT8 = {int(CodecId.INT8), int(CodecId.FP32)}
+FP32_ONLY = {int(CodecId.FP32)}
+
+
+def test_a_slow_link_gets_int8_every_way_and_a_fast_one_the_jobs_codecs() -> None:
+    job = make_job(strategy={"tau": "auto"})
+    spec = job.spec
+    slow = choose(job, spec, profile("roblox"), INT8)
+    assert (slow.model, slow.update, slow.delta) == ("int8", "int8", None)
+    assert slow.model_bytes == encoded_bytes(spec, "int8") < spec.nbytes / 3
+    fast = choose(job, spec, profile("lan"), INT8)
+    assert (fast.model, fast.update, fast.delta) == ("fp32", "fp32", None)
+    assert fast.round_trip_bytes == 2 * spec.nbytes
+
+
+def test_a_job_with_deltas_sends_a_slow_client_int8_deltas() -> None:
+    job = make_job(codecs={"delta": "fp32"})
+    assert choose(job, job.spec, profile("roblox"), INT8).delta == "int8"
+    assert choose(job, job.spec, profile("lan"), INT8).delta == "fp32"
+
+
+def test_a_client_that_does_not_list_the_slow_codec_keeps_the_jobs() -> None:
+    job = make_job()
+    assert choose(job, job.spec, profile("roblox"), FP32_ONLY).update == "fp32"
+
+
+def test_the_link_is_slow_when_its_round_trip_outlasts_the_task_it_asks_for() -> None:
+    job = make_job(strategy={"task_seconds": 1.0, "transfer_ratio": 5.0})
+
+    def at(bytes_per_s: float) -> bool:
+        return link_bound(
+            job,
+            1_000_000,
+            LinkLimits(bytes_per_s=bytes_per_s, messages_per_s=100, max_message_bytes=1 << 20),
+        )
+
+    assert not at(5_000_000)  # 5 x 0.2 s = the task's 1 s: the compute sets it
+    assert at(4_000_000)  # 5 x 0.25 s > 1 s: the link does
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({}, "int8"),
+        ({"codecs": {"slow_link": "off"}}, None),
+        ({"codecs": {"slow_link": "fp16"}}, "fp16"),
+        ({"codecs": {"update": "int8"}}, None),  # the operator chose its codecs
+        ({"codecs": {"delta": "int8"}}, None),
+        ({"replication": {"enabled": True}}, None),  # twins compare exact uploads
+        ({"submodel": {"mode": "ist"}}, None),  # slices are sized in the job's codecs
+    ],
+)
+def test_auto_is_int8_only_where_the_job_keeps_its_exact_default_codecs(
+    sections: dict, expected: str | None
+) -> None:
+    assert slow_codec(make_job(**sections)) == expected
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"codecs": {"slow_link": "int9"}}, "slow_link"),
+        ({"codecs": {"slow_link": "int8"}, "replication": {"enabled": True}}, "slow_link"),
+        ({"codecs": {"slow_link": "int8"}, "submodel": {"mode": "ist"}}, "slow_link"),
+    ],
+)
+def test_a_slow_link_codec_the_job_cannot_use_is_refused_by_name(
+    sections: dict, message: str
+) -> None:
+    data = {"model": {"widths": [64, 16, 10]}, "data": {"dataset": "digits"}, **sections}
+    with pytest.raises(JobConfigError, match=message):
+        parse_job(data)
+
+
+def test_a_slow_clients_task_comes_and_goes_in_int8() -> None:
+    """On roblox links a client listing int8 gets its model's chunks and its task's
+    upload codec in int8, its result in int8 is merged; one that lists fp32 only
+    keeps fp32; a chunk in another codec than its task named is refused."""
+    core = make_core(strategy={"tau": "auto"}, link={"profile": "roblox"})
+    out = core.connect("a", hello("a", codecs=("fp32", "int8")), 0.0)
+    task = task_of(out, "a")
+    assert task.upload_codec == "int8"
+    assert {c.codec for c in sent(out, "a", m.Chunk)} == {int(CodecId.INT8)}
+    v = core.model.version
+    got = deliver(core, "a", result_messages(task, codec="int8"), 1.0)
+    assert acks(got, "a") == [(task.task_id, True, "")]
+    assert core.model.version == v + 1
+
+    out = core.connect("b", hello("b"), 2.0)
+    plain = task_of(out, "b")
+    assert plain.upload_codec == "fp32"
+    assert {c.codec for c in sent(out, "b", m.Chunk)} == {int(CodecId.FP32)}
+
+    nxt = task_of(got, "a")
+    got = deliver(core, "a", result_messages(nxt, codec="fp32")[:2], 3.0)  # its first chunk
+    errors = sent(got, "a", m.Error)
+    assert errors and errors[0].code == ErrorCode.BAD_CHUNK
+    assert "asked for 'int8'" in errors[0].message
+
+
+def test_a_slow_task_is_sized_by_its_int8_transfer() -> None:
+    """The auto-sized task of a slow client counts its transfer in int8: about a
+    quarter of the bytes, so as many fewer steps where the link sets its length."""
+    sizing = {"tau": "auto", "tau_max": 10**6, "max_epochs": 10**4, "task_seconds": 0.01}
+    job = make_job(strategy=sizing)
+    codecs = ("fp32", "int8")
+
+    def steps(**sections: dict) -> tuple[int, str]:
+        core = make_core(strategy=sizing, link={"profile": "roblox"}, **sections)
+        task = task_of(core.connect("a", hello("a", codecs=codecs), 0.0), "a")
+        return task.steps, task.upload_codec
+
+    (int8, c8), (fp32, c32) = steps(), steps(codecs={"slow_link": "off"})
+    assert (c8, c32) == ("int8", "fp32")
+    ratio = job.spec.nbytes / encoded_bytes(job.spec, "int8")  # 3.66: a scale per row
+    assert fp32 / int8 == pytest.approx(ratio, rel=0.02)
