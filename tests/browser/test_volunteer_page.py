@@ -102,8 +102,10 @@ def test_tabs_train_with_compressed_uploads_and_delta_downloads(context) -> None
         accepted = [a for a in rec.of(ev.ResultAccepted) if a.client_id in web_client_ids(rec)]
         fp32 = 4 * (64 * 64 + 64 + 64 * 10 + 10)
         assert accepted and max(a.payload_bytes for a in accepted) < fp32 / 3, "compressed"
-        for tab in tabs:
-            assert stats(tab)["refused"] == 0 and stats(tab)["declined"] == 0
+        for tab in tabs:  # a tab's only refusal: a result uploading at the end, stale (§6)
+            s = stats(tab)
+            assert s["refused"] <= 1 and set(s["refusals"]) <= {"stale"}, s
+            assert s["declined"] == 0, s
 
 
 def test_tabs_train_both_blocks_of_a_layer_split_job(context) -> None:
@@ -125,8 +127,10 @@ def test_tabs_train_both_blocks_of_a_layer_split_job(context) -> None:
         assert not rec.of(ev.ResultRejected)
         split = service.stats.split
         assert split is not None and split["lower_steps"] > 0 and split["upper_steps"] > 0
-        for tab in tabs:
-            assert stats(tab)["refused"] == 0 and stats(tab)["declined"] == 0, stats(tab)
+        for tab in tabs:  # a tab's only refusal: a result uploading at the end, stale (§6)
+            s = stats(tab)
+            assert s["refused"] <= 1 and set(s["refusals"]) <= {"stale"}, s
+            assert s["declined"] == 0, s
 
 
 def test_a_tab_closed_mid_task_loses_only_its_lease(context) -> None:
