@@ -20,18 +20,12 @@ from dataclasses import dataclass
 
 from compression import get as get_codec
 from coordinator.core.config import JobConfig
+from coordinator.core.submodel import encoded_bytes
 from nn.spec import ModelSpec
-from protocol.chunking import params_layout
 from protocol.limits import LinkLimits
 
 #: what ``codecs.slow_link = "auto"`` means where the job allows it
 AUTO_SLOW_CODEC = "int8"
-
-
-def encoded_bytes(spec: ModelSpec, codec: str) -> int:
-    """Payload bytes of a whole model (or a whole update) in ``codec``."""
-    c = get_codec(codec)
-    return sum(c.encoded_size(b.shape) for b in params_layout(spec))
 
 
 @dataclass(frozen=True, slots=True)

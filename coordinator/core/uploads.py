@@ -167,9 +167,9 @@ class Uploads:
             )
         else:
             reasm = Dropped(msg.task_id, msg.num_chunks)
-        name, wire_id = (
-            (self._codec_name, self._codec) if codec is None else (codec, int(get_codec(codec).id))
-        )
+        name, wire_id = self._codec_name, self._codec  # what the connection's tasks name
+        if codec is not None and codec != name:  # a task leased on another connection's link
+            name, wire_id = codec, int(get_codec(codec).id)
         upload = self._open[msg.task_id] = Upload(
             msg, reasm, codec=name, codec_id=wire_id, extra=extra if taken else 0
         )

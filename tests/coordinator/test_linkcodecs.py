@@ -8,7 +8,8 @@ import pytest
 
 from compression import CodecId
 from coordinator.core.config import JobConfigError, parse_job
-from coordinator.core.linkcodecs import choose, encoded_bytes, link_bound, slow_codec
+from coordinator.core.linkcodecs import choose, link_bound, slow_codec
+from coordinator.core.submodel import encoded_bytes
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from protocol.limits import LinkLimits, profile
