@@ -25,6 +25,7 @@ from compression import codecs
 from nn.spec import INIT_SCHEME
 from protocol import messages as m
 from protocol.errors import CLOSE_CODES, ErrorCode, ProtocolError
+from protocol.limits import LinkLimits
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class ClientBase:
         seeded_init: bool = True,
         prefetch: bool,
         data: bool,
+        limits: LinkLimits | None = None,
     ) -> Capabilities:
         """What hello says: every codec this build decodes (as many as hello
         carries), the seeded-init scheme when it builds version 0 itself, the token."""
@@ -134,6 +136,7 @@ class ClientBase:
             init_schemes=(INIT_SCHEME,) if seeded_init else (),
             prefetch=prefetch,
             data=data,
+            limits=limits,
             token=self.token,
             volunteer=self.volunteer,
             kernel=KERNEL,

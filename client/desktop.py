@@ -53,6 +53,7 @@ from client.session import ClientSession
 from nn.data import Dataset
 from nn.spec import ModelSpec
 from protocol import messages as m
+from protocol.limits import LinkLimits, data_cap
 from protocol.volunteer import check_name
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class DesktopClient(ClientBase):
         reporter: Reporter | None = None,
         platform_name: str | None = None,
         volunteer: bool | str = True,
+        max_mb_per_hour: float | None = None,
     ) -> None:
         """``priority``: of the compute thread (``idle``: only CPU nothing else
         wants). ``lower_pools``: also lower the BLAS and numba threads native code
@@ -110,9 +112,18 @@ class DesktopClient(ClientBase):
         never inside someone else's. ``reporter``: where the sentences for a
         person go (default: the log, client.report.LogReporter). ``volunteer``: the
         key credit is kept under (True: the one kept in the cache folder, made on
-        first use; False: none, anonymous)."""
+        first use; False: none, anonymous). ``max_mb_per_hour``: the volunteer's
+        data cap, both directions together (protocol.limits.data_cap), asked for
+        in hello; None: the coordinator's link."""
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share: must be in (0, 1], got {cpu_share!r}")
+        #: the limits hello asks for (None: whatever the coordinator grants)
+        self.limits: LinkLimits | None = None
+        if max_mb_per_hour is not None:
+            try:
+                self.limits = data_cap(max_mb_per_hour)
+            except ValueError as exc:
+                raise ValueError(f"max_mb_per_hour: {exc}") from None
         self.seed = seed if seed is not None else os.getpid()
         super().__init__(
             url,
@@ -209,6 +220,7 @@ class DesktopClient(ClientBase):
                 seeded_init=self.seeded_init,
                 prefetch=self.prefetch,
                 data=self.fetch_data,
+                limits=self.limits,
             )
             self.session = ClientSession(self.name[:64], caps, seed=self.seed, cache=self.cache)
             code = await self._connect_loop()

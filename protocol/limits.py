@@ -101,6 +101,25 @@ def profile(name: str) -> LinkLimits:
         ) from None
 
 
+def data_cap(mb_per_hour: float) -> LinkLimits:
+    """What a volunteer asks for in ``hello.limits`` to move at most
+    ``mb_per_hour`` megabytes (10⁶ bytes) an hour, both directions together:
+    half of it each way, no message-rate or frame-size limit of its own (the
+    server's apply; ``negotiate`` grants the tighter of both). The coordinator
+    sizes tasks and leases by the granted rate, so a capped link gets longer
+    tasks and, where the job allows, int8 (docs/coordinator.md, "Codecs per
+    link"), not refusals."""
+    if isinstance(mb_per_hour, bool) or not isinstance(mb_per_hour, int | float):
+        raise ValueError(f"data cap: expected megabytes an hour, got {mb_per_hour!r}")
+    if not 0 < mb_per_hour < math.inf:
+        raise ValueError(f"data cap: must be finite megabytes an hour > 0, got {mb_per_hour!r}")
+    return LinkLimits(
+        bytes_per_s=mb_per_hour * 1e6 / 3600.0 / 2,
+        messages_per_s=math.inf,
+        max_message_bytes=PROFILES["unlimited"].max_message_bytes,
+    )
+
+
 def negotiate(asked: LinkLimits | None, server_max: LinkLimits) -> LinkLimits:
     """Grant the tighter of what the client asked for and what the server allows."""
     if asked is None:

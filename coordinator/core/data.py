@@ -65,6 +65,8 @@ class DataCatalog:
         self.by_hash = {s.sha256: s for s in self.shards}
         #: the job's shards' mean size: what a client's fetch of one costs its link
         self.mean_bytes = self.total_bytes / max(1, len(self.shards))
+        #: and its mean rows: what sizes a client's task before its shard is chosen
+        self.mean_rows = round(sum(s.rows for s in self.shards) / max(1, len(self.shards)))
         #: shards added while the job runs, by index (``add``)
         self.extra: dict[int, ShardBlob] = {}
         # (hash, frame bytes) -> the whole shard's frames from offset 0
@@ -93,12 +95,13 @@ class DataCatalog:
         for key in [k for k in self._frames if k[0] == blob.sha256]:
             del self._frames[key]
 
-    def slow_to_fetch(self, limits: LinkLimits, task_seconds: float) -> bool:
-        """Whether fetching a shard over ``limits`` takes longer than a task
-        computes: then shard affinity (strategies/base.py, ShardCursor.next) pays.
-        On a fast link the cycle's own order is kept, where affinity was measured
-        no better and once worse (docs/performance.md, session 9)."""
-        return self.mean_bytes / limits.bytes_per_s >= task_seconds
+    def slow_to_fetch(self, limits: LinkLimits, compute_s: float) -> bool:
+        """Whether fetching a shard over ``limits`` takes at least as long as the
+        client's task computes (``compute_s``): then shard affinity
+        (strategies/base.py, ShardCursor.next) pays. Otherwise the cycle's own
+        order is kept, where affinity was measured no better and sometimes worse
+        (docs/performance.md, sessions 9 and 14)."""
+        return self.mean_bytes / limits.bytes_per_s >= compute_s
 
     @classmethod
     def for_job(cls, job: JobConfig, dataset: Dataset) -> DataCatalog:

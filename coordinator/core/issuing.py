@@ -59,15 +59,57 @@ class TaskIssuer:
 
     def view(self, conn: Conn, rec: ClientRecord, *, connected: int) -> ClientView:
         """What the strategy may know of this client when it asks for work; the
-        shards it holds only where fetching one is slower than a task (affinity)."""
-        slow = self.data.slow_to_fetch(conn.limits, self.job.strategy.task_seconds)
+        shards it holds only where fetching one takes longer than its task
+        computes, and longer than ``task_seconds`` (affinity: on lan a fetch is
+        cheap however short the task, and affinity was measured worse there)."""
+        held: tuple[int, ...] = ()
+        if conn.data and rec.shards_held:
+            compute_s = max(self.job.strategy.task_seconds, self.compute_seconds(conn, rec))
+            if self.data.slow_to_fetch(conn.limits, compute_s):
+                held = tuple(rec.shards_held)
         return ClientView(
             client_id=conn.client_id,
             version_held=rec.version_held,
             connected=connected,
             shards=conn.data,
             boundary=conn.boundary,
-            held=tuple(rec.shards_held) if conn.data and slow else (),
+            held=held,
+        )
+
+    def compute_seconds(self, conn: Conn, rec: ClientRecord) -> float:
+        """How long this client's next whole-model task computes at its measured
+        rate, on a shard of the mean size: what fetching a shard is weighed
+        against. Not the job's ``task_seconds``: a slow link's task computes
+        ``transfer_ratio`` times its transfers, and a large model's 27-s task
+        re-trained the shard it held while a 0.8-s fetch would have varied it
+        (docs/performance.md, "Session 14")."""
+        st = self.job.strategy
+        batch = self.job.data.batch
+        if st.tau == "auto":
+            steps = self._auto_steps(conn, rec, self.data.mean_rows, batch)()
+        else:
+            steps = st.tau
+        return steps * self.flops_per_sample * batch / max(rec.rate(), 1.0)
+
+    def _auto_steps(
+        self, conn: Conn, rec: ClientRecord, rows: int, batch: int
+    ) -> Callable[..., int]:
+        """leases.task_steps for this client under ``tau = "auto"``; called with
+        overrides (``rows=0``: without the shard's cap) where a caller asks again."""
+        st = self.job.strategy
+        return functools.partial(
+            task_steps,
+            flops_per_step=self.flops_per_sample * batch,
+            flops_per_s=rec.rate(),
+            rows=rows,
+            batch=batch,
+            max_epochs=st.max_epochs,
+            tau_min=st.tau_min,
+            tau_max=st.tau_max,
+            transfer_bytes=conn.codecs.round_trip_bytes,  # the model down, the update up
+            bytes_per_s=conn.limits.bytes_per_s,
+            task_seconds=st.task_seconds,
+            transfer_ratio=st.transfer_ratio,
         )
 
     def sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
@@ -75,29 +117,13 @@ class TaskIssuer:
         (``tau = "auto"``), the lr multiplier the strategy sets now, and its
         share of a round on the progress clock (``round_seconds``)."""
         st = self.job.strategy
-        sizing = functools.partial(
-            task_steps,
-            flops_per_step=self.flops_per_sample * plan.batch,
-            flops_per_s=rec.rate(),
-            rows=rows,
-            batch=plan.batch,
-            max_epochs=st.max_epochs,
-            tau_min=st.tau_min,
-            tau_max=st.tau_max,
-        )
+        auto = self._auto_steps(conn, rec, rows, plan.batch)
         steps = plan.steps
         if st.tau == "auto":
-            auto = functools.partial(
-                sizing,
-                transfer_bytes=conn.codecs.round_trip_bytes,  # the model down, the update up
-                bytes_per_s=conn.limits.bytes_per_s,
-                task_seconds=st.task_seconds,
-                transfer_ratio=st.transfer_ratio,
-            )
             steps = auto()
             if not self.said_short_shards:
                 self._say_if_link_bound(steps, plan.batch, rec.rate(), conn, rows, auto)
-        round_steps = sizing(
+        round_steps = auto(
             transfer_bytes=0.0, bytes_per_s=1.0, task_seconds=st.round_seconds, transfer_ratio=0.0
         )
         return dataclasses.replace(

@@ -133,6 +133,9 @@ class Dashboard:
                     if (row := rows.get(o.client_id)) is not None:
                         row.tasks += 1
                         row.bytes_down += o.download_bytes
+                case ev.DataServed():
+                    if (row := rows.get(o.client_id)) is not None:
+                        row.bytes_down += o.frame_bytes  # its link carried the shard too
                 case ev.ResultAccepted():
                     if (row := rows.get(o.client_id)) is not None:
                         row.accepted += 1

@@ -158,6 +158,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="report this training FLOP/s instead of the start-up measurement (kept "
         "in the cache folder for a day)",
     )
+    p.add_argument(
+        "--max-mb-per-hour",
+        type=float,
+        metavar="MB",
+        help="your data cap: at most this many megabytes an hour, down and up together "
+        "(the coordinator then sends longer tasks and, where its job allows, int8; "
+        "default: no cap of your own)",
+    )
     p.add_argument("--seed", type=int, help="seeds update codecs and jitter (default: pid)")
     p.add_argument("--max-attempts", type=int, help="give up after this many failed connects")
     p.add_argument("--stop-grace", type=float, default=3.0, help="seconds to finish a task")
@@ -221,6 +229,7 @@ OPTION_OF = {
     "priority": "--priority",
     "ca": "--ca",
     "name": "--name",
+    "max_mb_per_hour": "--max-mb-per-hour",
 }
 
 
@@ -256,6 +265,7 @@ def _client(args: argparse.Namespace, reporter: Reporter | None) -> DesktopClien
         lower_pools=True,
         reporter=reporter,
         volunteer=args.volunteer,
+        max_mb_per_hour=args.max_mb_per_hour,
     )
 
 

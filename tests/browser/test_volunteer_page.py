@@ -294,6 +294,31 @@ def test_a_tab_reconnects_and_resumes_and_hides(context) -> None:
         proxy.close()
 
 
+def test_a_tabs_data_cap_is_asked_for_granted_and_shown(context) -> None:
+    """``?cap=360`` (or the page's data-cap field) asks hello.limits for 50 kB/s each
+    way on a lan job: the coordinator grants it and sends that tab int8 (its round
+    trip now sets its task's length), and the page says what its link is."""
+    job = digits_job(
+        stop={"target_accuracy": 1.0, "max_versions": 100_000, "max_time_s": 300, "patience": 0}
+    )
+    with running(job) as (bg, service, rec):
+        page = open_tab(context, page_url(bg.url, "autostart=1&cap=360"))
+        wait_until(lambda: stats(page).get("accepted", 0) >= 3, 60, "three accepted results")
+        assert stats(page)["linkBytesPerS"] == 50_000
+        assert page.inner_text("[data-testid=link]") == "48.8 kB/s each way"
+        assert page.input_value("[data-testid=cap]") == "360"
+        assert page.is_disabled("[data-testid=cap]")  # asked for once, in hello
+        (tab,) = web_client_ids(rec)
+        assert service.core is not None
+        assert dict(service.core.conns)[tab].limits.bytes_per_s == 50_000
+        mine = [a for a in rec.of(ev.ResultAccepted) if a.client_id == tab]
+        fp32 = 4 * (64 * 64 + 64 + 64 * 10 + 10)
+        assert mine and all(a.payload_bytes < fp32 / 3 for a in mine), "int8 on the capped link"
+        bad = open_tab(context, page_url(bg.url, "cap=lots"))  # not started: says why
+        assert "no cap set" in bad.inner_text("#status")
+        assert bad.input_value("[data-testid=cap]") == ""
+
+
 def test_a_tab_whose_session_another_connection_resumes_stops(context) -> None:
     """A newer connection with the tab's resume token takes its session over: the
     tab is closed 4018 and stops instead of taking the session back (§6)."""

@@ -717,3 +717,13 @@ def test_a_client_on_a_slow_link_is_given_the_shard_it_holds_when_the_cycle_allo
     task_of(fast.connect("a", hello("a", data=True), 0.0), "a")  # it holds a shard now
     assert fast.issuer.view(fast.conns["a"], fast.registry.get("a"), connected=1).held == ()
     assert slow.issuer.view(slow.conns["a"], slow.registry.get("a"), connected=1).held
+    # The same slow link under a task that computes longer than the fetch (a
+    # slow client here; the large preset's 27-s tasks against a 0.8-s fetch):
+    # the order is kept, so the shard a client trains on varies from task to task.
+    busy = make_core(link={"profile": "roblox"}, lease={"min_s": 600.0, "slack": 1.0})
+    task_of(busy.connect("a", m.Hello(client="a", flops=5e4, data=True), 0.0), "a")
+    conn, rec = busy.conns["a"], busy.registry.get("a")
+    assert rec.shards_held  # it holds one, and fetching another is not worth keeping it
+    fetch_s = busy.data.mean_bytes / conn.limits.bytes_per_s
+    assert busy.issuer.compute_seconds(conn, rec) > fetch_s > busy.job.strategy.task_seconds
+    assert busy.issuer.view(conn, rec, connected=1).held == ()

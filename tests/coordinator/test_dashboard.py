@@ -14,6 +14,7 @@ def test_rows_follow_the_events() -> None:
     d([ev.ClientJoined(client_id="c1", name="crowdgrad-web/0.1", resumed=False, now=0.0),
        ev.TaskLeased(client_id="c1", task_id=1, lease_id=1, version=0, shard=0, deadline=9.0,
                      now=0.0, download_bytes=1000),
+       ev.DataServed(client_id="c1", sha256="0" * 64, nbytes=4000, frame_bytes=4100, now=0.5),
        ev.ResultAccepted(client_id="c1", task_id=1, staleness=2, version=1, now=1.0,
                          frame_bytes=300),
        ev.ResultRejected(client_id="c1", task_id=2, reason="norm", now=2.0),
@@ -30,7 +31,8 @@ def test_rows_follow_the_events() -> None:
         1,
         1,
     )
-    assert (row["bytes_down"], row["bytes_up"], row["mean_staleness"]) == (1000, 300, 2.0)
+    # the shard's frames count too: the volunteer's link carried them
+    assert (row["bytes_down"], row["bytes_up"], row["mean_staleness"]) == (5100, 300, 2.0)
     kinds = [e["kind"] for e in snap["events"]]
     # a resend after a reconnect is told apart from a refusal (not shown as one)
     assert kinds == ["join", "rejected", "duplicate", "expired"]
@@ -53,23 +55,25 @@ def test_a_tab_with_a_display_name_is_a_browser_by_its_platform() -> None:
 
 
 def test_a_row_says_what_the_client_costs_its_link_an_hour() -> None:
-    """Both directions' bytes per hour connected, from the first minute on (before
-    it a few tasks' bytes say little), and frozen once the client left."""
+    """Both directions' bytes per hour connected (its shard's frames included),
+    from the first minute on (before it a few tasks' bytes say little), and
+    frozen once the client left."""
     now = [0.0]  # the rows' times are the dashboard's clock
     d = Dashboard(clock=lambda: now[0])
     d([ev.ClientJoined(client_id="c1", name="x", resumed=False, now=0.0),
        ev.TaskLeased(client_id="c1", task_id=1, lease_id=1, version=0, shard=0, deadline=9.0,
                      now=0.0, download_bytes=1000),
+       ev.DataServed(client_id="c1", sha256="0" * 64, nbytes=4000, frame_bytes=4100, now=0.5),
        ev.ResultAccepted(client_id="c1", task_id=1, staleness=0, version=1, now=1.0,
                          frame_bytes=500)])  # fmt: skip
     now[0] = 30.0
     assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] is None
     now[0] = 1800.0
-    assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] == 3000.0
+    assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] == 11200.0
     now[0] = 900.0
     d([ev.ClientLeft(client_id="c1", reason="gone", now=900.0)])
     now[0] = 7200.0
-    assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] == 6000.0
+    assert d.snapshot(lambda cid: None)["clients"][0]["bytes_per_hour"] == 22400.0
 
 
 def test_rows_of_clients_that_left_are_bounded() -> None:

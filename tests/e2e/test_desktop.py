@@ -3,8 +3,11 @@ a coordinator that is not up yet, and a duty-cycled client still contributes."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
+import time
+import urllib.request
 
 from coordinator.core import events as ev
 from coordinator.http.server import CrowdServer
@@ -71,3 +74,51 @@ def test_a_desktop_client_on_a_slow_link_moves_int8_both_ways() -> None:
     assert all(0 < a.payload_bytes < nbytes / 3 for a in accepted)
     full = [t for t in rec.of(ev.TaskLeased) if t.download == "full"]
     assert full and all(t.download_bytes < nbytes / 3 for t in full)
+
+
+def test_a_volunteers_data_cap_holds_on_a_lan_job() -> None:
+    """``--max-mb-per-hour 360`` asks hello.limits for 50 kB/s each way on a lan job:
+    the coordinator grants it, sends that volunteer int8 (its round trip now sets
+    its task's length) and paces its frames, so the bytes the dashboard counts for
+    it stay within the cap; a neighbour without a cap keeps fp32 and lan speed."""
+    job = digits_job(stop=OPEN_ENDED)
+    rate = 360e6 / 3600 / 2  # bytes a second, each way
+    with (
+        running(job) as (bg, service, rec),
+        clients(bg.url, ["capped"], "--max-mb-per-hour", "360"),
+        clients(bg.url, ["free"]),
+    ):
+
+        def ids() -> dict[str, str]:
+            return {j.name: j.client_id for j in rec.of(ev.ClientJoined)}
+
+        def accepted(name: str) -> list[ev.ResultAccepted]:
+            return [a for a in rec.of(ev.ResultAccepted) if a.client_id == ids().get(name)]
+
+        assert rec.wait_for(lambda: len(accepted("capped")) >= 3, 120)
+        assert rec.wait_for(lambda: len(accepted("free")) >= 3, 120)
+
+        def dashboard() -> dict[str, dict]:
+            with urllib.request.urlopen(f"{bg.http}/api/dashboard", timeout=30) as r:
+                return {row["name"]: row for row in json.loads(r.read())["clients"]}
+
+        # five seconds of it: long enough that the one-second bursts do not decide
+        time.sleep(max(0.0, dashboard()["capped"]["joined"] + 5.0 - time.time()))
+        rows, now = dashboard(), time.time()
+        assert service.core is not None
+        conns = dict(service.core.conns)  # (a copy: the core thread adds to it)
+        granted = {name: conns[cid].limits for name, cid in ids().items()}
+    assert granted["capped"].bytes_per_s == rate
+    assert granted["free"].bytes_per_s > 100 * rate  # the job's lan
+    nbytes = job.spec.nbytes
+    assert all(a.payload_bytes < nbytes / 3 for a in accepted("capped"))  # int8
+    assert all(a.payload_bytes > nbytes / 2 for a in accepted("free"))  # fp32
+    capped = rows["capped"]
+    span = now - capped["joined"]
+    moved = capped["bytes_down"] + capped["bytes_up"]
+    # Each direction's pacer: at most rate x T plus one burst (a second of rate)
+    # and one frame over it (a chunk frame at this rate is a few kB).
+    assert moved <= 2 * (rate * span + rate + 16_384), (moved, span)
+    assert moved > rate * span / 4, (moved, span)  # and it kept training at its cap
+    free = rows["free"]
+    assert free["bytes_down"] + free["bytes_up"] > 4 * moved  # (what lan would have cost it)

@@ -5,7 +5,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.errors import ErrorCode
-from protocol.limits import PROFILES, LinkLimits, Pacer, RateMeter, negotiate, profile
+from protocol.limits import (
+    PROFILES,
+    LinkLimits,
+    Pacer,
+    RateMeter,
+    data_cap,
+    negotiate,
+    profile,
+)
 
 
 def test_profiles():
@@ -41,6 +49,21 @@ def test_negotiate_grants_the_tighter_of_each():
         bytes_per_s=50_000, messages_per_s=5, max_message_bytes=1 << 20, burst=1.0
     )
     assert negotiate(None, profile("lan")) == profile("lan")
+
+
+def test_a_data_cap_asks_for_half_its_hourly_bytes_each_way():
+    """100 MB an hour, down and up together: 13,889 bytes a second each way, the
+    server's own message rate and frame size kept (negotiate), so an hour at the
+    granted rate moves at most the cap (plus one burst a direction)."""
+    cap = data_cap(100)
+    assert cap.bytes_per_s * 3600 * 2 == pytest.approx(100e6)
+    got = negotiate(cap, profile("roblox"))
+    assert got.bytes_per_s == cap.bytes_per_s
+    assert (got.messages_per_s, got.max_message_bytes) == (30, profile("roblox").max_message_bytes)
+    assert negotiate(data_cap(1e6), profile("roblox")) == profile("roblox")  # the tighter wins
+    for bad in (0, -5, math.inf, math.nan, "100", True):
+        with pytest.raises(ValueError, match="data cap"):
+            data_cap(bad)
 
 
 def test_pacer_spaces_frames_at_the_byte_rate():

@@ -33,6 +33,23 @@ export function linkLimits(wire) {
 
 /** @typedef {ReturnType<typeof linkLimits>} LinkLimits */
 
+/** What a volunteer asks for in hello.limits to move at most `mbPerHour`
+ *  megabytes (10⁶ bytes) an hour, both directions together: half of it each way,
+ *  the server's own message rate and frame size (it grants the tighter of both).
+ *  The same map as protocol/limits.py's data_cap.
+ *  @param {number} mbPerHour @returns {WireLimits} */
+export function dataCap(mbPerHour) {
+  if (typeof mbPerHour !== "number" || !(mbPerHour > 0) || !Number.isFinite(mbPerHour)) {
+    throw new RangeError(`data cap: must be finite megabytes an hour > 0, got ${mbPerHour}`);
+  }
+  return {
+    bytes_per_s: (mbPerHour * 1e6) / 3600 / 2,
+    messages_per_s: null,
+    max_message_bytes: 256 * 1024 * 1024,
+    burst: 1.0,
+  };
+}
+
 class Bucket {
   /** @param {number} rate @param {number} capacity */
   constructor(rate, capacity) {

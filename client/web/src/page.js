@@ -36,6 +36,8 @@ const $ = (id) => element(id, HTMLElement);
 const input = (id) => element(id, HTMLInputElement);
 /** @param {string} id */
 const button = (id) => element(id, HTMLButtonElement);
+/** @param {string} id */
+const select = (id) => element(id, HTMLSelectElement);
 const params = new URLSearchParams(location.search);
 const hashParams = new URLSearchParams(location.hash.slice(1));
 
@@ -107,9 +109,11 @@ function join() {
     kernels: params.get("kernels") || "wasm",
     volunteer: identity.key,
     name: state.name,
+    cap: select("cap").value === "" ? null : Number(select("cap").value),
   });
   button("join").disabled = true;
   input("token").disabled = true;
+  select("cap").disabled = true; // hello asks for it once: a new cap needs a new visit
   button("pause").disabled = false;
   button("leave").disabled = false;
   setStatus("connecting…");
@@ -213,6 +217,10 @@ function showStats(s) {
   $("bytes-in").textContent = bytes(s.bytesIn);
   $("bytes-out").textContent = bytes(s.bytesOut);
   $("per-hour").textContent = perHour(s.bytesIn + s.bytesOut);
+  $("link").textContent =
+    s.linkBytesPerS === null
+      ? s.phase === "new" || s.phase === "hello_sent" ? "–" : "no limit"
+      : `${bytes(Math.round(s.linkBytesPerS))}/s each way`;
   $("kernels").textContent = s.kernels === "wasm-simd" ? "WebAssembly SIMD" : "plain JavaScript";
   $("version").textContent = s.modelVersion === null ? "–" : String(s.modelVersion);
   if (s.finished === null) {
@@ -476,6 +484,20 @@ const share = params.get("share");
 if (share !== null) {
   input("share").value = share;
   $("share-out").textContent = `${Math.round(Number(share) * 100)}%`;
+}
+// ?cap=MB: a data cap of this many megabytes an hour (a link can carry it).
+const cap = params.get("cap");
+if (cap !== null) {
+  const mb = Number(cap);
+  if (cap !== "" && Number.isFinite(mb) && mb > 0) {
+    const field = select("cap");
+    if (![...field.options].some((o) => o.value === String(mb))) {
+      field.add(new Option(`${mb} MB an hour`, String(mb)));
+    }
+    field.value = String(mb);
+  } else {
+    setStatus(`the link's cap=${cap} is not megabytes an hour above 0: no cap set`, "bad");
+  }
 }
 const token = hashParams.get("token");
 if (token !== null) input("token").value = token;

@@ -20,6 +20,7 @@ import { jsKernels, loadWasmKernels, KERNEL_FAMILY } from "./kernels.js";
 import { startTask, predict } from "./nn.js";
 import { parseShard, sha256Hex } from "./shard.js";
 import { normalizeSpec } from "./spec.js";
+import { dataCap } from "./pacer.js";
 
 const SLICE_MS = 20;
 const HIDDEN_FACTOR = 0.25;
@@ -88,7 +89,7 @@ class Volunteer {
   }
 
   /** @param {Extract<ToWorker, {cmd: "join"}>} msg */
-  async join({ url, token, share, kernels, flops, volunteer, name }) {
+  async join({ url, token, share, kernels, flops, volunteer, name, cap }) {
     this.url = url;
     this.share = clampShare(share);
     this.kernels = await chooseKernels(kernels);
@@ -103,6 +104,8 @@ class Volunteer {
       flops: flops ?? (this.kernels.name === "js" ? 2e8 : 2e9),
       // which §12 kernels compute its tasks: a replicating server pairs twins by it
       kernel: KERNEL_FAMILY[/** @type {keyof typeof KERNEL_FAMILY} */ (this.kernels.name)] ?? "",
+      // the volunteer's data cap: the coordinator paces and sizes this tab's link by it
+      limits: cap == null ? null : dataCap(cap),
     });
     this.connect();
     setInterval(() => this.report(), 500);
@@ -422,6 +425,7 @@ class Volunteer {
       finished: this.finished,
       widths: this.spec?.widths ?? null,
       volunteer: s.volunteerId,
+      linkBytesPerS: s.limits === null || s.limits.bytesPerS === Infinity ? null : s.limits.bytesPerS,
     });
   }
 }

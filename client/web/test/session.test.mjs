@@ -10,6 +10,7 @@ import { initParams } from "../src/nn.js";
 import { paramsLayout, normalizeSpec } from "../src/spec.js";
 import { crc32 } from "../src/crc32.js";
 import { parseCodec } from "../src/codecs.js";
+import { dataCap } from "../src/pacer.js";
 
 const SPEC = { widths: [4, 3, 2] };
 const SHA = "ab".repeat(32);
@@ -54,6 +55,19 @@ test("hello announces what this client does", () => {
   assert.deepEqual(hello.init_schemes, ["x128ss-ih12"]);
   assert.deepEqual(hello.codecs, CODECS);
   for (const name of CODECS) parseCodec(name); // every codec announced is one we have
+});
+
+test("a volunteer's data cap goes out in hello.limits: half of it each way", () => {
+  const [hello] = sent(new Session({ limits: dataCap(100) }).start(0));
+  // the map protocol/limits.py's data_cap(100) makes: 100 MB an hour, both ways together
+  assert.equal(hello.limits.bytes_per_s, 100e6 / 3600 / 2);
+  assert.equal(hello.limits.messages_per_s, null); // the server's own message rate applies
+  assert.equal(hello.limits.max_message_bytes, 256 * 1024 * 1024);
+  assert.equal(hello.limits.burst, 1);
+  assert.equal(sent(new Session().start(0))[0].limits, null); // no cap: the server's link
+  for (const bad of [0, -1, NaN, Infinity, "100"]) {
+    assert.throws(() => dataCap(/** @type {any} */ (bad)), /data cap/);
+  }
 });
 
 test("with a volunteer key, hello sends it and the name; welcome's id is kept", () => {
