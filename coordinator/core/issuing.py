@@ -61,10 +61,14 @@ class TaskIssuer:
         """What the strategy may know of this client when it asks for work; the
         shards it holds only where fetching one takes longer than its task
         computes, and longer than ``task_seconds`` (affinity: on lan a fetch is
-        cheap however short the task, and affinity was measured worse there)."""
+        cheap however short the task, and affinity was measured worse there).
+        A sub-model task computes a slice this does not estimate: there
+        ``task_seconds`` alone, as before."""
         held: tuple[int, ...] = ()
         if conn.data and rec.shards_held:
-            compute_s = max(self.job.strategy.task_seconds, self.compute_seconds(conn, rec))
+            compute_s = self.job.strategy.task_seconds
+            if self.submodels is None:
+                compute_s = max(compute_s, self.compute_seconds(conn, rec))
             if self.data.slow_to_fetch(conn.limits, compute_s):
                 held = tuple(rec.shards_held)
         return ClientView(

@@ -219,7 +219,7 @@ function showStats(s) {
   $("per-hour").textContent = perHour(s.bytesIn + s.bytesOut);
   $("link").textContent =
     s.linkBytesPerS === null
-      ? s.phase === "new" || s.phase === "hello_sent" ? "–" : "no limit"
+      ? (s.phase === "new" || s.phase === "hello_sent" ? "–" : "no limit")
       : `${bytes(Math.round(s.linkBytesPerS))}/s each way`;
   $("kernels").textContent = s.kernels === "wasm-simd" ? "WebAssembly SIMD" : "plain JavaScript";
   $("version").textContent = s.modelVersion === null ? "–" : String(s.modelVersion);
