@@ -114,6 +114,12 @@ class StrategySection(_Section):
     # 0.036; docs/performance.md, "Session 12")
     lr_scaling: Literal["auto", "none", "linear", "sqrt"] = "auto"
     lr_scale_max: float = Field(default=4.0, ge=1, le=100, allow_inf_nan=False)
+    # "auto" for SGD tasks in a crowd past K = lr_scale_max²: sqrt(K) (the gentler
+    # rule of large batches) up to this, where linear stops at lr_scale_max. A cap
+    # of 8 beat 4 with 64 roblox players (0.78 at 362 s against 433 s) and lost to
+    # it with 14 lan clients and 8 roblox players, whose K stays under 16 and so
+    # keep 4; 16 lost everywhere (docs/performance.md, "Session 14"). 1: linear only
+    lr_scale_crowd_max: float = Field(default=8.0, ge=1, le=100, allow_inf_nan=False)
     # decentral-async: the tasks' lr halves (plateau_factor) each time the
     # held-out loss has not reached a new best for plateau_patience evaluations,
     # down to plateau_min of it; 0 patience: never (a constant lr overfits and

@@ -119,7 +119,7 @@ def test_tau_errors_name_the_field():
 
 
 def test_the_lr_grows_with_the_crowds_concurrency_up_to_its_bound():
-    core = make_core(strategy={"lr_scale_max": 3.0})
+    core = make_core(strategy={"lr_scale_max": 3.0, "lr_scale_crowd_max": 1.0})  # linear only
     strategy = core.strategy
     assert strategy.lr_scale() == 1.0
     for _ in range(50):
@@ -134,6 +134,27 @@ def test_the_lr_grows_with_the_crowds_concurrency_up_to_its_bound():
     for _ in range(50):
         sqrt.strategy.observe_concurrency(3)
     assert sqrt.strategy.lr_scale() == pytest.approx(2.0, rel=1e-3)
+
+
+def test_a_large_crowd_scales_its_lr_by_sqrt_past_the_linear_bound():
+    """The default for SGD tasks: K up to lr_scale_max (4), and past K = 16 the
+    gentler sqrt(K), up to lr_scale_crowd_max (8). Crowds of up to 16 in flight
+    (2 or 14 lan clients, 8 roblox players) keep the linear rule exactly."""
+
+    def scale(k: float, **strategy: float) -> float:
+        core = make_core(strategy=strategy)
+        for _ in range(200):
+            core.strategy.observe_concurrency(k - 1)  # staleness k - 1: K = k
+        return core.strategy.lr_scale()
+
+    assert scale(2) == pytest.approx(2.0, rel=1e-3)
+    assert scale(10) == pytest.approx(4.0)
+    assert scale(16) == pytest.approx(4.0, rel=1e-3)
+    assert scale(36) == pytest.approx(6.0, rel=1e-3)
+    assert scale(64) == pytest.approx(8.0, rel=1e-3)
+    assert scale(700) == pytest.approx(8.0)
+    assert scale(700, lr_scale_crowd_max=1.0) == 4.0  # linear only, as before
+    assert scale(700, lr_scaling="linear") == 4.0
 
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])

@@ -298,8 +298,9 @@ class Strategy(ABC):
     def lr_scale(self) -> float:
         """The next local task's lr multiplier: for decentral-async (``lr_scaling``)
         K or sqrt(K), up to ``lr_scale_max``, where K deltas are merged at about
-        1/K each and their noise averages out ("auto": K for SGD tasks, 1 for
-        momentum and Adam ones), times the plateau decay; for every local task, at
+        1/K each and their noise averages out ("auto": for SGD tasks K up to
+        ``lr_scale_max``, or sqrt(K) up to ``lr_scale_crowd_max`` where that is
+        more; 1 for momentum and Adam ones), times the plateau decay; for every local task, at
         most the cap from diverged tasks (divergence.py); 1 for gradient tasks,
         which take no step of their own."""
         c = self.config
@@ -309,12 +310,15 @@ class Strategy(ABC):
         if self.name != "decentral-async":
             return min(1.0, cap)
         rule = c.lr_scaling
-        if rule == "auto":
-            rule = "linear" if c.client_optimizer == "sgd" else "none"
+        if rule == "auto" and c.client_optimizer != "sgd":
+            rule = "none"
         if rule == "none":
             return min(cap, self.lr_decay)
         k = max(1.0, self.concurrency)
-        scaled = min(c.lr_scale_max, k if rule == "linear" else math.sqrt(k))
+        if rule == "auto":  # linear, then sqrt once the crowd outgrows it
+            scaled = max(min(k, c.lr_scale_max), min(math.sqrt(k), c.lr_scale_crowd_max))
+        else:
+            scaled = min(c.lr_scale_max, k if rule == "linear" else math.sqrt(k))
         return min(cap, self.lr_decay * scaled)
 
     def step_scale(self) -> float:
