@@ -65,12 +65,19 @@ class TaskIssuer:
         A sub-model task computes a slice this does not estimate: there
         ``task_seconds`` alone, as before."""
         held: tuple[int, ...] = ()
-        if conn.data and rec.shards_held:
-            compute_s = self.job.strategy.task_seconds
-            if self.submodels is None:
-                compute_s = max(compute_s, self.compute_seconds(conn, rec))
-            if self.data.slow_to_fetch(conn.limits, compute_s):
-                held = tuple(rec.shards_held)
+        limits = conn.limits
+        # task_seconds first: on lan (every lease there) no task is sized for this
+        slow = (
+            conn.data
+            and rec.shards_held
+            and self.data.slow_to_fetch(limits, self.job.strategy.task_seconds)
+            and (
+                self.submodels is not None
+                or self.data.slow_to_fetch(limits, self.compute_seconds(conn, rec))
+            )
+        )
+        if slow:
+            held = tuple(rec.shards_held)
         return ClientView(
             client_id=conn.client_id,
             version_held=rec.version_held,
@@ -93,7 +100,11 @@ class TaskIssuer:
             steps = self._auto_steps(conn, rec, self.data.mean_rows, batch)()
         else:
             steps = st.tau
-        return steps * self.flops_per_sample * batch / max(rec.rate(), 1.0)
+        return self._compute_s(steps, batch, rec.rate())
+
+    def _compute_s(self, steps: int, batch: int, rate: float) -> float:
+        """Seconds ``steps`` steps of ``batch`` rows take at ``rate`` FLOP/s."""
+        return steps * self.flops_per_sample * batch / max(rate, 1.0)
 
     def _auto_steps(
         self, conn: Conn, rec: ClientRecord, rows: int, batch: int
@@ -151,7 +162,7 @@ class TaskIssuer:
         player's time is then the link, and fewer, larger shards would carry more
         training per byte (64 roblox players reached 0.78 1.3x sooner on 16
         shards than on 64; docs/performance.md, "Session 12")."""
-        compute_s = steps * self.flops_per_sample * batch / max(rate, 1.0)
+        compute_s = self._compute_s(steps, batch, rate)
         transfer_s = conn.codecs.round_trip_bytes / conn.limits.bytes_per_s  # as task_steps
         # Sized by transfer_ratio, a task computes 5x its transfer unless its
         # shard caps it: only a link-bound task asks again without the cap.
