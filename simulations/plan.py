@@ -20,7 +20,9 @@ from typing import Any, Literal
 
 from compression import CodecId
 from coordinator.core.config import JobConfig
+from coordinator.core.handshake import offers_prefetch
 from coordinator.core.linkcodecs import choose
+from coordinator.core.strategies import serves_prefetch
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits
 
@@ -125,6 +127,13 @@ def job_bytes_per_param(job: JobConfig, limits: LinkLimits) -> float:
     (coordinator/core/linkcodecs.py; every in-tree client lists it)."""
     codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
     return codecs.model_bytes / job.spec.num_params
+
+
+def job_prefetches(job: JobConfig, limits: LinkLimits) -> bool:
+    """Whether the coordinator offers prefetch to a client on this link in this job
+    (coordinator/core/handshake.py's offers_prefetch, in the link's codecs)."""
+    codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
+    return serves_prefetch(job) and offers_prefetch(job, codecs, limits)
 
 
 def inputs_from_model(

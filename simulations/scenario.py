@@ -121,7 +121,7 @@ class ClientsSection(_Section):
     prefetch: bool = Field(
         default=True,
         description="players ask for their next task while they compute, where the job offers "
-        "it (job.lease.prefetch, off by default)",
+        "it (job.lease.prefetch: by default to slow links only)",
     )
     attack: AttackSection | None = Field(
         default=None, description="Byzantine players mixed into the crowd (simulations/attacks.py)"

@@ -143,7 +143,9 @@ class LinkSection(_Section):
 
 class LeaseSection(_Section):
     """Deadline = max(min_s, slack × predicted compute+transfer time). ``prefetch``:
-    offer clients their next task while they compute (decentral-async only)."""
+    offer clients their next task while they compute (decentral-async only):
+    ``auto`` to a connection whose link sets its task's length (linkcodecs.link_bound),
+    true to every one, false to none."""
 
     min_s: float = Field(default=10.0, gt=0)
     slack: float = Field(default=3.0, ge=1)
@@ -162,10 +164,11 @@ class LeaseSection(_Section):
         description="of those, clients that left before any result of theirs was "
         "accepted (a flood of connections that take a task and vanish is all such)",
     )
-    prefetch: bool = Field(
-        default=False,
+    prefetch: bool | Literal["auto"] = Field(
+        default="auto",
         description="lease a task behind the running one when a client asks (protocol §3.12); "
-        "off by default: a prefetched task trains from a model one result older",
+        "'auto': only on a slow link, whose transfers then run while it computes; on lan a "
+        "prefetched task's model one result older cost 2 clients half their work",
     )
 
     @model_validator(mode="after")

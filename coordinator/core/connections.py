@@ -98,6 +98,9 @@ class Conn:
     boundary: bool = False
     #: shards named in a task to this connection so far (the first pays its transfer)
     shards_named: set[str] = field(default_factory=set)
+    #: offered prefetch (welcome.prefetch): its tasks are sized to hide their
+    #: transfers behind their compute (handshake.offers_prefetch)
+    prefetch: bool = False
     #: the peer's address as the driver saw it (None: not given), for RefusalMarks
     address: str | None = None
 
@@ -173,18 +176,20 @@ class Connections:
         conn.move(ConnState.WORKING)
         self._waiting.discard(conn.client_id)
 
-    def prefetch(self, conn: Conn, msg: m.Prefetch, book: LeaseBook, *, served: bool) -> None:
+    def prefetch(self, conn: Conn, msg: m.Prefetch, book: LeaseBook, *, pays: bool) -> None:
         """The client asks for its next task while it computes: PREFETCH, so the
         next dispatch queues one behind the task it names.
 
-        Ignored (not an error: the two sides race) unless ``served`` (the job and
-        the strategy allow it: ``lease.prefetch``, ``Strategy.pipelined``), the
-        named task is the client's live lease and nothing is queued behind it yet.
+        Ignored (not an error: the two sides race) unless the connection was
+        offered it (``conn.prefetch``: ``lease.prefetch``, ``Strategy.pipelined``,
+        its link) and it ``pays`` now (TaskIssuer.prefetch_pays), the named task is
+        the client's live lease and nothing is queued behind it yet.
         """
         cid = conn.client_id
         lease = book.live_lease_of(cid)
         if (
-            served
+            conn.prefetch
+            and pays
             and lease is not None
             and str(lease.task_id) == msg.task_id
             and book.queued_lease_of(cid) is None
@@ -267,8 +272,14 @@ class Connections:
         return heap[0][0] if heap else None
 
     def next_cool_end(self) -> float | None:
-        """When the earliest decline back-off runs out."""
-        return min(self.cooling.values()) if self.cooling else None
+        """When the earliest decline back-off of a client owed a task runs out. A
+        cooling client that works on (it declined its running task and a prefetched
+        one became current) needs no wakeup: ``waiting`` meets its back-off when it
+        is released. Counting it kept the core's next wakeup in the past, and a
+        driver ticking at once spun until that client's task ended."""
+        waiting = self._waiting
+        ends = [until for cid, until in self.cooling.items() if cid in waiting]
+        return min(ends) if ends else None
 
 
 def refusal(client_id: str, code: ErrorCode, message: str) -> list[ev.Output]:

@@ -14,6 +14,7 @@ from compression import CodecError
 from compression import get as get_codec
 from coordinator.core.config import JobConfig
 from coordinator.core.connections import Conn
+from coordinator.core.linkcodecs import LinkCodecs, link_bound
 from coordinator.core.linkcodecs import choose as choose_codecs
 from coordinator.core.uploads import Uploads
 from nn.spec import INIT_SCHEME, ModelSpec
@@ -80,11 +81,13 @@ def open_conn(
     offered: set[int],
     *,
     seeded_v0: bool,
+    serves_prefetch: bool,
 ) -> Conn:
     """A connection under the negotiated ``limits``, with what the checked hello
-    says the client can do and the codecs its link gets (linkcodecs.py).
-    ``seeded_v0``: this coordinator's version 0 is the job's init seed's, so a
-    client with the portable scheme builds it itself."""
+    says the client can do, the codecs its link gets (linkcodecs.py) and whether
+    it is offered prefetch. ``seeded_v0``: this coordinator's version 0 is the
+    job's init seed's, so a client with the portable scheme builds it itself.
+    ``serves_prefetch``: the job and its strategy allow prefetch at all."""
     # A layer-split lower result also carries its shard's boundary rows.
     extra = MAX_BOUNDARY_ROWS if job.split.enabled else 0
     codecs = choose_codecs(job, spec, limits, offered)
@@ -94,7 +97,23 @@ def open_conn(
     conn.spans = hello.spans
     conn.data = hello.data
     conn.boundary = hello.boundary and job.split.enabled
+    conn.prefetch = serves_prefetch and offers_prefetch(job, codecs, limits)
     return conn
+
+
+def offers_prefetch(job: JobConfig, codecs: LinkCodecs, limits: LinkLimits) -> bool:
+    """Whether a connection of a job that serves prefetch is offered it: under
+    ``lease.prefetch = "auto"`` only where the link, in its codecs, sets the
+    task's length (and the core serves a prefetch only where the running task
+    hides a download: TaskIssuer.prefetch_pays). There the next task's model
+    downloads and the last result uploads while the client computes; on lan a
+    transfer hides nothing and the queued task's model one result older cost 2
+    clients half their work (docs/performance.md, "Session 6" and "Session 15")."""
+    if job.lease.prefetch != "auto":
+        return bool(job.lease.prefetch)
+    if job.submodel.enabled or job.split.enabled:
+        return False  # a slice's compute, which TaskIssuer.prefetch_pays does not see
+    return link_bound(job, codecs.round_trip_bytes, limits)
 
 
 def welcome(

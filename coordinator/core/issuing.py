@@ -5,8 +5,9 @@ lease whose deadline covers the client's measured compute and its link, queues
 the task message and its model frames behind whatever the client has queued, and
 returns the ``TaskLeased`` event. A plan sized ``tau = "auto"`` computes for the
 job's ``task_seconds`` and ``transfer_ratio`` times its transfer at the client's
-measured speed (leases.task_steps), the transfer counted in its link's codecs
-(linkcodecs.py), its lr scaled as the strategy says.
+measured speed (leases.task_steps; ``prefetch_transfer_ratio`` for a connection
+that prefetches), the transfer counted in its link's codecs (linkcodecs.py), its
+lr scaled as the strategy says.
 """
 
 from __future__ import annotations
@@ -102,6 +103,23 @@ class TaskIssuer:
             steps = st.tau
         return self._compute_s(steps, batch, rec.rate())
 
+    def prefetch_pays(self, conn: Conn, rec: ClientRecord) -> bool:
+        """Whether to serve this client's ``prefetch``: always under ``lease.prefetch
+        = true``; under ``auto`` where its running task computes at least as long
+        as a model takes to download, so that the next one's download hides behind
+        it. On a link slower still a queued task only doubles the client's tasks
+        in flight: the large preset's 8 roblox players (27 s of compute, 42 s a
+        model) reached a loss of 0.1 at 493 s instead of 213 s with every prefetch
+        served (docs/performance.md, "Session 15")."""
+        if self.job.lease.prefetch is True:
+            return True
+        lease = self.book.live_lease_of(conn.client_id)
+        if lease is None:
+            return False
+        task = self.book.tasks[lease.task_id]
+        download_s = conn.codecs.model_bytes / conn.limits.bytes_per_s
+        return self._compute_s(task.steps, task.batch, rec.rate()) >= download_s
+
     def _compute_s(self, steps: int, batch: int, rate: float) -> float:
         """Seconds ``steps`` steps of ``batch`` rows take at ``rate`` FLOP/s."""
         return steps * self.flops_per_sample * batch / max(rate, 1.0)
@@ -124,7 +142,8 @@ class TaskIssuer:
             transfer_bytes=conn.codecs.round_trip_bytes,  # the model down, the update up
             bytes_per_s=conn.limits.bytes_per_s,
             task_seconds=st.task_seconds,
-            transfer_ratio=st.transfer_ratio,
+            # a prefetching client's transfers run while it computes
+            transfer_ratio=st.prefetch_transfer_ratio if conn.prefetch else st.transfer_ratio,
         )
 
     def sized(self, plan: TaskPlan, conn: Conn, rec: ClientRecord, rows: int) -> TaskPlan:
@@ -164,7 +183,7 @@ class TaskIssuer:
         shards than on 64; docs/performance.md, "Session 12")."""
         compute_s = self._compute_s(steps, batch, rate)
         transfer_s = conn.codecs.round_trip_bytes / conn.limits.bytes_per_s  # as task_steps
-        # Sized by transfer_ratio, a task computes 5x its transfer unless its
+        # Sized by its transfer ratio, a task computes at least its transfer unless its
         # shard caps it: only a link-bound task asks again without the cap.
         if compute_s >= transfer_s or steps >= auto(rows=0):
             return

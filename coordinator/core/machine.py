@@ -112,7 +112,7 @@ class Coordinator:
     flops_per_sample: float
     #: the stream the norm check's sub-model reference tasks are drawn from
     reference_seq: np.random.SeedSequence
-    #: offer prefetch (welcome.prefetch) and serve it
+    #: the job and its strategy serve prefetch (to the connections offers_prefetch picks)
     prefetch: bool
     finished: ev.JobFinished | None = None
     #: why the run this core was restored from ended (earlystop.ending), if it did
@@ -182,6 +182,7 @@ class Coordinator:
             limits,
             offered,
             seeded_v0=self.v0_crc is not None,
+            serves_prefetch=self.prefetch,
         )
         conn.address = address
         # by the token it sent too: a forgotten session's token starts a new record
@@ -200,7 +201,7 @@ class Coordinator:
             session_id=client_id,
             resume_token=rec.resume_id,
             limits=limits,
-            prefetch=self.prefetch,
+            prefetch=conn.prefetch,
             volunteer=vid,
         )
         self.connections.queue(conn, answer)
@@ -402,7 +403,8 @@ class Coordinator:
                 if upload is not None:
                     self._follow(self.results.on_result(conn, rec, upload, now, out), now, out)
             case m.Prefetch():
-                self.connections.prefetch(conn, msg, self.book, served=self.prefetch)
+                pays = conn.prefetch and self.issuer.prefetch_pays(conn, rec)
+                self.connections.prefetch(conn, msg, self.book, pays=pays)
             case m.Fetch():
                 frames, served = self.data.answer(conn.client_id, msg, conn.limits, now)
                 self.connections.queue_frames(conn, frames)  # behind what is queued (§13)

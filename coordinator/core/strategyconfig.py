@@ -105,6 +105,13 @@ class StrategySection(_Section):
     # docs/performance.md, "Session 10")
     task_seconds: float = Field(default=0.25, gt=0, le=600, allow_inf_nan=False)
     transfer_ratio: float = Field(default=5.0, ge=0, le=1000, allow_inf_nan=False)
+    # The same for a connection that prefetches (lease.prefetch): its transfers
+    # run while it computes, so a task as long as its round trip keeps the link
+    # busy and the crowd averages twice as often as on one pass over a 64th of
+    # the rows (64 roblox players: 0.78 at 275 s against 372 s; 8 players: 476
+    # s against 568 s; half a round trip saturated the link and lost;
+    # docs/performance.md, "Session 15")
+    prefetch_transfer_ratio: float = Field(default=1.0, ge=0, le=1000, allow_inf_nan=False)
     # decentral-async: each task's lr = lr x min(lr_scale_max, K) ("linear") or
     # sqrt(K), K the crowd's concurrency (the running mean of staleness + 1): K
     # deltas merged at 1/(1+s) average away their noise, as a K-times batch

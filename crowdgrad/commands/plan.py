@@ -20,11 +20,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.core.strategies import serves_prefetch
 from crowdgrad.cli import UsageError
 from nn.spec import ModelSpec, parse_widths
 from protocol.limits import PROFILES, profile
-from simulations.plan import PlanInputs, estimate, inputs_from_model, job_bytes_per_param
+from simulations.plan import (
+    PlanInputs,
+    estimate,
+    inputs_from_model,
+    job_bytes_per_param,
+    job_prefetches,
+)
 from simulations.runner import run_scenario
 from simulations.scenario import (
     MACHINE_FLOPS,
@@ -134,7 +139,7 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     sc = parse_scenario(data, source=args.scenario)
     steps = sc.run.max_steps or args.steps
     job = sc.job
-    prefetch = sc.clients.prefetch and serves_prefetch(job)
+    prefetch = sc.clients.prefetch and job_prefetches(job, sc.limits)
     p = _checked(
         inputs_from_model,
         sc.job.spec,

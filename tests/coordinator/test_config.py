@@ -160,3 +160,11 @@ def test_relative_paths_in_a_job_file_are_relative_to_the_file(tmp_path: Path) -
     absolute = tmp_path / "elsewhere.npz"
     p.write_text(f'[distill]\nteacher = "{absolute}"\n')
     assert load_job(p).distill.teacher == str(absolute)
+
+
+def test_prefetch_is_auto_true_or_false_and_anything_else_is_named() -> None:
+    assert JobConfig().lease.prefetch == "auto"
+    assert parse_job({"lease": {"prefetch": False}}).lease.prefetch is False
+    with pytest.raises(JobConfigError, match=r"lease\.prefetch") as info:
+        parse_job({"lease": {"prefetch": "sometimes"}})
+    assert "auto" in str(info.value)

@@ -70,7 +70,7 @@ def test_dispatch_visits_waiting_connections_in_join_order_and_skips_cooling() -
     assert [c.client_id for c in table.waiting(20.0)] == ["b", "c"]
 
 
-def test_prefetch_only_for_the_live_lease_with_nothing_queued_and_only_if_served() -> None:
+def test_prefetch_only_for_the_live_lease_with_nothing_queued_if_offered_and_paying() -> None:
     table = Connections()
     book = LeaseBook(on_release=table.released)
     conn = _conn("a")
@@ -80,9 +80,11 @@ def test_prefetch_only_for_the_live_lease_with_nothing_queued_and_only_if_served
     )
     book.lease(task, "a", now=0.0, deadline=10.0)
     table.leased(conn)
-    table.prefetch(conn, m.Prefetch(task_id=str(task.task_id)), book, served=False)
-    table.prefetch(conn, m.Prefetch(task_id="999"), book, served=True)
+    table.prefetch(conn, m.Prefetch(task_id=str(task.task_id)), book, pays=True)  # not offered
+    conn.prefetch = True
+    table.prefetch(conn, m.Prefetch(task_id=str(task.task_id)), book, pays=False)
+    table.prefetch(conn, m.Prefetch(task_id="999"), book, pays=True)
     assert conn.state is ConnState.WORKING and not list(table.waiting(0.0))
-    table.prefetch(conn, m.Prefetch(task_id=str(task.task_id)), book, served=True)
-    table.prefetch(conn, m.Prefetch(task_id=str(task.task_id)), book, served=True)  # again
+    table.prefetch(conn, m.Prefetch(task_id=str(task.task_id)), book, pays=True)
+    table.prefetch(conn, m.Prefetch(task_id=str(task.task_id)), book, pays=True)  # again
     assert conn.state is ConnState.PREFETCH and list(table.waiting(0.0)) == [conn]

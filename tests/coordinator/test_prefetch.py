@@ -9,6 +9,7 @@ import pytest
 from coordinator.core import events as ev
 from coordinator.core.leases import LeaseBook, LeaseError, LeaseState, TaskPlan
 from protocol import messages as m
+from protocol.limits import data_cap
 from tests.coordinator.coord_helpers import (
     acks,
     deliver,
@@ -20,18 +21,71 @@ from tests.coordinator.coord_helpers import (
     task_of,
 )
 
-#: prefetch is off by default (``lease.prefetch``): these tests turn it on
+#: prefetch is offered by default to slow links only (``lease.prefetch = "auto"``):
+#: these tests give it to every connection
 PREFETCH = {"prefetch": True}
 
 
-def test_the_default_job_does_not_offer_prefetch() -> None:
-    """Off by default (docs/coordinator.md): a prefetched task would train from the
-    model before its client's own last result."""
+def test_the_default_job_on_lan_does_not_offer_prefetch() -> None:
+    """Not on a fast link (docs/coordinator.md): a prefetched task would train from
+    the model before its client's own last result, and hide no transfer."""
     core = make_core()
     out = core.connect("a", hello("a"), 0.0)
     assert sent(out, "a", m.Welcome)[0].prefetch is False
     first = task_of(out, "a")
     assert sent(core.receive("a", m.Prefetch(task_id=first.task_id), 0.5), "a", m.Task) == []
+
+
+def test_auto_offers_prefetch_to_the_connections_whose_link_sets_their_task() -> None:
+    """Per connection: on one lan job, a volunteer who capped its data gets
+    prefetch and its neighbour does not; on a roblox job every client does, and
+    a job that says no offers it to none."""
+    core = make_core(strategy={"tau": "auto"})
+    out = core.connect("capped", hello("capped", limits=data_cap(10.0)), 0.0)
+    assert sent(out, "capped", m.Welcome)[0].prefetch is True
+    out = core.connect("lan", hello("lan"), 0.0)
+    assert sent(out, "lan", m.Welcome)[0].prefetch is False
+
+    for allowed, offered in (("auto", True), (False, False)):
+        core = make_core(strategy={"tau": "auto"}, link={"profile": "roblox"},
+                         lease={"prefetch": allowed})  # fmt: skip
+        out = core.connect("a", hello("a", codecs=("fp32", "int8")), 0.0)
+        assert sent(out, "a", m.Welcome)[0].prefetch is offered
+
+
+@pytest.mark.parametrize(
+    ("tau", "prefetch", "served"),
+    [("auto", "auto", True), (2, "auto", False), (2, True, True), ("auto", False, False)],
+)
+def test_a_prefetch_is_served_where_the_running_task_hides_a_download(
+    tau: int | str, prefetch: bool | str, served: bool
+) -> None:
+    """Under auto, a roblox client's auto-sized task computes its round trip, so
+    the next model downloads while it runs: served. Two steps compute for
+    milliseconds against a download of seconds: a queued task would only add one
+    to the client's tasks in flight, so the prefetch is ignored (unless the job
+    says true)."""
+    uncapped = {"tau": tau, "max_epochs": 10**4, "tau_max": 10**6}  # not one pass of digits
+    core = make_core(strategy=uncapped, link={"profile": "roblox"}, lease={"prefetch": prefetch})
+    out = core.connect("a", hello("a", codecs=("fp32", "int8")), 0.0)
+    (first,) = only(out, ev.TaskLeased)  # its frames wait for its paced link
+    out = core.receive("a", m.Prefetch(task_id=str(first.task_id)), 0.5)
+    assert [t.queued for t in only(out, ev.TaskLeased)] == ([True] if served else [])
+
+
+def test_a_prefetching_clients_task_computes_its_round_trip_not_five() -> None:
+    """Its transfers run while it computes: ``prefetch_transfer_ratio`` (1) times its
+    round trip, where a client without prefetch computes ``transfer_ratio`` (5)
+    times it so that its link is a small part of each task."""
+    sizing = {"tau": "auto", "tau_max": 10**6, "max_epochs": 10**4, "task_seconds": 0.01}
+
+    def steps(prefetch: bool | str) -> int:
+        core = make_core(strategy=sizing, link={"profile": "roblox"}, lease={"prefetch": prefetch})
+        return task_of(core.connect("a", hello("a", codecs=("fp32", "int8")), 0.0), "a").steps
+
+    auto, off = steps("auto"), steps(False)
+    assert off / auto == pytest.approx(5.0, rel=0.02)
+    assert steps(True) == auto
 
 
 @pytest.mark.parametrize(
@@ -179,3 +233,23 @@ def test_a_result_for_the_prefetched_version_keeps_the_update_exact() -> None:
     (acc,) = only(out, ev.ResultAccepted)
     assert acc.staleness == core.version - 1 - nxt.model_version
     assert not np.array_equal(core.params.data, before)
+
+
+def test_declining_the_running_task_with_one_queued_does_not_spin_the_core() -> None:
+    """The client declines its running task (it diverged) and goes on with the
+    prefetched one: its decline back-off asks for no wakeup while it works, so the
+    core's next wakeup is never in the past (it was: a driver ticking at once
+    spun on it until the queued task ended; the large preset's 8 players)."""
+    core = make_core(lease=PREFETCH)
+    first = task_of(core.connect("a", hello("a"), 0.0), "a")
+    queued = task_of(core.receive("a", m.Prefetch(task_id=first.task_id), 0.5), "a")
+    out = core.receive("a", m.Decline(task_id=first.task_id, reason="diverged: not finite"), 1.0)
+    assert sent(out, "a", m.Task) == []  # the queued task is its work now
+    assert core.book.live_lease_of("a").task_id == int(queued.task_id)
+    for now in (1.0, 1.5, 2.0, 5.0):  # the back-off ran out at 2.0
+        core.tick(now)
+        wake = core.next_wakeup()
+        assert wake is None or wake > now
+    # its result releases it: a fresh task once the back-off has run out
+    out = deliver(core, "a", result_messages(queued), 6.0)
+    assert acks(out, "a") == [(queued.task_id, True, "")] and task_of(out, "a")

@@ -19,10 +19,11 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def serves_prefetch(job: JobConfig) -> bool:
-    """The job's coordinator answers ``prefetch`` (docs/protocol.md §3.12): the job
-    allows it (``lease.prefetch``) and its strategy has a next task while one
-    computes (``Strategy.pipelined``)."""
-    return job.lease.prefetch and STRATEGIES[job.strategy.name].pipelined
+    """The job's coordinator may answer ``prefetch`` (docs/protocol.md §3.12): the
+    job allows it (``lease.prefetch`` true or ``auto``; which connections get it is
+    handshake.offers_prefetch) and its strategy has a next task while one computes
+    (``Strategy.pipelined``)."""
+    return job.lease.prefetch is not False and STRATEGIES[job.strategy.name].pipelined
 
 
 def make_strategy(
