@@ -31,6 +31,7 @@ from coordinator.core.strategies import ClientView, ModelState, Strategy
 from coordinator.core.submodel import SubmodelPlanner
 from coordinator.core.taskwriter import TaskWriter
 from nn.spec import ModelSpec
+from protocol import messages as m
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,13 @@ class TaskIssuer:
         else:
             steps = st.tau
         return self._compute_s(steps, batch, rec.rate())
+
+    def prefetch(self, conn: Conn, rec: ClientRecord, msg: m.Prefetch) -> None:
+        """A client asks for its next task while it computes: queued behind it
+        (Connections.prefetch) where its connection was offered prefetch and it
+        pays now."""
+        pays = conn.prefetch and self.prefetch_pays(conn, rec)
+        self.connections.prefetch(conn, msg, self.book, pays=pays)
 
     def prefetch_pays(self, conn: Conn, rec: ClientRecord) -> bool:
         """Whether to serve this client's ``prefetch``: always under ``lease.prefetch

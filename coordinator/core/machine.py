@@ -403,8 +403,7 @@ class Coordinator:
                 if upload is not None:
                     self._follow(self.results.on_result(conn, rec, upload, now, out), now, out)
             case m.Prefetch():
-                pays = conn.prefetch and self.issuer.prefetch_pays(conn, rec)
-                self.connections.prefetch(conn, msg, self.book, pays=pays)
+                self.issuer.prefetch(conn, rec, msg)
             case m.Fetch():
                 frames, served = self.data.answer(conn.client_id, msg, conn.limits, now)
                 self.connections.queue_frames(conn, frames)  # behind what is queued (§13)
