@@ -72,6 +72,47 @@ def test_shard_cursor_with_preferences_still_visits_every_shard_once_a_cycle(
         assert sorted(given_out[i : i + shards]) == list(range(shards))
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    shards=st.integers(1, 8),
+    lead=st.integers(1, 5),
+    prefs=st.lists(st.lists(st.integers(0, 7), max_size=3), min_size=1, max_size=80),
+)
+def test_shard_cursor_with_a_lead_keeps_every_shard_within_lead_visits(
+    shards: int, lead: int, prefs: list[list[int]]
+) -> None:
+    """A lead lets a preference come from cycles ahead, but never lets one shard
+    be given more than ``lead`` times more often than another; a preference
+    within reach is the one given."""
+    c = ShardCursor(shards, np.random.default_rng(0))
+    counts = [0] * shards
+    for p in prefs:
+        reachable = any(s < shards and counts[s] - min(counts) < lead for s in p)
+        got = c.next(tuple(p), lead)
+        assert got in p if reachable else got not in p
+        counts[got] += 1
+        assert max(counts) - min(counts) <= lead
+
+
+def test_more_clients_than_shards_each_keep_the_shard_they_hold() -> None:
+    """12 slow-link clients on 3 shards, each holding one, ask in turn: with a
+    lead of the crowd over the shards (4 cycles) every one is given its own
+    shard; one cycle gave 27 of the 60 requests theirs, and the rest a shard to
+    fetch."""
+    s, _ = build("decentral-async", tau=2)
+    shards = s.cursor.shards
+    holds = {f"c{i}": i // 4 for i in range(12)}  # a shard's four holders in a row
+    given = []
+    for _ in range(5):
+        for cid, shard in holds.items():
+            me = ClientView(client_id=cid, version_held=0, connected=12, held=(shard,))
+            given.append((shard, s.task_for(me, 0).shard))
+    assert all(mine == got for mine, got in given)
+    one_cycle = ShardCursor(shards, np.random.default_rng(0))
+    kept = sum(one_cycle.next((mine,)) == mine for mine, _ in given)
+    assert kept <= len(given) // 2
+
+
 def test_a_client_is_given_a_shard_it_holds_when_one_is_due() -> None:
     s, _ = build("decentral-async", tau=2)
     first = s.task_for(view("a"), 0).shard

@@ -119,7 +119,12 @@ class ShardCursor:
     takes the first of ``prefer`` still due in this cycle before the queue's head:
     a client is given a shard it holds whenever the cycle allows, so a volunteer
     on a slow link fetches a shard about once a cycle instead of once a task
-    (docs/coordinator.md, "Strategies": shard affinity).
+    (docs/coordinator.md, "Strategies": shard affinity). ``lead`` > 1 lets a
+    preference be met from the next ``lead - 1`` cycles too: a crowd of more
+    clients than shards holds each shard several times over, and with one cycle
+    only the first of a shard's holders to ask got it, the rest fetched another
+    (700 roblox players on 64 shards spent a third of their downlink on shards).
+    No shard is ever given more than ``lead`` times more often than another.
     """
 
     __slots__ = ("_due", "_queue", "rng", "shards")
@@ -131,17 +136,24 @@ class ShardCursor:
         #: the queue's shards counted, so a preference is looked up without a scan
         self._due: Counter[int] = Counter()
 
-    def next(self, prefer: tuple[int, ...] = ()) -> int:
+    def next(self, prefer: tuple[int, ...] = (), lead: int = 1) -> int:
         if not self._queue:
-            self._queue.extend(int(s) for s in self.rng.permutation(self.shards))
-            self._due.update(self._queue)
+            self._new_cycle()
         s = next((s for s in prefer if self._due[s]), None)
+        while s is None and prefer and max(self._due.values()) < lead:
+            self._new_cycle()  # a cycle ahead: some holder of these shards comes first
+            s = next((s for s in prefer if self._due[s]), None)
         if s is None:
             s = self._queue.popleft()
         else:
             self._queue.remove(s)
         self._due[s] -= 1
         return s
+
+    def _new_cycle(self) -> None:
+        cycle = [int(s) for s in self.rng.permutation(self.shards)]
+        self._queue.extend(cycle)
+        self._due.update(cycle)
 
     def requeue(self, shard: int) -> None:
         self._queue.appendleft(shard)
@@ -228,9 +240,12 @@ class Strategy(ABC):
     def new_plan(self, client: ClientView | None = None, *, round: int | None = None) -> TaskPlan:
         """A task plan; for ``client``, on a shard it holds when one is due."""
         steps = self.config.nominal_tau if self.task_kind == "local" else 1
+        held, lead = (), 1
+        if client is not None:  # a crowd of N holds each of S shards about N/S times
+            held, lead = client.held, max(1, -(-client.connected // self.cursor.shards))
         return TaskPlan(
             kind=self.task_kind,
-            shard=self.cursor.next(client.held if client is not None else ()),
+            shard=self.cursor.next(held, lead),
             seed=int(self.rng.integers(0, 2**31 - 1)),
             steps=steps,
             batch=self.data.batch,
