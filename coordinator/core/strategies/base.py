@@ -123,7 +123,7 @@ class ShardCursor:
     preference be met from the next ``lead - 1`` cycles too: a crowd of more
     clients than shards holds each shard several times over, and with one cycle
     only the first of a shard's holders to ask got it, the rest fetched another
-    (700 roblox players on 64 shards spent a third of their downlink on shards).
+    (700 roblox players on 64 shards spent half their downlink on shards).
     No shard is ever given more than ``lead`` times more often than another.
     """
 
