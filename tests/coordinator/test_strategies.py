@@ -82,7 +82,7 @@ def test_shard_cursor_with_a_lead_keeps_every_shard_within_lead_visits(
     shards: int, lead: int, prefs: list[list[int]]
 ) -> None:
     """A lead lets a preference come from cycles ahead, but never lets one shard
-    be given more than ``lead`` times more often than another; a preference
+    run more than ``lead`` visits ahead of another; a preference
     within reach is the one given."""
     c = ShardCursor(shards, np.random.default_rng(0))
     counts = [0] * shards

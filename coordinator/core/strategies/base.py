@@ -124,7 +124,7 @@ class ShardCursor:
     clients than shards holds each shard several times over, and with one cycle
     only the first of a shard's holders to ask got it, the rest fetched another
     (700 roblox players on 64 shards spent half their downlink on shards).
-    No shard is ever given more than ``lead`` times more often than another.
+    No shard is ever more than ``lead`` visits ahead of another.
     """
 
     __slots__ = ("_due", "_queue", "rng", "shards")
