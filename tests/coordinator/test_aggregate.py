@@ -106,3 +106,23 @@ def test_a_strategy_step_scale_follows_its_schedule_section_when_replaced() -> N
     section = ScheduleSection(kind="constant")
     strategy.config = strategy.config.model_copy(update={"schedule": section})
     assert strategy.step_scale() == 1.0
+
+
+@pytest.mark.parametrize("kind", ["sgd", "nesterov"])
+@pytest.mark.parametrize("k", [1, 4, 64])
+def test_k_arrivals_move_the_params_as_one_round_of_their_mean(kind: str, k: int) -> None:
+    """Asynchronous DiLoCo: K arrivals at share 1/K against one synchronous
+    round, 30 rounds of the same direction. One arrival (K = 1) is the round's
+    step exactly; more stay within 5 % of it (the velocity decays between
+    arrivals), not K times as far."""
+    d = np.ones(3, np.float32)
+    rounds, arrivals = OuterOptimizer(kind=kind, lr=0.7), OuterOptimizer(kind=kind, lr=0.7)
+    p, q = np.zeros(3, np.float32), np.zeros(3, np.float32)
+    for _ in range(30):
+        rounds.step(p, d)
+        for _ in range(k):
+            arrivals.arrival(q, d, 1 / k)
+    if k == 1:
+        np.testing.assert_allclose(q, p, rtol=1e-6)
+    else:
+        np.testing.assert_allclose(q, p, rtol=0.05)

@@ -14,6 +14,7 @@ from coordinator.core.strategies import (
     ShardCursor,
     make_strategy,
 )
+from coordinator.core.strategies.aggregate import OuterOptimizer
 from nn.spec import ModelSpec
 
 SPEC = ModelSpec(widths=(3, 2))
@@ -303,6 +304,36 @@ def test_diloco_steps_each_arrival_at_its_share_of_a_round() -> None:
     again, _ = build("decentral-async", aggregation="diloco", window=1)
     again.load_state_dict(state)
     assert again.concurrency == s.concurrency
+
+
+def test_diloco_with_nesterov_moves_k_arrivals_as_far_as_one_round() -> None:
+    """Eight tasks in flight, each 7 versions stale on arrival (K = 8): 20 rounds
+    of the same delta move the model within 10 % of 20 synchronous Nesterov
+    rounds of it. Momentum once summed whole deltas per arrival, so K arrivals
+    moved it about K times as far as a round, and a crowd diverged."""
+    k = 8
+    s, model = build(
+        "decentral-async",
+        aggregation="diloco",
+        window=1,
+        outer_optimizer="nesterov",
+        outer_lr=0.7,
+        outer_momentum=0.9,
+    )
+    s.concurrency = float(k)
+    book = LeaseBook()
+    d = np.full(SPEC.num_params, 1e-3, np.float32)
+    before = model.params.data.copy()
+    for _ in range(20 * k):
+        version = max(0, model.version - (k - 1))
+        task = book.new_task(s.task_for(view("a", k), 0), version=version, now=0)
+        assert s.on_result(task, d, 1).accepted
+    assert s.concurrency == pytest.approx(k, rel=0.05)
+    rounds = OuterOptimizer(kind="nesterov", lr=0.7, momentum=0.9)
+    sync = before.copy()
+    for _ in range(20):
+        rounds.step(sync, d)
+    np.testing.assert_allclose(model.params.data - before, sync - before, rtol=0.1)
 
 
 def test_the_default_merge_weighs_a_result_by_one_over_one_plus_staleness() -> None:

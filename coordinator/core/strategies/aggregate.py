@@ -108,11 +108,9 @@ class OuterOptimizer:
         params: np.ndarray,
         direction: np.ndarray,
         scale: float = 1.0,
-        *,
-        momentum: float | None = None,
     ) -> None:
         """Update ``params`` (flat float32) in place, at ``scale`` times the lr
-        (the job's schedule); ``momentum``: this step's, instead of the set one."""
+        (the job's schedule)."""
         lr = self.lr * scale
         if self.kind == "sgd":
             params += np.float32(lr) * direction.astype(np.float32, copy=False)
@@ -122,8 +120,29 @@ class OuterOptimizer:
         if self.velocity is None:
             self.velocity = np.zeros_like(params, dtype=np.float32)
         grad = np.negative(direction, dtype=np.float32)
-        beta = self.momentum if momentum is None else momentum
-        momentum_step(params, grad, self.velocity, lr=lr, momentum=beta, nesterov=True)
+        momentum_step(params, grad, self.velocity, lr=lr, momentum=self.momentum, nesterov=True)
+
+    def arrival(
+        self, params: np.ndarray, direction: np.ndarray, share: float, scale: float = 1.0
+    ) -> None:
+        """One of about ``1 / share`` asynchronous arrivals that together make one
+        round's step: each adds ``share`` of its direction to the velocity, which
+        decays by ``momentum ** share``, and moves the params by ``share`` of the
+        round's step. So K arrivals of the same direction move the params as one
+        synchronous round of their mean would (Nesterov: within its first-order
+        term, ``lr·d`` of ``lr·d / (1 - momentum)``), not K times as far."""
+        if self.kind == "sgd":
+            self.step(params, direction, scale * share)
+            return
+        if self.velocity is None:
+            self.velocity = np.zeros_like(params, dtype=np.float32)
+        grad = np.negative(direction, dtype=np.float32)
+        grad *= np.float32(share)
+        beta = np.float32(self.momentum**share)
+        self.velocity *= beta
+        self.velocity += grad
+        lr = np.float32(self.lr * scale)
+        params -= lr * (grad + np.float32(share) * beta * self.velocity)
 
     def state_dict(self) -> dict[str, Any]:
         # Stored as the direction's velocity (what checkpoints have always held).

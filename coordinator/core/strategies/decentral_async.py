@@ -7,11 +7,11 @@ the robust combination (``window_aggregator``) of the newest ``window``
 staleness-weighted deltas (robust.SlidingWindow): one result is still one
 version, but a bad delta meets honest ones before it moves the model.
 ``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and takes one
-outer step on their mean (FedBuff). ``diloco`` takes an outer step (Nesterov:
-DiLoCo's) on every arrival at ``outer_lr / K``, with momentum ``outer_momentum
-** (1 / K)``, where K is the crowd's concurrency measured as the running mean
-of ``staleness + 1``: K tasks in flight from about the same model move it by
-their mean, as one synchronous DiLoCo round would, whatever the crowd's size.
+outer step on their mean (FedBuff). ``diloco`` takes 1/K of an outer step (Nesterov:
+DiLoCo's) on every arrival (``OuterOptimizer.arrival``), where K is the crowd's
+concurrency measured as the running mean of ``staleness + 1``: K tasks in
+flight from about the same model move it, and its velocity, as one synchronous
+DiLoCo round of their mean would, whatever the crowd's size.
 A delta older than ``max_staleness`` versions is refused as stale. With
 ``staleness.count = "overlap"`` a result's staleness counts only the versions
 that touched its subnet's neurons (overlap.OverlapClock), for the weight and
@@ -135,12 +135,7 @@ class DecentralAsync(Strategy):
         if self.config.aggregation == "diloco":
             # as old as the crowd makes every result: full weight; far older, less
             step = self._merged(min(1.0, 2.0 * k / (s + 1)), self.dense(task, update))
-            self.outer.step(
-                self.model.params.data,
-                step,
-                self.step_scale() / k,
-                momentum=self.config.outer_momentum ** (1.0 / k),
-            )
+            self.outer.arrival(self.model.params.data, step, 1.0 / k, self.step_scale())
             if clock is not None:
                 clock.step([task.subnet if self.recent is None else None])
             return Outcome(accepted=True, staleness=s, step=self.step_version(1, work=task.work))
