@@ -310,7 +310,7 @@ def test_diloco_with_nesterov_moves_k_arrivals_as_far_as_one_round() -> None:
     """Eight tasks in flight, each 7 versions stale on arrival (K = 8): 20 rounds
     of the same delta move the model within 10 % of 20 synchronous Nesterov
     rounds of it. Momentum once summed whole deltas per arrival, so K arrivals
-    moved it about K times as far as a round, and a crowd diverged."""
+    moved it about K times as far as a round (7x here)."""
     k = 8
     s, model = build(
         "decentral-async",

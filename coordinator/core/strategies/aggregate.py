@@ -129,8 +129,8 @@ class OuterOptimizer:
         round's step: each adds ``share`` of its direction to the velocity, which
         decays by ``momentum ** share``, and moves the params by ``share`` of the
         round's step. So K arrivals of the same direction move the params as one
-        synchronous round of their mean would (Nesterov: within its first-order
-        term, ``lr·d`` of ``lr·d / (1 - momentum)``), not K times as far."""
+        synchronous round of their mean would (Nesterov: within about 5 %, the
+        velocity decaying between arrivals), not K times as far."""
         if self.kind == "sgd":
             self.step(params, direction, scale * share)
             return

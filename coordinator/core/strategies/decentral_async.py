@@ -7,11 +7,11 @@ the robust combination (``window_aggregator``) of the newest ``window``
 staleness-weighted deltas (robust.SlidingWindow): one result is still one
 version, but a bad delta meets honest ones before it moves the model.
 ``fedbuff`` collects ``buffer_k`` staleness-weighted deltas and takes one
-outer step on their mean (FedBuff). ``diloco`` takes 1/K of an outer step (Nesterov:
-DiLoCo's) on every arrival (``OuterOptimizer.arrival``), where K is the crowd's
-concurrency measured as the running mean of ``staleness + 1``: K tasks in
-flight from about the same model move it, and its velocity, as one synchronous
-DiLoCo round of their mean would, whatever the crowd's size.
+outer step on their mean (FedBuff). ``diloco`` takes 1/K of an outer step
+(Nesterov: DiLoCo's) on every arrival (``OuterOptimizer.arrival``), where K is
+the crowd's concurrency measured as the running mean of ``staleness + 1``: K
+tasks in flight from about the same model move it, and its velocity, as one
+synchronous DiLoCo round of their mean would, whatever the crowd's size.
 A delta older than ``max_staleness`` versions is refused as stale. With
 ``staleness.count = "overlap"`` a result's staleness counts only the versions
 that touched its subnet's neurons (overlap.OverlapClock), for the weight and

@@ -17,7 +17,8 @@ import time
 
 # One compute thread: two screens side by side on two cores otherwise spin
 # against each other's kernel threads (session 17: 63 minutes of wall for a
-# 64-player run that takes 7 alone). The figures are the same to the digit.
+# 64-player run that takes 7 with one thread each). The figures are the same
+# to the digit.
 os.environ.update(
     {
         v: os.environ.get(v, "1")
