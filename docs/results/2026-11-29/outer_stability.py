@@ -5,9 +5,9 @@ task solves that direction; up to 2 where its lr makes it overshoot), taken
 by the outer step (Nesterov ``lr``, ``mu``; sgd is mu 0). Prints, per delay,
 the worst spectral radius over ``lam`` in (0, 1] (above 1: that direction
 grows; just under 1, the slowest direction sets it) and the gain in a flat
-direction (lam 0.002) over plain averaging (sgd at lr 1). Synchronous rounds are delay 0; an asynchronous crowd whose
-deltas come from the model of a task-time ago is about delay 1, with
-prefetch about 2.
+direction (lam 0.002) over plain averaging (sgd at lr 1). Synchronous rounds
+are delay 0; an asynchronous crowd whose deltas come from the model of a
+task-time ago is about delay 1, with prefetch about 2.
 
     python docs/results/2026-11-29/outer_stability.py
 """
