@@ -7,6 +7,7 @@ the rest of the job by everything else.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -158,7 +159,10 @@ class StrategySection(_Section):
     schedule: ScheduleSection = Field(default_factory=ScheduleSection)
     # outer optimizer (decentral-sync; central-sync uses it as the server optimizer)
     outer_optimizer: Literal["sgd", "nesterov"] = "sgd"
-    outer_lr: float = Field(default=1.0, gt=0)
+    # "auto" (decentral-sync): per round, 0.95 of the stability edge times the share
+    # of the round's mean delta that is signal, times the plateau's decay
+    # (aggregate.OuterLrScale; docs/performance.md, "Session 18")
+    outer_lr: float | Literal["auto"] = Field(default=1.0, description="a number > 0, or 'auto'")
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     # decentral-async merge
     aggregation: Literal["fedasync", "fedbuff", "diloco"] = "fedasync"
@@ -199,6 +203,22 @@ class StrategySection(_Section):
         if self.tau != "auto":
             return self.tau
         return max(self.tau_min, min(self.tau_max, round((self.tau_min * self.tau_max) ** 0.5)))
+
+    @field_validator("outer_lr")
+    @classmethod
+    def _outer_lr_positive(cls, lr: float | str) -> float | str:
+        if lr != "auto" and not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"must be 'auto' or a finite number > 0, got {lr}")
+        return lr
+
+    @model_validator(mode="after")
+    def _auto_outer_lr_needs_rounds(self) -> StrategySection:
+        if self.outer_lr == "auto" and self.name != "decentral-sync":
+            raise ValueError(
+                f"outer_lr 'auto': needs decentral-sync (it scales with the deltas a "
+                f"round averages), not {self.name!r}; give a number"
+            )
+        return self
 
     @model_validator(mode="after")
     def _window_in_range(self) -> StrategySection:

@@ -78,6 +78,9 @@ class _Readings(Collector):
             ("crowdgrad_step_scale",
              "The schedule's multiplier on the server's next step (strategy.schedule).",
              r.get("step_scale")),
+            ("crowdgrad_outer_lr",
+             "The outer lr of the last sync round (decentral-sync; 'auto' chooses it per round).",
+             r.get("outer_lr")),
         ):  # fmt: skip
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=float(value))

@@ -505,6 +505,7 @@ class CrowdServer:
             "acks_held": st.acks_held,
             "pending": core.strategy.pending() if core is not None else None,
             "step_scale": core.strategy.step_scale() if core is not None else None,
+            "outer_lr": core.strategy.round_outer_lr() if core is not None else None,
         }
 
     def stop_soon(self) -> None:

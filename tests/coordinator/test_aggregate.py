@@ -4,7 +4,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.core.strategies.aggregate import (
+    OUTER_LR_AUTO_MIN_SHARE,
+    OuterLrScale,
     OuterOptimizer,
+    effective_count,
+    nesterov_edge,
     schedule_factor,
     staleness_scale,
     weighted_mean,
@@ -126,3 +130,127 @@ def test_k_arrivals_move_the_params_as_one_round_of_their_mean(kind: str, k: int
         np.testing.assert_allclose(q, p, rtol=1e-6)
     else:
         np.testing.assert_allclose(q, p, rtol=0.05)
+
+
+def _radius_after(lr: float, momentum: float, rounds: int = 400) -> float:
+    """How far a Nesterov outer step leaves a direction its deltas solve exactly
+    (delta = -x), after ``rounds`` rounds from 1."""
+    x = np.ones(1, np.float32)
+    opt = OuterOptimizer(kind="nesterov", lr=lr, momentum=momentum)
+    for _ in range(rounds):
+        opt.step(x, -x.copy())
+    return abs(float(x[0]))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+def test_the_nesterov_edge_is_where_a_solved_direction_stops_converging(momentum: float) -> None:
+    edge = nesterov_edge(momentum)
+    assert _radius_after(0.97 * edge, momentum) < 1e-2
+    assert _radius_after(1.03 * edge, momentum) > 1e2
+    assert nesterov_edge(0.9) == pytest.approx(1.357, abs=1e-3)
+    with pytest.raises(ValueError, match="momentum"):
+        nesterov_edge(1.0)
+
+
+def test_effective_count() -> None:
+    assert effective_count([3.0] * 8) == pytest.approx(8)
+    assert effective_count([1.0, 1.0, 1e6]) == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="positive"):
+        effective_count([0.0, 0.0])
+
+
+def _rounds(k: int, *, signal: float, noise: float, rounds: int = 60, kind: str = "nesterov"):
+    """The auto outer lr of ``rounds`` rounds of ``k`` deltas: a common direction
+    of norm ``signal`` plus independent noise of norm about ``noise`` each."""
+    rng = np.random.default_rng(k)
+    n = 4000
+    mu = np.zeros(n, np.float32)
+    mu[0] = signal
+    scale = OuterLrScale(kind=kind, momentum=0.9)
+    lrs = []
+    for _ in range(rounds):
+        deltas = [mu + rng.normal(0, noise / n**0.5, n).astype(np.float32) for _ in range(k)]
+        lrs.append(scale.observe(deltas, [1.0] * k, np.mean(deltas, axis=0)))
+    return lrs, scale
+
+
+def test_noise_free_rounds_step_at_the_peak_and_plain_averaging_at_one() -> None:
+    lrs, _ = _rounds(8, signal=1.0, noise=0.0)
+    peak = 0.95 * nesterov_edge(0.9)
+    assert lrs[-1] == pytest.approx(peak, rel=1e-6)
+    sgd, _ = _rounds(8, signal=1.0, noise=0.0, kind="sgd")
+    assert sgd[-1] == pytest.approx(1.0)
+
+
+def test_the_step_grows_with_the_deltas_a_round_averages() -> None:
+    """Each delta's noise four times its signal (a noise scale of 16 deltas): the
+    share of the mean that is signal is k / (k + 16), so 64 deltas step near the
+    peak and 2 a small fraction of it."""
+    peak = 0.95 * nesterov_edge(0.9)
+    got = {k: float(np.mean(_rounds(k, signal=1.0, noise=4.0)[0][-20:])) for k in (2, 8, 64)}
+    assert got[2] < got[8] < got[64]
+    for k, lr in got.items():
+        assert lr == pytest.approx(peak * k / (k + 16), rel=0.25), k
+
+
+def test_deltas_of_pure_noise_step_at_the_floor_and_never_stop() -> None:
+    lrs, scale = _rounds(4, signal=0.0, noise=1.0)
+    peak = 0.95 * nesterov_edge(0.9)
+    assert lrs[-1] == pytest.approx(OUTER_LR_AUTO_MIN_SHARE * peak)
+    assert min(lrs) > 0
+    assert scale.noise == pytest.approx(1.0 / 4, rel=0.1)  # sigma² / K
+
+
+def test_a_round_over_every_shard_has_no_noise_from_the_shards_it_saw() -> None:
+    """Sampling without replacement: deltas that disagree, from every shard of the
+    job, average to the whole data's direction; half the shards keep half the
+    noise."""
+    d = np.ones(10, np.float32)
+    pair = [d + 1.0, d - 1.0]  # spread 10 each about the mean: sigma² = 20
+    peak = 0.95 * nesterov_edge(0.9)
+    whole = OuterLrScale(kind="nesterov", momentum=0.9)
+    assert whole.observe(pair, [1.0, 1.0], d, coverage=1.0) == pytest.approx(peak)
+    assert whole.noise == 0.0
+    half = OuterLrScale(kind="nesterov", momentum=0.9)
+    half.observe(pair, [1.0, 1.0], d, coverage=0.5)
+    assert half.noise == pytest.approx(20.0 / 2 * 0.5)
+    with pytest.raises(ValueError, match="coverage"):
+        half.observe(pair, [1.0, 1.0], d, coverage=1.5)
+
+
+def test_one_delta_a_round_uses_the_prior_then_the_spread_it_has_seen() -> None:
+    scale = OuterLrScale(kind="nesterov", momentum=0.9)
+    peak = 0.95 * nesterov_edge(0.9)
+    d = np.ones(10, np.float32)
+    assert scale.observe([d], [1.0], d) == pytest.approx(peak / 8)  # k / (k + 7) at k = 1
+    assert scale.noise is None
+    clone = OuterLrScale(kind="nesterov", momentum=0.9)
+    clone.load_state_dict(scale.state_dict())
+    assert (clone.noise, clone.signal) == (scale.noise, scale.signal)
+    pair = [d, -d]  # a round of two that disagree: all noise, sigma² = 20
+    scale.observe(pair, [1.0, 1.0], np.zeros(10, np.float32))
+    assert scale.noise == pytest.approx(20.0 / 2)
+    assert scale.observe([d], [1.0], d) < peak / 8
+    with pytest.raises(ValueError, match="deltas"):
+        scale.observe([d], [1.0, 2.0], d)
+
+
+@given(
+    st.lists(
+        st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=3, max_size=3),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(st.floats(0.1, 100), min_size=6, max_size=6),
+    st.floats(0, 1),
+    st.sampled_from(["sgd", "nesterov"]),
+)
+def test_the_auto_outer_lr_stays_between_the_floor_and_the_peak(
+    rows: list[list[float]], weights: list[float], coverage: float, kind: str
+) -> None:
+    scale = OuterLrScale(kind=kind, momentum=0.9)
+    deltas = [np.array(r, np.float32) for r in rows]
+    w = weights[: len(deltas)]
+    for _ in range(3):
+        lr = scale.observe(deltas, w, weighted_mean(deltas, w), coverage)
+        assert OUTER_LR_AUTO_MIN_SHARE * scale.peak - 1e-9 <= lr <= scale.peak + 1e-9

@@ -168,3 +168,15 @@ def test_prefetch_is_auto_true_or_false_and_anything_else_is_named() -> None:
     with pytest.raises(JobConfigError, match=r"lease\.prefetch") as info:
         parse_job({"lease": {"prefetch": "sometimes"}})
     assert "auto" in str(info.value)
+
+
+def test_an_auto_outer_lr_needs_rounds_and_a_number_must_be_positive() -> None:
+    job = parse_job({"strategy": {"name": "decentral-sync", "outer_lr": "auto"}})
+    assert job.strategy.outer_lr == "auto"
+    assert parse_job({}).strategy.outer_lr == 1.0
+    with pytest.raises(JobConfigError, match="decentral-sync") as info:
+        parse_job({"strategy": {"aggregation": "diloco", "outer_lr": "auto"}})
+    assert "decentral-async" in str(info.value)
+    for bad in (0, -1.0, float("nan"), "sometimes"):
+        with pytest.raises(JobConfigError, match=r"strategy\.outer_lr"):
+            parse_job({"strategy": {"name": "decentral-sync", "outer_lr": bad}})

@@ -14,7 +14,7 @@ from coordinator.core.strategies import (
     ShardCursor,
     make_strategy,
 )
-from coordinator.core.strategies.aggregate import OuterOptimizer
+from coordinator.core.strategies.aggregate import OuterOptimizer, nesterov_edge
 from nn.spec import ModelSpec
 
 SPEC = ModelSpec(widths=(3, 2))
@@ -281,6 +281,56 @@ def test_the_schedule_scales_every_server_step(name: str, cfg: dict) -> None:
         np.testing.assert_allclose(moved[1], factor * moved[0], rtol=1e-5, atol=1e-7)
         assert np.abs(moved[0]).max() > 0
         smodel.params.data[:] = pmodel.params.data  # the next step from the same point
+
+
+def _sync_round(s, book: LeaseBook, deltas: list[np.ndarray]):
+    tasks = []
+    for i, _ in enumerate(deltas):
+        plan = s.task_for(view(f"c{i}", len(deltas)), 0)
+        task = book.new_task(plan, version=s.model.version, now=0)
+        s.on_task_created(task)
+        tasks.append(task)
+    reports = [s.on_result(t, d, 1) for t, d in zip(tasks, deltas, strict=True)]
+    assert reports[-1].step is not None
+    return reports[-1].step
+
+
+def test_an_auto_outer_lr_sizes_each_round_by_its_signal_and_survives_a_checkpoint() -> None:
+    """Two results that agree step Nesterov at the peak (0.95 of the edge); two
+    that cancel leave the next agreeing round at a fraction of it; the running
+    estimate round-trips through the strategy's state."""
+    cfg = dict(clients_per_round=2, outer_optimizer="nesterov", outer_momentum=0.9)
+    s, model = build("decentral-sync", outer_lr="auto", **cfg)
+    book = LeaseBook()
+    d = np.full(SPEC.num_params, 0.01, np.float32)
+    before = model.params.data.copy()
+    _sync_round(s, book, [d, d])
+    peak = 0.95 * nesterov_edge(0.9)
+    assert s.last_outer_lr == pytest.approx(peak)
+    # Nesterov's first step from rest: lr (1 + momentum) times the direction
+    np.testing.assert_allclose(model.params.data - before, peak * 1.9 * d, rtol=1e-4)
+    _sync_round(s, book, [d + 1.0, d - 1.0])
+    _sync_round(s, book, [d, d])
+    assert s.last_outer_lr < peak / 4
+    clone, _ = build("decentral-sync", outer_lr="auto", **cfg)
+    clone.load_state_dict(s.state_dict())
+    assert clone.auto_outer.state_dict() == s.auto_outer.state_dict()
+    fixed, _ = build("decentral-sync", outer_lr=0.7, **cfg)
+    assert fixed.auto_outer is None and fixed.round_lr([d], [1.0], d, 0.5) == 1.0
+
+
+def test_a_rounds_coverage_is_the_expected_share_of_rows_its_tasks_sampled() -> None:
+    """Shard 0 sampled twice, half its rows each (1 - 0.5² = 0.75 of it), shard 1
+    once (0.5), shard 2 not at all: (0.75 + 0.5) / 3 of the job's rows; a task
+    whose rows are unknown counts for nothing."""
+    s, _ = build("decentral-sync", clients_per_round=4, tau=5)
+    book = LeaseBook()
+    tasks = [book.new_task(s.task_for(view(c, 4), 0), version=0, now=0) for c in "abcd"]
+    for t, (shard, rows) in zip(tasks, [(0, 40), (0, 40), (1, 40), (2, None)], strict=True):
+        t.shard, t.rows = shard, rows
+    assert tasks[0].steps * tasks[0].batch == 20
+    assert s.coverage(tasks) == pytest.approx((0.75 + 0.5) / 3)
+    assert s.coverage(tasks[3:]) == 0.0
 
 
 def test_diloco_steps_each_arrival_at_its_share_of_a_round() -> None:

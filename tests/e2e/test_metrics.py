@@ -101,3 +101,25 @@ def test_heartbeat_rtt_from_echoed_heartbeats() -> None:
         got = scrape(bg.url.replace("ws://", "http://").removesuffix("/ws"))
     assert got["crowdgrad_heartbeat_rtt_seconds_count"][()] == 1
     assert 0 <= got["crowdgrad_heartbeat_rtt_seconds_sum"][()] < 60
+
+
+def test_an_auto_outer_lr_steps_real_rounds_and_shows_as_a_gauge(tmp_path) -> None:
+    """DiLoCo rounds with ``outer_lr = "auto"`` on real websockets: the job reaches
+    its target, and the gauge shows the last round's lr, between the floor and
+    the peak (0.95 of Nesterov's edge at momentum 0.9)."""
+    strategy = {"outer_optimizer": "nesterov", "outer_momentum": 0.9, "outer_lr": "auto"}
+    job = digits_job(
+        "decentral-sync",
+        strategy={**strategy, "clients_per_round": 2},
+        stop={"target_accuracy": 0.9},
+        eval={"every_versions": 1},
+    )
+    with running(job, store=tmp_path / "s.db") as (bg, service, rec):
+        base = bg.url.replace("ws://", "http://").removesuffix("/ws")
+        with clients(bg.url, ["m1", "m2"]):
+            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=HANG_GUARD_S)
+            got = scrape(base)
+        lr = got["crowdgrad_outer_lr"][()]
+        assert lr == service.core.strategy.round_outer_lr()
+        assert 0.05 * 1.29 <= lr <= 1.29
+        assert rec.of(ev.Evaluated)[-1].accuracy >= 0.9

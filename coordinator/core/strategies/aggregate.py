@@ -85,6 +85,126 @@ def weighted_mean(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.
     return (acc / total).astype(np.float32)
 
 
+#: "auto" outer lr (OuterLrScale): Nesterov's peak is OUTER_LR_AUTO_MARGIN of its
+#: stability edge, times the share of a round's mean that is signal,
+#: never below OUTER_LR_AUTO_MIN_SHARE of the peak (so that no estimate can stall)
+OUTER_LR_AUTO_MARGIN = 0.95
+OUTER_LR_AUTO_MIN_SHARE = 0.05
+#: until a round of two or more deltas shows their spread, the share is taken as
+#: K / (K + OUTER_LR_AUTO_PRIOR_NOISE), K the round's deltas (8 roblox players
+#: were best at outer lr 0.7, 64 and 700 at 1.3; session 17)
+OUTER_LR_AUTO_PRIOR_NOISE = 7.0
+#: the running means forget at this rate per round
+OUTER_LR_AUTO_DECAY = 0.9
+
+
+def nesterov_edge(momentum: float) -> float:
+    """The largest stable Nesterov outer lr on deltas that solve their direction
+    exactly (a round's step on a quadratic whose local task reaches its minimum):
+    ``2 (1 + m) / (1 + 2 m)``, 1.36 at momentum 0.9 (docs/results/2026-11-29/
+    outer_stability.py). Plain SGD (momentum 0) has edge 2."""
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    return 2.0 * (1.0 + momentum) / (1.0 + 2.0 * momentum)
+
+
+def effective_count(weights: Sequence[float]) -> float:
+    """Kish's effective number of terms of a weighted mean, ``(Σw)² / Σw²``:
+    K for K equal weights, less where a few weights dominate."""
+    total = float(sum(weights))
+    square = float(sum(w * w for w in weights))
+    if not (total > 0 and square > 0):
+        raise ValueError(f"effective_count: weights must be positive, got {list(weights)}")
+    return total * total / square
+
+
+class OuterLrScale:
+    """The outer lr of a round, from how much of its mean is signal.
+
+    The mean of K deltas is their common direction ``mu`` plus noise. The step
+    that best spends such an estimate is the noise-free step times ``|mu|² /
+    (|mu|² + E|noise|²)`` (McCandlish et al. 2018, "An Empirical Model of
+    Large-Batch Training": the best lr at batch B is ``eps_max / (1 + B_noise /
+    B)``).
+
+    - The noise-free step: ``OUTER_LR_AUTO_MARGIN`` of Nesterov's stability edge
+      (1.29 at momentum 0.9; the flat directions gain most from the largest
+      stable step), or 1 for sgd (plain averaging).
+    - The noise: each round's weighted spread of its deltas about their mean,
+      ``sigma²`` per delta, over K, times ``1 - coverage``, ``coverage`` the
+      expected share of the job's rows the round's tasks sampled: a round that
+      sampled every row has no noise from which rows it saw (sampling without
+      replacement). Without that factor 64 roblox players, whose rounds sample
+      half the rows, read the spread between shards as noise and stalled at
+      0.871; counting shards instead of rows called 8 lan clients' rounds
+      noiseless, and they diverged.
+    - ``|mu|²``: ``|mean|²`` less that noise. Both as running means over rounds.
+
+    So a round of a few volunteers steps short, and as the model converges and
+    its deltas turn to noise the step shrinks on its own, as an annealed lr
+    would. (decentral-sync also multiplies it by the held-out plateau's decay.)
+    """
+
+    __slots__ = ("noise", "peak", "signal")
+
+    def __init__(self, *, kind: str, momentum: float) -> None:
+        if kind not in ("sgd", "nesterov"):
+            raise ValueError(f"outer optimizer: unknown kind {kind!r}; expected sgd or nesterov")
+        self.peak = OUTER_LR_AUTO_MARGIN * nesterov_edge(momentum) if kind == "nesterov" else 1.0
+        #: running mean of the noise in a round's mean
+        self.noise: float | None = None
+        #: running mean of |mu|², the squared norm of the deltas' common part
+        self.signal: float | None = None
+
+    def observe(
+        self,
+        deltas: Sequence[np.ndarray],
+        weights: Sequence[float],
+        mean: np.ndarray,
+        coverage: float = 0.0,
+    ) -> float:
+        """Take in a round's deltas, their weights, the mean the round steps by and
+        the expected share of the job's rows they sampled; return the round's
+        outer lr."""
+        if len(deltas) != len(weights) or not deltas:
+            raise ValueError(f"observe: {len(deltas)} deltas but {len(weights)} weights")
+        if not 0.0 <= coverage <= 1.0:
+            raise ValueError(f"observe: coverage must be in [0, 1], got {coverage}")
+        k = effective_count(weights)
+        mean64 = mean.astype(np.float64)
+        m2 = float(mean64 @ mean64)
+        if len(deltas) >= 2 and k > 1.0:
+            total = float(sum(weights))
+            spread = sum(
+                float(w) * float(np.sum((d.astype(np.float64) - mean64) ** 2))
+                for d, w in zip(deltas, weights, strict=True)
+            )
+            # unbiased for the weighted mean: E[Σw|d-m|²/Σw] = sigma² (1 - 1/k)
+            sigma2 = spread / total / (1.0 - 1.0 / k)
+            self.noise = self._mix(self.noise, sigma2 / k * (1.0 - coverage))
+        if self.noise is None:
+            share = k / (k + OUTER_LR_AUTO_PRIOR_NOISE)
+            self.signal = self._mix(self.signal, m2 * share)
+        else:
+            self.signal = self._mix(self.signal, m2 - self.noise)
+            signal = max(self.signal, 0.0)
+            share = signal / (signal + self.noise) if signal + self.noise > 0 else 1.0
+        return self.peak * max(share, OUTER_LR_AUTO_MIN_SHARE)
+
+    @staticmethod
+    def _mix(old: float | None, new: float) -> float:
+        return new if old is None else OUTER_LR_AUTO_DECAY * old + (1 - OUTER_LR_AUTO_DECAY) * new
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"noise": self.noise, "signal": self.signal}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        state = state or {}
+        noise, signal = state.get("noise"), state.get("signal")
+        self.noise = None if noise is None else float(noise)
+        self.signal = None if signal is None else float(signal)
+
+
 class OuterOptimizer:
     """Step on a pseudo-gradient: ``params += lr * direction`` (sgd) or Nesterov.
 

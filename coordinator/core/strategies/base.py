@@ -230,6 +230,10 @@ class Strategy(ABC):
         """Accepted results not yet merged into the model (buffers, open rounds)."""
         return 0
 
+    def round_outer_lr(self) -> float | None:
+        """The outer lr of the last round (decentral-sync); None where there is none."""
+        return None
+
     def next_deadline(self) -> float | None:
         """When ``on_tick`` next has something to do (a round's deadline); None: never
         by itself. The core's ``next_wakeup`` takes the minimum of every timer owner's."""

@@ -59,8 +59,9 @@ class DecentralAsync(Strategy):
     ) -> None:
         super().__init__(model=model, config=config, data=data, rng=rng)
         c = self.config
+        # (outer_lr "auto" is refused by the config for anything but decentral-sync)
         self.outer = OuterOptimizer(
-            kind=c.outer_optimizer, lr=c.outer_lr, momentum=c.outer_momentum
+            kind=c.outer_optimizer, lr=float(c.outer_lr), momentum=c.outer_momentum
         )
         self.buffer: list[np.ndarray] = []
         #: each buffered delta's ``sample_weight`` (FedBuff's mean weights by rows)

@@ -84,6 +84,38 @@ class RoundStrategy(Strategy):
         """The way to move the params given the round's updates, their sample
         weights and subnets (in task-id order)."""
 
+    def round_lr(
+        self,
+        updates: list[np.ndarray],
+        weights: list[float],
+        direction: np.ndarray,
+        coverage: float,
+    ) -> float:
+        """A multiplier on the outer lr for a round of ``updates`` (with their sample
+        ``weights``; ``coverage``: the expected share of the job's rows they
+        sampled) that moves along ``direction``: 1, unless a strategy sizes its
+        step by the round."""
+        return 1.0
+
+    def coverage(self, tasks: list[Task]) -> float:
+        """The expected share of the job's rows that a round's ``tasks`` sampled:
+        per shard, ``1 - Π (1 - min(1, steps × batch / rows))`` of its rows (each
+        task's own seed), over the job's shards taken as equal (0 where a task's
+        rows are unknown: its spread counts as noise)."""
+        missed: dict[int, float] = {}
+        rows: dict[int, int] = {}
+        for t in tasks:
+            if not t.rows:
+                continue
+            seen = min(1.0, t.steps * t.batch / t.rows)
+            missed[t.shard] = missed.get(t.shard, 1.0) * (1.0 - seen)
+            rows[t.shard] = t.rows
+        if not rows:
+            return 0.0
+        per_shard = sum(rows.values()) / len(rows)
+        covered = sum(rows[s] * (1.0 - missed[s]) for s in rows)
+        return min(1.0, covered / (per_shard * max(self.data.shards, len(rows))))
+
     def _move(self, to: RoundPhase) -> None:
         self.phase = checked_move(
             f"round {self.round}", ROUND_TRANSITIONS, self.phase, to, RuntimeError
@@ -180,7 +212,9 @@ class RoundStrategy(Strategy):
         weights = [self.weights.get(i, 1.0) for i in ids]
         subnets = [self.subnets.get(i) for i in ids]
         direction = self.direction(updates, weights, subnets)
-        self.outer.step(self.model.params.data, direction, self.step_scale())
+        coverage = self.coverage([self.round_tasks[i] for i in ids if i in self.round_tasks])
+        scale = self.step_scale() * self.round_lr(updates, weights, direction, coverage)
+        self.outer.step(self.model.params.data, direction, scale)
         dropped = tuple(
             tid
             for tid, t in sorted(self.round_tasks.items())
