@@ -151,6 +151,10 @@ class StrategySection(_Section):
     # sync rounds
     quorum: float = Field(default=0.75, gt=0, le=1)
     round_deadline_s: float = Field(default=30.0, gt=0)
+    # once ceil(quorum x slots) have results, the round closes after this share
+    # again of the time they took, where that is sooner than the deadline (the
+    # slowest and the departed are not waited for); None: at the deadline
+    quorum_grace: float | None = Field(default=None, ge=0, le=100, allow_inf_nan=False)
     clients_per_round: int | None = Field(default=None, ge=1)
     # async staleness
     staleness: StalenessSection = Field(default_factory=StalenessSection)

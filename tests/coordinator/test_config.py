@@ -180,3 +180,11 @@ def test_an_auto_outer_lr_needs_rounds_and_a_number_must_be_positive() -> None:
     for bad in (0, -1.0, float("nan"), "sometimes"):
         with pytest.raises(JobConfigError, match=r"strategy\.outer_lr"):
             parse_job({"strategy": {"name": "decentral-sync", "outer_lr": bad}})
+
+
+def test_a_quorum_grace_is_none_or_a_finite_share() -> None:
+    assert parse_job({}).strategy.quorum_grace is None
+    assert parse_job({"strategy": {"quorum_grace": 0.5}}).strategy.quorum_grace == 0.5
+    for bad in (-0.1, float("inf"), "soon"):
+        with pytest.raises(JobConfigError, match=r"strategy\.quorum_grace"):
+            parse_job({"strategy": {"quorum_grace": bad}})

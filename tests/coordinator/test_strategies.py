@@ -202,6 +202,28 @@ def test_round_lease_lost_reissues_to_another_client() -> None:
     book.resolve_task(task, TaskState.DROPPED, 2.0)
 
 
+@pytest.mark.parametrize(("grace", "closes_at"), [(None, 30.0), (0.5, 18.0), (0.0, 12.0)])
+def test_a_quorum_grace_closes_a_round_soon_after_its_quorum(grace, closes_at) -> None:
+    """Four slots, quorum 0.75: the third result comes in 12 s after the round
+    opened, so with grace 0.5 the round closes at 12 + 6 s instead of its 30-s
+    deadline, and the fourth task is dropped."""
+    s, model = build("decentral-sync", clients_per_round=4, quorum=0.75, quorum_grace=grace, tau=2)
+    book = LeaseBook()
+    tasks = []
+    for cid in "abcd":
+        task = book.new_task(s.task_for(view(cid, 4), 0.0), version=0, now=0.0)
+        s.on_task_created(task)
+        tasks.append(task)
+    d = np.full(SPEC.num_params, 0.01, np.float32)
+    for task, at in zip(tasks[:3], (10.0, 11.0, 12.0), strict=True):
+        assert s.on_result(task, d, at).step is None
+    assert s.next_deadline() == closes_at
+    assert s.on_tick(closes_at - 0.5) is None
+    report = s.on_tick(closes_at)
+    assert report is not None and report.merged == 3 and model.version == 1
+    assert report.dropped == (tasks[3].task_id,)
+
+
 @pytest.mark.parametrize("agg", ["fedasync", "fedbuff"])
 def test_decentral_async_rejects_too_stale(agg: str) -> None:
     s, model = build("decentral-async", max_staleness=1, aggregation=agg, buffer_k=1)

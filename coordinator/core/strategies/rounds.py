@@ -10,6 +10,7 @@ task's rows: FedAvg), when
 - every slot has a result, or
 - the round deadline passes and at least ``ceil(quorum × target)`` slots have
   results; the round's other tasks are dropped (late results are stale).
+  ``quorum_grace`` g: a quorum reached t s after opening moves the deadline to t (1 + g) if sooner.
 
 If the deadline passes below quorum, the round's unfinished tasks are leased
 again to whoever is idle (replication, BOINC-style: the first result wins) and
@@ -69,6 +70,8 @@ class RoundStrategy(Strategy):
         self.target = 0
         self.planned = 0
         self.deadline: float | None = None
+        #: when the round opened (or, after a restore, was first asked for work)
+        self.opened_at = 0.0
         self.results: dict[int, np.ndarray] = {}
         #: each result's ``sample_weight``, by task id
         self.weights: dict[int, float] = {}
@@ -127,6 +130,7 @@ class RoundStrategy(Strategy):
         self.target = self.config.clients_per_round or max(1, client.connected)
         self.planned = 0
         self.deadline = now + self.config.round_deadline_s
+        self.opened_at = now
         self.results = {}
         self.weights = {}
         self.subnets = {}
@@ -138,6 +142,7 @@ class RoundStrategy(Strategy):
             self._open(client, now)
         if self.deadline is None:  # restored from a checkpoint mid-round
             self.deadline = now + self.config.round_deadline_s
+            self.opened_at = now
         for t in [t for t in self.reissue if t.state is not TaskState.OPEN]:
             self.reissue.remove(t)
         for t in self.reissue:
@@ -182,6 +187,13 @@ class RoundStrategy(Strategy):
             self.subnets[task.task_id] = task.subnet
         if len(self.results) >= self.target:
             return Outcome(accepted=True, staleness=s, step=self._close(now))
+        grace = self.config.quorum_grace
+        if (
+            grace is not None
+            and self.deadline is not None
+            and len(self.results) == math.ceil(self.config.quorum * self.target)
+        ):
+            self.deadline = min(self.deadline, now + grace * max(0.0, now - self.opened_at))
         return Outcome(accepted=True, staleness=s)
 
     def on_lease_lost(self, task: Task, now: float) -> bool:
