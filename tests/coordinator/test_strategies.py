@@ -338,7 +338,7 @@ def test_an_auto_outer_lr_sizes_each_round_by_its_signal_and_survives_a_checkpoi
     clone.load_state_dict(s.state_dict())
     assert clone.auto_outer.state_dict() == s.auto_outer.state_dict()
     fixed, _ = build("decentral-sync", outer_lr=0.7, **cfg)
-    assert fixed.auto_outer is None and fixed.round_lr([d], [1.0], d, 0.5) == 1.0
+    assert fixed.auto_outer is None and fixed.round_outer_lr() == 0.7
 
 
 def test_a_rounds_coverage_is_the_expected_share_of_rows_its_tasks_sampled() -> None:

@@ -25,6 +25,7 @@ Phases::
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from abc import abstractmethod
 from collections import deque
@@ -34,10 +35,12 @@ import numpy as np
 
 from coordinator.core.config import DataSection, StrategySection
 from coordinator.core.leases import Task, TaskPlan, TaskState
-from coordinator.core.strategies.aggregate import OuterOptimizer
+from coordinator.core.strategies.aggregate import OuterLrScale, OuterOptimizer
 from coordinator.core.strategies.base import ClientView, ModelState, Outcome, StepReport, Strategy
 from nn.subnet import Subnet
 from protocol.states import checked_move
+
+logger = logging.getLogger(__name__)
 
 
 class RoundPhase(enum.Enum):
@@ -62,9 +65,14 @@ class RoundStrategy(Strategy):
         config: StrategySection,
         data: DataSection,
         rng: np.random.Generator,
+        auto_outer: OuterLrScale | None = None,
     ) -> None:
         super().__init__(model=model, config=config, data=data, rng=rng)
         self.outer = outer
+        #: sizes each round's outer lr (outer_lr "auto"); None: the optimizer's lr
+        self.auto_outer = auto_outer
+        #: the outer lr of the last round, where a strategy reports one
+        self.last_outer_lr: float | None = None
         self.phase = RoundPhase.IDLE
         self.round = 0
         self.target = 0
@@ -86,19 +94,6 @@ class RoundStrategy(Strategy):
     ) -> np.ndarray:
         """The way to move the params given the round's updates, their sample
         weights and subnets (in task-id order)."""
-
-    def round_lr(
-        self,
-        updates: list[np.ndarray],
-        weights: list[float],
-        direction: np.ndarray,
-        coverage: float,
-    ) -> float:
-        """A multiplier on the outer lr for a round of ``updates`` (with their sample
-        ``weights``; ``coverage``: the expected share of the job's rows they
-        sampled) that moves along ``direction``: 1, unless a strategy sizes its
-        step by the round."""
-        return 1.0
 
     def coverage(self, tasks: list[Task]) -> float:
         """The expected share of the job's rows that a round's ``tasks`` sampled:
@@ -224,8 +219,10 @@ class RoundStrategy(Strategy):
         weights = [self.weights.get(i, 1.0) for i in ids]
         subnets = [self.subnets.get(i) for i in ids]
         direction = self.direction(updates, weights, subnets)
-        coverage = self.coverage([self.round_tasks[i] for i in ids if i in self.round_tasks])
-        scale = self.step_scale() * self.round_lr(updates, weights, direction, coverage)
+        scale = self.step_scale()
+        if self.auto_outer is not None:
+            tasks = [self.round_tasks[i] for i in ids if i in self.round_tasks]
+            scale *= self._auto_lr(updates, weights, direction, self.coverage(tasks))
         self.outer.step(self.model.params.data, direction, scale)
         dropped = tuple(
             tid
@@ -244,6 +241,35 @@ class RoundStrategy(Strategy):
         self.deadline = None
         return StepReport(stepped=report.stepped, merged=report.merged, dropped=dropped)
 
+    def _auto_lr(
+        self,
+        updates: list[np.ndarray],
+        weights: list[float],
+        direction: np.ndarray,
+        coverage: float,
+    ) -> float:
+        """The round's outer lr under "auto": OuterLrScale's, times the held-out
+        plateau's decay (``plateau_*``: where the loss stops improving, the outer
+        step halves, as a machine's lr would)."""
+        assert self.auto_outer is not None
+        lr = self.auto_outer.observe(updates, weights, direction, coverage)
+        self.last_outer_lr = lr * self.lr_decay
+        logger.debug(
+            "round %d: outer lr %.3f (plateau %.3f) from %d deltas over %.2f of the rows "
+            "(signal %s, noise %s)",
+            self.round,
+            self.last_outer_lr,
+            self.lr_decay,
+            len(updates),
+            coverage,
+            self.auto_outer.signal,
+            self.auto_outer.noise,
+        )
+        return self.last_outer_lr
+
+    def round_outer_lr(self) -> float | None:
+        return self.last_outer_lr
+
     def pending(self) -> int:
         return len(self.results)
 
@@ -251,7 +277,7 @@ class RoundStrategy(Strategy):
         return self.deadline if self.phase is RoundPhase.COLLECTING else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             **super().state_dict(),
             "outer": self.outer.state_dict(),
             "round": self.round,
@@ -260,11 +286,16 @@ class RoundStrategy(Strategy):
             "weights": {int(k): float(w) for k, w in self.weights.items()},
             "subnets": {int(k): s.to_state() for k, s in self.subnets.items()},
         }
+        if self.auto_outer is not None:
+            state["outer_lr_scale"] = self.auto_outer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Results acknowledged before a restart are kept; missing slots are replanned."""
         super().load_state_dict(state)
         self.outer.load_state_dict(state["outer"])
+        if self.auto_outer is not None:
+            self.auto_outer.load_state_dict(state.get("outer_lr_scale"))
         self.round = int(state["round"])
         self.target = int(state["target"])
         self.results = {int(k): np.array(v, dtype=np.float32) for k, v in state["results"].items()}
