@@ -11,7 +11,14 @@ from websockets.asyncio.client import connect
 
 from coordinator.core import events as ev
 from protocol import messages as m
-from tests.e2e.e2e_helpers import HANG_GUARD_S, clients, digits_job, hello_frame, running
+from tests.e2e.e2e_helpers import (
+    HANG_GUARD_S,
+    clients,
+    digits_job,
+    hello_frame,
+    running,
+    train_together,
+)
 
 
 def scrape(base: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -44,10 +51,11 @@ def test_metrics_agree_with_the_job(tmp_path) -> None:
         assert total(before["crowdgrad_clients"]) == 0
         assert before["crowdgrad_model_version"][()] == 0
         assert before["crowdgrad_step_scale"][()] == 0.5
-        with clients(bg.url, ["m1", "m2"]):
-            assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=HANG_GUARD_S)
-            assert rec.wait_for(lambda: service.stats.checkpoints >= 1, timeout=30)
-            got = scrape(base)
+        # both join before any result counts: alone, the first could finish the job
+        train_together(bg.url, service, rec, ["m1", "m2"])
+        assert rec.wait_for(lambda: bool(rec.of(ev.JobFinished)), timeout=HANG_GUARD_S)
+        assert rec.wait_for(lambda: service.stats.checkpoints >= 1, timeout=30)
+        got = scrape(base)
         joins = got["crowdgrad_client_joins_total"]
         assert total(joins, kind="other") == len(rec.of(ev.ClientJoined)) >= 2
         # the finished job said bye to both: the gauge is back where it started
