@@ -19,13 +19,14 @@ same codec; then ``lan`` and roblox top-k both ways for 800 steps (whole waves
 of tasks); ``--topk F,...`` adds the 800-step roblox row with sparser top-k.
 Then the crowd at its own settings (TUNED_*): FedAsync and synchronous rounds
 on lan, top-k and dense int8 on roblox. Last, the job's defaults (an empty strategy
-table: what an operator gets) for 600 virtual s on lan, and on roblox with the job's
-codecs (``codecs.slow_link`` auto: int8 models and updates on that link), in fp32
-(``slow_link`` off, the default before session 13) and with int8 both ways and int8
-deltas. Rows labelled fp32 pin ``slow_link`` off. Two speedups per row. ``speedup``
-counts steps per unit of time: the crowd's steps done by the modelled single
-machine (steps x FLOP/step / rate) over the crowd's time, whatever loss either
-reaches (what the seed measured). ``at_equal_loss`` is the one ML means, per
+table: what an operator gets) for 600 virtual s on lan and on roblox with the job's
+codecs (``codecs.slow_link`` auto: int8 models and int4-sr updates on a link that
+sets the task's length, as lan does for this 8.5 MB model), in fp32 (``slow_link``
+off, the default before session 13) and with int8 both ways and int8 deltas. Rows
+labelled fp32 pin ``slow_link`` off. Two speedups per row. ``speedup`` counts steps
+per unit of time: the crowd's steps done by the modelled single machine (steps x
+FLOP/step / rate) over the crowd's time, whatever loss either reaches (what the
+seed measured). ``at_equal_loss`` is the one ML means, per
 target loss of TARGETS: one machine's time to it, at its best lr of ANCHOR_LRS
 (the same numerics at that rate, evaluated every step), over the crowd's.
 ``anchors`` gives those times, and ideal data parallelism: one machine taking
@@ -258,10 +259,16 @@ def speedup(
         ("roblox", both_label, both, 1600, TUNED_ASYNC),
         ("roblox", "int8 both ways, delta downloads int8", INT8, 4000, TUNED_DENSE),
         ("roblox", "int4 both ways, delta downloads int4", INT4, 4000, {**TUNED_SYNC, "tau": 25}),
-        ("lan", "fp32 (the job's codecs)", JOB_CODECS, 0, DEFAULTS),
+        (
+            "lan",
+            "the job's codecs (slow_link auto: int8 models, int4-sr updates)",
+            JOB_CODECS,
+            0,
+            DEFAULTS,
+        ),
         (
             "roblox",
-            "the job's codecs (slow_link auto: int8 models and updates)",
+            "the job's codecs (slow_link auto: int8 models, int4-sr updates)",
             JOB_CODECS,
             0,
             DEFAULTS,

@@ -122,11 +122,12 @@ def transfer_seconds(nbytes: int, limits: LinkLimits, latency: float = 0.0) -> f
 
 
 def job_bytes_per_param(job: JobConfig, limits: LinkLimits) -> float:
-    """Bytes a parameter takes on this link in this job: its model codec's, or the
-    slow-link codec's where the coordinator gives it to a client on such a link
-    (coordinator/core/linkcodecs.py; every in-tree client lists it)."""
+    """Bytes a parameter takes on this link in this job, each way on average (the
+    model down and the update up): the job's codecs, or the slow-link ones where the
+    coordinator gives them to a client on such a link (coordinator/core/linkcodecs.py;
+    every in-tree client lists them)."""
     codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
-    return codecs.model_bytes / job.spec.num_params
+    return codecs.round_trip_bytes / 2 / job.spec.num_params
 
 
 def job_prefetches(job: JobConfig, limits: LinkLimits) -> bool:

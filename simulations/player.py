@@ -31,7 +31,7 @@ from client.session import (
     Phase,
     Send,
 )
-from coordinator.core.linkcodecs import slow_codec
+from coordinator.core.linkcodecs import slow_codecs
 from coordinator.core.machine import Coordinator
 from nn.data import Dataset
 from nn.params import Params
@@ -122,7 +122,8 @@ class Player:
         # what it decodes (the coordinator sends deltas only to a client that lists
         # their codec, the slow-link codec only to one that lists it)
         c = sim.job.codecs
-        job_codecs = (c.model, c.update, c.delta, slow_codec(sim.job))
+        slow = slow_codecs(sim.job)
+        job_codecs = (c.model, c.update, c.delta, *(slow.names() if slow else ()))
         codecs = tuple(sorted({c for c in job_codecs if c is not None}))
         cache = MemoryCache()  # a player's shards outlive its reconnects
         if sim.scenario.clients.warm_data:

@@ -303,10 +303,11 @@ class CodecSection(_Section):
     ``error_feedback`` makes clients keep what the update codec dropped and add
     it to their next update.
 
-    ``slow_link``: the codec of every transfer (model, delta, update) to a client
+    ``slow_link``: the codecs of the transfers (model, delta, update) to a client
     whose link, not its compute, sets its task's length (coordinator/core/linkcodecs.py):
-    ``auto`` is ``int8`` for a job on the default fp32 codecs without replication,
-    sub-model or layer-split tasks and off otherwise; ``off`` keeps every client on
+    ``auto`` is ``int8`` models and ``int4-sr`` updates and deltas for a job on the
+    default fp32 codecs without replication, sub-model or layer-split tasks and off
+    otherwise; a codec name is that codec every way; ``off`` keeps every client on
     the codecs above.
     """
 

@@ -4,14 +4,18 @@ A task sized ``tau = "auto"`` computes for ``task_seconds``, or for ``transfer_r
 times its transfers where that is longer (leases.task_steps). When the link wins,
 the client spends most of its time on the link or on a task longer than the job
 asks for, and every byte saved is training time: such a client gets the job's
-``codecs.slow_link`` codec (``int8`` under ``auto``) for its full models, its
-deltas and its updates. Every other client keeps the job's codecs, so a job on a
-fast link is unchanged. A client whose hello does not list the slow codec keeps
-the job's too (it is never refused for it).
+``codecs.slow_link`` codecs for its full models, its deltas and its updates. Under
+``auto`` that is int8 models and unbiased int4 (``int4-sr``) updates and deltas: a
+model is used as it arrives, while an update or a delta is a step whose rounding
+averages out over the crowd and the rounds. Every other client keeps the job's
+codecs, so a job on a fast link is unchanged. Each direction falls back to the slow
+model codec, and the whole link to the job's codecs, where the client's hello does
+not list it (it is never refused for it).
 
 The choice is made once a connection, from the link the handshake granted; the
 lease remembers the update codec its task named, so a result is checked against
-what its own task asked for. Measured in docs/performance.md ("Session 13").
+what its own task asked for. Measured in docs/performance.md ("Session 13",
+"Session 19").
 """
 
 from __future__ import annotations
@@ -24,8 +28,22 @@ from coordinator.core.submodel import encoded_bytes
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits
 
+
+@dataclass(frozen=True, slots=True)
+class SlowCodecs:
+    """The codecs of a slow link's full models, updates and deltas."""
+
+    model: str
+    update: str
+    delta: str
+
+    def names(self) -> tuple[str, ...]:
+        """Each codec once: what a client must list to be given them all."""
+        return tuple(dict.fromkeys((self.model, self.update, self.delta)))
+
+
 #: what ``codecs.slow_link = "auto"`` means where the job allows it
-AUTO_SLOW_CODEC = "int8"
+AUTO_SLOW = SlowCodecs(model="int8", update="int4-sr", delta="int4-sr")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +66,8 @@ class LinkCodecs:
         return self.model_bytes + self.update_bytes
 
 
-def slow_codec(job: JobConfig) -> str | None:
-    """The codec a slow client gets in this job, or None (every client on the job's).
+def slow_codecs(job: JobConfig) -> SlowCodecs | None:
+    """The codecs a slow client gets in this job, or None (every client on the job's).
 
     ``auto`` stays off where the job's results or slices depend on its own codecs:
     replication compares two clients' uploads bit for bit, a sub-model job sizes
@@ -59,11 +77,11 @@ def slow_codec(job: JobConfig) -> str | None:
     if name == "off":
         return None
     if name != "auto":
-        return name
+        return SlowCodecs(name, name, name)
     c = job.codecs
     own = c.model == "fp32" and c.update == "fp32" and c.delta in (None, "fp32")
     special = job.replication.enabled or job.submodel.enabled or job.split.enabled
-    return AUTO_SLOW_CODEC if own and not special else None
+    return AUTO_SLOW if own and not special else None
 
 
 def link_bound(job: JobConfig, round_trip_bytes: int, limits: LinkLimits) -> bool:
@@ -76,14 +94,21 @@ def link_bound(job: JobConfig, round_trip_bytes: int, limits: LinkLimits) -> boo
 
 def choose(job: JobConfig, spec: ModelSpec, limits: LinkLimits, offered: set[int]) -> LinkCodecs:
     """The codecs of a connection granted ``limits`` whose hello decodes the wire
-    ids ``offered``: the job's, or the slow-link codec in every direction."""
+    ids ``offered``: the job's, or the slow-link ones."""
     c = job.codecs
     own = LinkCodecs.of(spec, c.model, c.update, c.delta)
-    slow = slow_codec(job)
-    if slow is None or int(get_codec(slow).id) not in offered:
+    slow = slow_codecs(job)
+    if slow is None or not _listed(slow.model, offered):
         return own
     if not link_bound(job, own.round_trip_bytes, limits):
         return own
-    # A delta in the slow codec is as large as the model in it: deltas only where
-    # the job sends them anyway (their error is smaller than the model's).
-    return LinkCodecs.of(spec, slow, slow, slow if c.delta is not None else None)
+    update = slow.update if _listed(slow.update, offered) else slow.model
+    # deltas only where the job sends them anyway
+    delta = None
+    if c.delta is not None:
+        delta = slow.delta if _listed(slow.delta, offered) else slow.model
+    return LinkCodecs.of(spec, slow.model, update, delta)
+
+
+def _listed(codec: str, offered: set[int]) -> bool:
+    return int(get_codec(codec).id) in offered

@@ -1,6 +1,6 @@
 """Codecs per connection (coordinator/core/linkcodecs.py): a client whose link sets
-its task's length moves int8, everyone else the job's codecs; its result is
-checked against the codec its own task named."""
+its task's length gets int8 models and int4-sr updates and deltas, everyone else
+the job's codecs; its result is checked against the codec its own task named."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from compression import CodecId
 from coordinator.core.config import JobConfigError, parse_job
-from coordinator.core.linkcodecs import choose, link_bound, slow_codec
+from coordinator.core.linkcodecs import SlowCodecs, choose, link_bound, slow_codecs
 from coordinator.core.submodel import encoded_bytes
 from protocol import messages as m
 from protocol.errors import ErrorCode
@@ -24,30 +24,37 @@ from tests.coordinator.coord_helpers import (
     task_of,
 )
 
+SLOW = {int(CodecId.INT8), int(CodecId.INT4), int(CodecId.FP32)}
 INT8 = {int(CodecId.INT8), int(CodecId.FP32)}
 FP32_ONLY = {int(CodecId.FP32)}
 
 
-def test_a_slow_link_gets_int8_every_way_and_a_fast_one_the_jobs_codecs() -> None:
+def test_a_slow_link_gets_int8_models_and_int4_updates_and_a_fast_one_the_jobs() -> None:
     job = make_job(strategy={"tau": "auto"})
     spec = job.spec
-    slow = choose(job, spec, profile("roblox"), INT8)
-    assert (slow.model, slow.update, slow.delta) == ("int8", "int8", None)
+    slow = choose(job, spec, profile("roblox"), SLOW)
+    assert (slow.model, slow.update, slow.delta) == ("int8", "int4-sr", None)
     assert slow.model_bytes == encoded_bytes(spec, "int8") < spec.nbytes / 3
-    fast = choose(job, spec, profile("lan"), INT8)
+    assert slow.update_bytes == encoded_bytes(spec, "int4-sr") < spec.nbytes / 6
+    fast = choose(job, spec, profile("lan"), SLOW)
     assert (fast.model, fast.update, fast.delta) == ("fp32", "fp32", None)
     assert fast.round_trip_bytes == 2 * spec.nbytes
 
 
-def test_a_job_with_deltas_sends_a_slow_client_int8_deltas() -> None:
+def test_a_job_with_deltas_sends_a_slow_client_int4_deltas() -> None:
     job = make_job(codecs={"delta": "fp32"})
-    assert choose(job, job.spec, profile("roblox"), INT8).delta == "int8"
-    assert choose(job, job.spec, profile("lan"), INT8).delta == "fp32"
+    assert choose(job, job.spec, profile("roblox"), SLOW).delta == "int4-sr"
+    assert choose(job, job.spec, profile("lan"), SLOW).delta == "fp32"
 
 
-def test_a_client_that_does_not_list_the_slow_codec_keeps_the_jobs() -> None:
-    job = make_job()
-    assert choose(job, job.spec, profile("roblox"), FP32_ONLY).update == "fp32"
+def test_each_direction_falls_back_to_the_slow_model_codec_then_the_jobs() -> None:
+    """A client that lists int8 but not int4 moves int8 every way (deltas too);
+    one that lists neither keeps the job's codecs."""
+    job = make_job(codecs={"delta": "fp32"})
+    int8 = choose(job, job.spec, profile("roblox"), INT8)
+    assert (int8.model, int8.update, int8.delta) == ("int8", "int8", "int8")
+    own = choose(job, job.spec, profile("roblox"), FP32_ONLY)
+    assert (own.model, own.update, own.delta) == ("fp32", "fp32", "fp32")
 
 
 def test_the_link_is_slow_when_its_round_trip_outlasts_the_task_it_asks_for() -> None:
@@ -67,19 +74,19 @@ def test_the_link_is_slow_when_its_round_trip_outlasts_the_task_it_asks_for() ->
 @pytest.mark.parametrize(
     ("sections", "expected"),
     [
-        ({}, "int8"),
+        ({}, SlowCodecs("int8", "int4-sr", "int4-sr")),
         ({"codecs": {"slow_link": "off"}}, None),
-        ({"codecs": {"slow_link": "fp16"}}, "fp16"),
+        ({"codecs": {"slow_link": "fp16"}}, SlowCodecs("fp16", "fp16", "fp16")),
         ({"codecs": {"update": "int8"}}, None),  # the operator chose its codecs
         ({"codecs": {"delta": "int8"}}, None),
         ({"replication": {"enabled": True}}, None),  # twins compare exact uploads
         ({"submodel": {"mode": "ist"}}, None),  # slices are sized in the job's codecs
     ],
 )
-def test_auto_is_int8_only_where_the_job_keeps_its_exact_default_codecs(
-    sections: dict, expected: str | None
+def test_auto_is_int8_and_int4_only_where_the_job_keeps_its_exact_default_codecs(
+    sections: dict, expected: SlowCodecs | None
 ) -> None:
-    assert slow_codec(make_job(**sections)) == expected
+    assert slow_codecs(make_job(**sections)) == expected
 
 
 @pytest.mark.parametrize(
@@ -98,17 +105,18 @@ def test_a_slow_link_codec_the_job_cannot_use_is_refused_by_name(
         parse_job(data)
 
 
-def test_a_slow_clients_task_comes_and_goes_in_int8() -> None:
-    """On roblox links a client listing int8 gets its model's chunks and its task's
-    upload codec in int8, its result in int8 is merged; one that lists fp32 only
-    keeps fp32; a chunk in another codec than its task named is refused."""
+def test_a_slow_clients_task_comes_in_int8_and_goes_in_int4() -> None:
+    """On roblox links a client listing int8 and int4 gets its model's chunks in int8
+    and its task's upload codec int4-sr, its result in int4 is merged; one that
+    lists fp32 only keeps fp32; a chunk in another codec than its task named is
+    refused."""
     core = make_core(strategy={"tau": "auto"}, link={"profile": "roblox"})
-    out = core.connect("a", hello("a", codecs=("fp32", "int8")), 0.0)
+    out = core.connect("a", hello("a", codecs=("fp32", "int8", "int4")), 0.0)
     task = task_of(out, "a")
-    assert task.upload_codec == "int8"
+    assert task.upload_codec == "int4-sr"
     assert {c.codec for c in sent(out, "a", m.Chunk)} == {int(CodecId.INT8)}
     v = core.model.version
-    got = deliver(core, "a", result_messages(task, codec="int8"), 1.0)
+    got = deliver(core, "a", result_messages(task, codec="int4-sr"), 1.0)
     assert acks(got, "a") == [(task.task_id, True, "")]
     assert core.model.version == v + 1
 
@@ -121,7 +129,7 @@ def test_a_slow_clients_task_comes_and_goes_in_int8() -> None:
     got = deliver(core, "a", result_messages(nxt, codec="fp32")[:2], 3.0)  # its first chunk
     errors = sent(got, "a", m.Error)
     assert errors and errors[0].code == ErrorCode.BAD_CHUNK
-    assert "asked for 'int8'" in errors[0].message
+    assert "asked for 'int4-sr'" in errors[0].message
 
 
 def test_a_slow_task_is_sized_by_its_int8_transfer() -> None:

@@ -1,4 +1,5 @@
-"""The slow-link codec in the simulator: roblox players move int8, and get there sooner."""
+"""The slow-link codecs in the simulator: roblox players move int8 down and int4 up,
+and get there sooner."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ def digits():
 
 def test_roblox_players_on_int8_reach_the_target_sooner_on_fewer_bytes(digits):
     """4 roblox players on digits, to 0.9: the default (``codecs.slow_link`` auto:
-    int8 model and updates on these links) against every transfer in fp32. Per
-    seed (3-5) about half the bytes a result and 20-35 % sooner (3.7-4.4 s
-    against 5.5-6.0 s when measured)."""
+    int8 models and int4-sr updates on these links) against every transfer in
+    fp32. Per seed (3-5) about half the bytes a result and a third sooner (3.6-3.7
+    s against 5.5-5.9 s when measured; with int8 updates it was 3.7-4.4 s)."""
     for seed in (3, 4, 5):
         runs = {}
         for slow_link in ("auto", "off"):

@@ -1,5 +1,6 @@
 import pytest
 
+from coordinator.core.submodel import encoded_bytes
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits, profile
 from simulations.driver import Simulation
@@ -149,11 +150,14 @@ def _simulated_speedup(preset: str, *, compute: float, steps: int, prefetch: boo
 
 
 def test_the_estimate_counts_the_bytes_a_parameter_takes_on_the_link():
-    """fp32 on lan; int8 (a byte and a scale per row) where the coordinator gives a
-    slow link int8; fp32 again where the job turns that off."""
+    """fp32 on lan; where the coordinator gives a slow link int8 models and int4
+    updates (a byte and half a byte, and a scale per row), their mean each way; fp32
+    again where the job turns that off."""
     job = parse_scenario({"job": {"model": {"preset": "small", "loss": "mse"}}}).job
     assert job_bytes_per_param(job, profile("lan")) == 4.0
-    assert 1.0 < job_bytes_per_param(job, profile("roblox")) < 1.5  # 1.28: narrow rows
+    slow = (encoded_bytes(job.spec, "int8") + encoded_bytes(job.spec, "int4-sr")) / 2
+    assert job_bytes_per_param(job, profile("roblox")) == slow / job.spec.num_params
+    assert 0.9 < slow / job.spec.num_params < 1.2  # 1.03: narrow rows, a scale each
     off = job.replace(codecs={"slow_link": "off"})
     assert job_bytes_per_param(off, profile("roblox")) == 4.0
 

@@ -6,13 +6,11 @@ ratios. From the repository root:
     python docs/results/2026-11-29/check_session18.py
 """
 
-import json
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).parent
+from published import check, load_runs
+
 MACHINE_085 = 2095.0
-THRESHOLDS = ("0.75", "0.78", "0.8", "0.85", "0.88")
 #: tag: (seconds to each of THRESHOLDS, best), as docs/performance.md prints them
 PUBLISHED = {
     "s18-rcp-4": ([708, 794, 886, None, None], 0.804),
@@ -36,19 +34,8 @@ PUBLISHED = {
     "s18-rcp-churn-q05g025-64": ([243, 279, 323, 482, 695], 0.896),
 }
 
-runs = {}
-for name in ("roblox-screens-session18.json", "lan-screens-session18.json"):
-    for line in (HERE / name).read_text().splitlines():
-        run = json.loads(line)
-        runs[run["tag"]] = run
-bad = 0
-for tag, (seconds, best) in PUBLISHED.items():
-    run = runs[tag]
-    got = [None if run["to"].get(t) is None else int(run["to"][t]) for t in THRESHOLDS]
-    if got != seconds or abs(run["best"] - best) > 0.0011:
-        sys.stdout.write(f"MISMATCH {tag}: {got} {run['best']}, published {seconds} {best}\n")
-        bad += 1
-sys.stdout.write(f"{len(PUBLISHED)} rows checked, {bad} mismatched\n")
+runs = load_runs("roblox-screens-session18.json", "lan-screens-session18.json")
+check(runs, PUBLISHED)
 for tag in ("s18-rcp-8", "s18-rcp-16", "s18-rcp-64", "s18-rcp-700", "s18-rcp-churn-q05g05-64"):
     sys.stdout.write(f"{tag}: {MACHINE_085 / runs[tag]['to']['0.85']:.2f}x the machine to 0.85\n")
 share = runs["s18-rcp-churn-q05g05-64"]["bytes"] / runs["s18-default-churn-64"]["bytes"]
