@@ -22,6 +22,7 @@ from coordinator.core.handshake import server_limits
 from coordinator.core.issuing import TaskIssuer
 from coordinator.core.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBlocks
 from coordinator.core.leases import LeaseBook
+from coordinator.core.linkcodecs import sends_deltas
 from coordinator.core.machine import Coordinator
 from coordinator.core.orphans import Orphans
 from coordinator.core.reference import job_reference_norms, split_reference_norms
@@ -155,6 +156,7 @@ def build_core(
         snapshot=verifier.snapshot,
         rng=codec_rng,
         delta_rng=np.random.default_rng(codec_seq.spawn(1)[0]),
+        deltas=sends_deltas(job),
     )
     orphans = Orphans(
         book,

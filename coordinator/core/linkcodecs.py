@@ -10,7 +10,9 @@ model is used as it arrives, while an update or a delta is a step whose rounding
 averages out over the crowd and the rounds. Every other client keeps the job's
 codecs, so a job on a fast link is unchanged. Each direction falls back to the slow
 model codec, and the whole link to the job's codecs, where the client's hello does
-not list it (it is never refused for it).
+not list it (it is never refused for it). Deltas go where the job names a delta
+codec, and under ``auto`` in sync rounds too, where every volunteer of a round
+holds the version before it (``sends_deltas``).
 
 The choice is made once a connection, from the link the handshake granted; the
 lease remembers the update codec its task named, so a result is checked against
@@ -84,6 +86,15 @@ def slow_codecs(job: JobConfig) -> SlowCodecs | None:
     return AUTO_SLOW if own and not special else None
 
 
+def sends_deltas(job: JobConfig) -> bool:
+    """Whether the core keeps versions to send deltas from: the job names a delta
+    codec, or its slow links get ``auto``'s deltas in rounds, where a volunteer of
+    one round holds the version the next one starts from."""
+    if job.codecs.delta is not None:
+        return True
+    return job.strategy.name.endswith("-sync") and slow_codecs(job) is AUTO_SLOW
+
+
 def link_bound(job: JobConfig, round_trip_bytes: int, limits: LinkLimits) -> bool:
     """Whether this link, not the client's compute, sets an auto-sized task's length:
     ``transfer_ratio`` times the round trip outlasts ``task_seconds``."""
@@ -103,9 +114,8 @@ def choose(job: JobConfig, spec: ModelSpec, limits: LinkLimits, offered: set[int
     if not link_bound(job, own.round_trip_bytes, limits):
         return own
     update = slow.update if _listed(slow.update, offered) else slow.model
-    # deltas only where the job sends them anyway
     delta = None
-    if c.delta is not None:
+    if sends_deltas(job):
         delta = slow.delta if _listed(slow.delta, offered) else slow.model
     return LinkCodecs.of(spec, slow.model, update, delta)
 

@@ -8,7 +8,13 @@ import pytest
 
 from compression import CodecId
 from coordinator.core.config import JobConfigError, parse_job
-from coordinator.core.linkcodecs import SlowCodecs, choose, link_bound, slow_codecs
+from coordinator.core.linkcodecs import (
+    SlowCodecs,
+    choose,
+    link_bound,
+    sends_deltas,
+    slow_codecs,
+)
 from coordinator.core.submodel import encoded_bytes
 from protocol import messages as m
 from protocol.errors import ErrorCode
@@ -148,3 +154,26 @@ def test_a_slow_task_is_sized_by_its_int8_transfer() -> None:
     assert (c8, c32) == ("int8", "fp32")
     ratio = job.spec.nbytes / encoded_bytes(job.spec, "int8")  # 3.66: a scale per row
     assert fp32 / int8 == pytest.approx(ratio, rel=0.02)
+
+
+def test_rounds_on_a_slow_link_get_int4_deltas_without_a_delta_codec() -> None:
+    """Under auto a sync job's slow volunteer holds, after each round, the version
+    the next one starts from: it gets the step as an int4 delta. An async job, a
+    fast link and ``slow_link`` off keep full models unless the job names a delta
+    codec."""
+    sync = make_job("decentral-sync")
+    assert sends_deltas(sync) and not sends_deltas(make_job())
+    assert not sends_deltas(make_job("decentral-sync", codecs={"slow_link": "off"}))
+    assert choose(sync, sync.spec, profile("roblox"), SLOW).delta == "int4-sr"
+    assert choose(sync, sync.spec, profile("lan"), SLOW).delta is None
+
+    core = make_core("decentral-sync", link={"profile": "roblox"})
+    out = core.connect("a", hello("a", deltas=True, codecs=("fp32", "int8", "int4")), 0.0)
+    task = task_of(out, "a")
+    assert task.delta_base is None and task.upload_codec == "int4-sr"
+    got = deliver(core, "a", result_messages(task, codec="int4-sr"), 1.0)
+    assert acks(got, "a") == [(task.task_id, True, "")]
+    nxt = task_of(got, "a")
+    assert (nxt.model_version, nxt.delta_base) == (1, 0)
+    chunks = [c for c in sent(got, "a", m.Chunk) if c.transfer == nxt.model_transfer]
+    assert chunks and {c.codec for c in chunks} == {int(CodecId.INT4)}
