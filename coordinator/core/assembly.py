@@ -22,7 +22,7 @@ from coordinator.core.handshake import server_limits
 from coordinator.core.issuing import TaskIssuer
 from coordinator.core.layersplit import BOUNDARY, LOWER, UPPER, Boundaries, SplitBlocks
 from coordinator.core.leases import LeaseBook
-from coordinator.core.linkcodecs import sends_deltas
+from coordinator.core.linkcodecs import delta_versions
 from coordinator.core.machine import Coordinator
 from coordinator.core.orphans import Orphans
 from coordinator.core.reference import job_reference_norms, split_reference_norms
@@ -156,7 +156,7 @@ def build_core(
         snapshot=verifier.snapshot,
         rng=codec_rng,
         delta_rng=np.random.default_rng(codec_seq.spawn(1)[0]),
-        deltas=sends_deltas(job),
+        delta_versions=delta_versions(job),
     )
     orphans = Orphans(
         book,

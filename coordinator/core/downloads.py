@@ -6,11 +6,11 @@ Deltas: send ``current − held`` instead of the whole model.
 A client that already holds version ``h`` (the core knows: it sent it, on the
 same connection, and the lease did not expire) needs only ``current − h``,
 encoded with its connection's delta codec (the job's ``codecs.delta``, or the
-slow-link codec, which sync rounds get without one: coordinator/core/linkcodecs.py);
-full models, likewise, go in the connection's model codec. The core keeps
-snapshots of the versions it served in a :class:`compression.VersionHistory` of
-``codecs.delta_versions`` entries, so memory is bounded by the config and not by
-the number of clients; a held version that has been evicted gets the full model.
+slow-link codec, which sync rounds get without one); full models, likewise, go in
+the connection's model codec. The core keeps snapshots of the versions it served
+(a :class:`compression.VersionHistory` of linkcodecs.delta_versions entries), so
+memory is bounded by the config and not by the number of clients; a held version
+that has been evicted gets the full model.
 
 Drift. A lossy delta codec leaves the client with ``h + decode(encode(Δ))``,
 not the server's version; the next delta is again computed from the server's
@@ -54,9 +54,11 @@ class Delta:
 class DeltaServer:
     """Snapshots of served versions and an encode-once cache of deltas."""
 
-    def __init__(self, config: CodecSection, spec: ModelSpec, rng: np.random.Generator) -> None:
+    def __init__(
+        self, config: CodecSection, spec: ModelSpec, rng: np.random.Generator, versions: int
+    ) -> None:
         self.max_chain = config.max_delta_chain
-        self.history = VersionHistory(config.delta_versions)
+        self.history = VersionHistory(versions)
         self.rng = rng
         self._spec = spec
         self._cache: dict[tuple[int, int, int | None, bool, str], Delta] = {}
@@ -150,14 +152,16 @@ class ModelDistribution:
         snapshot: Callable[[int], np.ndarray],
         rng: np.random.Generator,
         delta_rng: np.random.Generator,
-        deltas: bool,
+        delta_versions: int,
     ) -> None:
         self.spec = spec
         self.max_message_bytes = max_message_bytes
         self.model = model
         self.snapshot = snapshot
         self.rng = rng
-        self.deltas = DeltaServer(codecs, spec, delta_rng) if deltas else None
+        self.deltas = (
+            DeltaServer(codecs, spec, delta_rng, delta_versions) if delta_versions else None
+        )
         # (frame target, spans, codec) -> (version, transfer, chunks, frames) of the
         # current model
         self._cache: dict[tuple[int, bool, str], tuple[int, str, list[m.Chunk], list[bytes]]] = {}

@@ -46,6 +46,8 @@ class SlowCodecs:
 
 #: what ``codecs.slow_link = "auto"`` means where the job allows it
 AUTO_SLOW = SlowCodecs(model="int8", update="int4-sr", delta="int4-sr")
+#: what the versions kept for ``auto``'s deltas may take, all together
+AUTO_DELTA_BYTES = 256 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +88,23 @@ def slow_codecs(job: JobConfig) -> SlowCodecs | None:
     return AUTO_SLOW if own and not special else None
 
 
+def delta_versions(job: JobConfig) -> int:
+    """How many served versions the core keeps to send deltas from (0: none):
+    ``codecs.delta_versions`` where the job names a delta codec; under ``auto`` in
+    sync rounds, where a volunteer of one round holds the version the next one
+    starts from, as many of those as fit AUTO_DELTA_BYTES (none below two)."""
+    c = job.codecs
+    if c.delta is not None:
+        return c.delta_versions
+    if not job.strategy.name.endswith("-sync") or slow_codecs(job) is not AUTO_SLOW:
+        return 0
+    kept = min(c.delta_versions, AUTO_DELTA_BYTES // job.spec.nbytes)
+    return kept if kept >= 2 else 0
+
+
 def sends_deltas(job: JobConfig) -> bool:
-    """Whether the core keeps versions to send deltas from: the job names a delta
-    codec, or its slow links get ``auto``'s deltas in rounds, where a volunteer of
-    one round holds the version the next one starts from."""
-    if job.codecs.delta is not None:
-        return True
-    return job.strategy.name.endswith("-sync") and slow_codecs(job) is AUTO_SLOW
+    """Whether the core sends deltas at all (delta_versions)."""
+    return delta_versions(job) > 0
 
 
 def link_bound(job: JobConfig, round_trip_bytes: int, limits: LinkLimits) -> bool:

@@ -9,8 +9,10 @@ import pytest
 from compression import CodecId
 from coordinator.core.config import JobConfigError, parse_job
 from coordinator.core.linkcodecs import (
+    AUTO_DELTA_BYTES,
     SlowCodecs,
     choose,
+    delta_versions,
     link_bound,
     sends_deltas,
     slow_codecs,
@@ -177,3 +179,17 @@ def test_rounds_on_a_slow_link_get_int4_deltas_without_a_delta_codec() -> None:
     assert (nxt.model_version, nxt.delta_base) == (1, 0)
     chunks = [c for c in sent(got, "a", m.Chunk) if c.transfer == nxt.model_transfer]
     assert chunks and {c.codec for c in chunks} == {int(CodecId.INT4)}
+
+
+def test_rounds_keep_as_many_versions_for_auto_deltas_as_fit_their_budget() -> None:
+    """``auto``'s deltas keep at most AUTO_DELTA_BYTES of versions, none where two do
+    not fit; a delta codec the job names keeps its ``delta_versions``, whatever the
+    model."""
+    assert delta_versions(make_job("decentral-sync")) == 16
+    big = {"widths": [64, 4096, 4096, 10]}  # 67 MB as fp32: three fit in 256 MB
+    job = make_job("decentral-sync", model=big)
+    assert delta_versions(job) == AUTO_DELTA_BYTES // job.spec.nbytes == 3
+    huge = {"widths": [64, 8192, 8192, 10]}  # 270 MB: not even one
+    assert delta_versions(make_job("decentral-sync", model=huge)) == 0
+    named = make_job("decentral-sync", model=huge, codecs={"delta": "fp32", "delta_versions": 2})
+    assert delta_versions(named) == 2
