@@ -307,9 +307,8 @@ class CodecSection(_Section):
     whose link, not its compute, sets its task's length (coordinator/core/linkcodecs.py):
     ``auto`` is ``int8`` models and ``int4-sr`` updates and deltas for a job on the
     default fp32 codecs without replication, sub-model or layer-split tasks and off
-    otherwise (and in sync rounds it sends them deltas even with ``delta`` unset);
-    a codec name is that codec every way; ``off`` keeps every client on the codecs
-    above.
+    otherwise (and it sends them deltas even with ``delta`` unset); a codec name is
+    that codec every way; ``off`` keeps every client on the codecs above.
     """
 
     model: str = "fp32"

@@ -6,7 +6,7 @@ Deltas: send ``current − held`` instead of the whole model.
 A client that already holds version ``h`` (the core knows: it sent it, on the
 same connection, and the lease did not expire) needs only ``current − h``,
 encoded with its connection's delta codec (the job's ``codecs.delta``, or the
-slow-link codec, which sync rounds get without one); full models, likewise, go in
+slow-link codec, which slow clients get without one); full models, likewise, go in
 the connection's model codec. The core keeps snapshots of the versions it served
 (a :class:`compression.VersionHistory` of linkcodecs.delta_versions entries), so
 memory is bounded by the config and not by the number of clients; a held version

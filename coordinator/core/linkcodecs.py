@@ -11,8 +11,8 @@ averages out over the crowd and the rounds. Every other client keeps the job's
 codecs, so a job on a fast link is unchanged. Each direction falls back to the slow
 model codec, and the whole link to the job's codecs, where the client's hello does
 not list it (it is never refused for it). Deltas go where the job names a delta
-codec, and under ``auto`` in sync rounds too, where every volunteer of a round
-holds the version before it (``sends_deltas``).
+codec and, under ``auto``, to every slow client that holds a version the core still
+keeps (``delta_versions``): a round's volunteer always does.
 
 The choice is made once a connection, from the link the handshake granted; the
 lease remembers the update codec its task named, so a result is checked against
@@ -90,13 +90,13 @@ def slow_codecs(job: JobConfig) -> SlowCodecs | None:
 
 def delta_versions(job: JobConfig) -> int:
     """How many served versions the core keeps to send deltas from (0: none):
-    ``codecs.delta_versions`` where the job names a delta codec; under ``auto`` in
-    sync rounds, where a volunteer of one round holds the version the next one
-    starts from, as many of those as fit AUTO_DELTA_BYTES (none below two)."""
+    ``codecs.delta_versions`` where the job names a delta codec; under ``auto``, for
+    its slow clients' deltas, as many of those as fit AUTO_DELTA_BYTES (none below
+    two)."""
     c = job.codecs
     if c.delta is not None:
         return c.delta_versions
-    if not job.strategy.name.endswith("-sync") or slow_codecs(job) is not AUTO_SLOW:
+    if slow_codecs(job) is not AUTO_SLOW:
         return 0
     kept = min(c.delta_versions, AUTO_DELTA_BYTES // job.spec.nbytes)
     return kept if kept >= 2 else 0

@@ -38,10 +38,11 @@ FP32_ONLY = {int(CodecId.FP32)}
 
 
 def test_a_slow_link_gets_int8_models_and_int4_updates_and_a_fast_one_the_jobs() -> None:
+    """Deltas too, in int4 (test_a_slow_link_gets_int4_deltas_without_a_delta_codec)."""
     job = make_job(strategy={"tau": "auto"})
     spec = job.spec
     slow = choose(job, spec, profile("roblox"), SLOW)
-    assert (slow.model, slow.update, slow.delta) == ("int8", "int4-sr", None)
+    assert (slow.model, slow.update, slow.delta) == ("int8", "int4-sr", "int4-sr")
     assert slow.model_bytes == encoded_bytes(spec, "int8") < spec.nbytes / 3
     assert slow.update_bytes == encoded_bytes(spec, "int4-sr") < spec.nbytes / 6
     fast = choose(job, spec, profile("lan"), SLOW)
@@ -158,14 +159,16 @@ def test_a_slow_task_is_sized_by_its_int8_transfer() -> None:
     assert fp32 / int8 == pytest.approx(ratio, rel=0.02)
 
 
-def test_rounds_on_a_slow_link_get_int4_deltas_without_a_delta_codec() -> None:
-    """Under auto a sync job's slow volunteer holds, after each round, the version
-    the next one starts from: it gets the step as an int4 delta. An async job, a
-    fast link and ``slow_link`` off keep full models unless the job names a delta
-    codec."""
+def test_a_slow_link_gets_int4_deltas_without_a_delta_codec() -> None:
+    """Under auto a slow volunteer that holds a version the core keeps gets the next
+    as an int4 delta, in rounds (where it always holds the version the next round
+    starts from) and asynchronously alike. A fast link, and a job with
+    ``slow_link`` off or its own codecs, keep full models unless the job names a
+    delta codec."""
     sync = make_job("decentral-sync")
-    assert sends_deltas(sync) and not sends_deltas(make_job())
+    assert sends_deltas(sync) and sends_deltas(make_job())
     assert not sends_deltas(make_job("decentral-sync", codecs={"slow_link": "off"}))
+    assert not sends_deltas(make_job(codecs={"update": "int8"}))
     assert choose(sync, sync.spec, profile("roblox"), SLOW).delta == "int4-sr"
     assert choose(sync, sync.spec, profile("lan"), SLOW).delta is None
 
@@ -181,11 +184,11 @@ def test_rounds_on_a_slow_link_get_int4_deltas_without_a_delta_codec() -> None:
     assert chunks and {c.codec for c in chunks} == {int(CodecId.INT4)}
 
 
-def test_rounds_keep_as_many_versions_for_auto_deltas_as_fit_their_budget() -> None:
+def test_auto_deltas_keep_as_many_versions_as_fit_their_budget() -> None:
     """``auto``'s deltas keep at most AUTO_DELTA_BYTES of versions, none where two do
     not fit; a delta codec the job names keeps its ``delta_versions``, whatever the
     model."""
-    assert delta_versions(make_job("decentral-sync")) == 16
+    assert delta_versions(make_job("decentral-sync")) == delta_versions(make_job()) == 16
     big = {"widths": [64, 4096, 4096, 10]}  # 67 MB as fp32: three fit in 256 MB
     job = make_job("decentral-sync", model=big)
     assert delta_versions(job) == AUTO_DELTA_BYTES // job.spec.nbytes == 3
