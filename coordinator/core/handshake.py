@@ -14,7 +14,7 @@ from compression import CodecError
 from compression import get as get_codec
 from coordinator.core.config import JobConfig
 from coordinator.core.connections import Conn
-from coordinator.core.linkcodecs import LinkCodecs, link_bound
+from coordinator.core.linkcodecs import LinkCodecs, link_bound, listed
 from coordinator.core.linkcodecs import choose as choose_codecs
 from coordinator.core.uploads import Uploads
 from nn.spec import INIT_SCHEME, ModelSpec
@@ -60,7 +60,7 @@ def check_hello(job: JobConfig, hello: m.Hello, *, data_only: bool) -> tuple[int
     ``data_only``: the job's rows reach clients only as shards by hash (§13)."""
     version = m.choose_version(hello.version)
     offered = _codec_ids(hello.codecs)
-    missing = [c for c in (job.codecs.model, job.codecs.update) if _codec_id(c) not in offered]
+    missing = [c for c in (job.codecs.model, job.codecs.update) if not listed(c, offered)]
     if missing:
         raise ProtocolError(ErrorCode.BAD_FIELD, f"hello.codecs: job needs {sorted(missing)}")
     if data_only and not hello.data:
@@ -92,7 +92,7 @@ def open_conn(
     extra = MAX_BOUNDARY_ROWS if job.split.enabled else 0
     codecs = choose_codecs(job, spec, limits, offered)
     conn = Conn(client_id, limits, Uploads(spec, codecs.update, extra_rows=extra), codecs)
-    conn.deltas = hello.deltas and codecs.delta is not None and _codec_id(codecs.delta) in offered
+    conn.deltas = hello.deltas and codecs.delta is not None and listed(codecs.delta, offered)
     conn.seeded_init = INIT_SCHEME in hello.init_schemes and seeded_v0
     conn.spans = hello.spans
     conn.data = hello.data

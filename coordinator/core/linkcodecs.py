@@ -121,16 +121,17 @@ def choose(job: JobConfig, spec: ModelSpec, limits: LinkLimits, offered: set[int
     c = job.codecs
     own = LinkCodecs.of(spec, c.model, c.update, c.delta)
     slow = slow_codecs(job)
-    if slow is None or not _listed(slow.model, offered):
+    if slow is None or not listed(slow.model, offered):
         return own
     if not link_bound(job, own.round_trip_bytes, limits):
         return own
-    update = slow.update if _listed(slow.update, offered) else slow.model
+    update = slow.update if listed(slow.update, offered) else slow.model
     delta = None
     if sends_deltas(job):
-        delta = slow.delta if _listed(slow.delta, offered) else slow.model
+        delta = slow.delta if listed(slow.delta, offered) else slow.model
     return LinkCodecs.of(spec, slow.model, update, delta)
 
 
-def _listed(codec: str, offered: set[int]) -> bool:
+def listed(codec: str, offered: set[int]) -> bool:
+    """Whether a hello that decodes the wire ids ``offered`` takes ``codec``."""
     return int(get_codec(codec).id) in offered

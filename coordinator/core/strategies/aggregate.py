@@ -175,10 +175,13 @@ class OuterLrScale:
         m2 = float(mean64 @ mean64)
         if len(deltas) >= 2 and k > 1.0:
             total = float(sum(weights))
-            spread = sum(
-                float(w) * float(np.sum((d.astype(np.float64) - mean64) ** 2))
-                for d, w in zip(deltas, weights, strict=True)
-            )
+            # one float64 buffer for every delta's distance to the mean: at 700
+            # players a round's spread is otherwise three model-sized arrays per delta
+            diff = np.empty_like(mean64)
+            spread = 0.0
+            for d, w in zip(deltas, weights, strict=True):
+                np.subtract(d, mean64, out=diff)
+                spread += float(w) * float(np.sum(np.square(diff, out=diff)))
             # unbiased for the weighted mean: E[Σw|d-m|²/Σw] = sigma² (1 - 1/k)
             sigma2 = spread / total / (1.0 - 1.0 / k)
             self.noise = self._mix(self.noise, sigma2 / k * (1.0 - coverage))
