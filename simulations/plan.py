@@ -21,8 +21,9 @@ from typing import Any, Literal
 from compression import CodecId
 from coordinator.core.config import JobConfig
 from coordinator.core.handshake import offers_prefetch
-from coordinator.core.linkcodecs import choose
+from coordinator.core.linkcodecs import choose, delta_versions
 from coordinator.core.strategies import serves_prefetch
+from coordinator.core.submodel import encoded_bytes
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits
 
@@ -121,13 +122,23 @@ def transfer_seconds(nbytes: int, limits: LinkLimits, latency: float = 0.0) -> f
     return limits.transfer_seconds(nbytes, frames) + latency
 
 
-def job_bytes_per_param(job: JobConfig, limits: LinkLimits) -> float:
+def job_bytes_per_param(job: JobConfig, limits: LinkLimits, workers: int = 1) -> float:
     """Bytes a parameter takes on this link in this job, each way on average (the
-    model down and the update up): the job's codecs, or the slow-link ones where the
-    coordinator gives them to a client on such a link (coordinator/core/linkcodecs.py;
-    every in-tree client lists them)."""
+    model down and the update up, in steady state): the job's codecs, or the
+    slow-link ones where the coordinator gives them to a client on such a link
+    (coordinator/core/linkcodecs.py; every in-tree client lists them).
+
+    The model comes down as a delta where the link gets deltas and the client still
+    holds a version the coordinator keeps: always in rounds, whose volunteers hold
+    the round's version; asynchronously while ``workers`` (about the merges between
+    a client's two tasks, one per result) stay within the versions kept."""
     codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
-    return codecs.round_trip_bytes / 2 / job.spec.num_params
+    down = codecs.model_bytes
+    if codecs.delta is not None:
+        held = job.strategy.name.endswith("-sync") or workers <= delta_versions(job)
+        if held:
+            down = encoded_bytes(job.spec, codecs.delta)
+    return (down + codecs.update_bytes) / 2 / job.spec.num_params
 
 
 def job_prefetches(job: JobConfig, limits: LinkLimits) -> bool:

@@ -151,7 +151,7 @@ def scenario_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         latency=sc.clients.latency.mean,
         steps=steps,
         tau=sc.job.strategy.nominal_tau,
-        bytes_per_param=job_bytes_per_param(job, sc.limits),  # its codecs on its link
+        bytes_per_param=job_bytes_per_param(job, sc.limits, sc.clients.count),  # its link's
         contention=args.contention or "independent",
         prefetch=prefetch,
     )

@@ -326,6 +326,7 @@ def test_an_auto_outer_lr_sizes_each_round_by_its_signal_and_survives_a_checkpoi
     book = LeaseBook()
     d = np.full(SPEC.num_params, 0.01, np.float32)
     before = model.params.data.copy()
+    assert s.round_outer_lr() is None  # no round has chosen one yet
     _sync_round(s, book, [d, d])
     peak = 0.95 * nesterov_edge(0.9)
     assert s.last_outer_lr == pytest.approx(peak)

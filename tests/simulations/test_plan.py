@@ -156,10 +156,23 @@ def test_the_estimate_counts_the_bytes_a_parameter_takes_on_the_link():
     job = parse_scenario({"job": {"model": {"preset": "small", "loss": "mse"}}}).job
     assert job_bytes_per_param(job, profile("lan")) == 4.0
     slow = (encoded_bytes(job.spec, "int8") + encoded_bytes(job.spec, "int4-sr")) / 2
-    assert job_bytes_per_param(job, profile("roblox")) == slow / job.spec.num_params
+    big = 64  # more workers than versions kept: full models come down, no deltas
+    assert job_bytes_per_param(job, profile("roblox"), big) == slow / job.spec.num_params
     assert 0.9 < slow / job.spec.num_params < 1.2  # 1.03: narrow rows, a scale each
     off = job.replace(codecs={"slow_link": "off"})
     assert job_bytes_per_param(off, profile("roblox")) == 4.0
+
+
+def test_the_estimate_counts_a_delta_down_where_the_client_holds_a_kept_version():
+    """Under auto a slow link's model comes down as an int4 delta: in rounds always,
+    asynchronously while the merges between a client's tasks (one per worker) stay
+    within the versions kept; a crowd larger than that gets int8 models."""
+    job = parse_scenario({"job": {"model": {"preset": "small", "loss": "mse"}}}).job
+    n, int4 = job.spec.num_params, encoded_bytes(job.spec, "int4-sr")
+    assert job_bytes_per_param(job, profile("roblox"), workers=16) == int4 / n
+    rounds = job.replace(strategy={"name": "decentral-sync"})
+    assert job_bytes_per_param(rounds, profile("roblox"), workers=700) == int4 / n
+    assert job_bytes_per_param(rounds, profile("lan"), workers=700) == 4.0  # no deltas
 
 
 def test_the_estimate_meets_a_simulated_run_with_and_without_prefetch():

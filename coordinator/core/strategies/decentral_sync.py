@@ -40,7 +40,8 @@ class DecentralSync(RoundStrategy):
         super().__init__(
             outer=outer, model=model, config=config, data=data, rng=rng, auto_outer=scale
         )
-        self.last_outer_lr = lr
+        # under auto no round has chosen one yet: the gauge stays absent until one does
+        self.last_outer_lr = None if auto else lr
 
     def direction(
         self, updates: list[np.ndarray], weights: list[float], subnets: list[Subnet | None]
