@@ -241,15 +241,24 @@ class Strategy(ABC):
 
     # -- helpers ----------------------------------------------------------------
 
-    def new_plan(self, client: ClientView | None = None, *, round: int | None = None) -> TaskPlan:
-        """A task plan; for ``client``, on a shard it holds when one is due."""
+    def new_plan(
+        self,
+        client: ClientView | None = None,
+        *,
+        round: int | None = None,
+        shard: int | None = None,
+    ) -> TaskPlan:
+        """A task plan on ``shard``; without one, for ``client``, on a shard it holds
+        when one is due."""
         steps = self.config.nominal_tau if self.task_kind == "local" else 1
-        held, lead = (), 1
-        if client is not None:  # a crowd of N holds each of S shards about N/S times
-            held, lead = client.held, max(1, -(-client.connected // self.cursor.shards))
+        if shard is None:
+            held, lead = (), 1
+            if client is not None:  # a crowd of N holds each of S shards about N/S times
+                held, lead = client.held, max(1, -(-client.connected // self.cursor.shards))
+            shard = self.cursor.next(held, lead)
         return TaskPlan(
             kind=self.task_kind,
-            shard=self.cursor.next(held, lead),
+            shard=shard,
             seed=int(self.rng.integers(0, 2**31 - 1)),
             steps=steps,
             batch=self.data.batch,

@@ -3,9 +3,10 @@
 Theory of operation. A round is opened by the first idle client that asks for
 work. It has ``target`` slots (``clients_per_round``, or the number of clients
 connected when it opens, grown by clients that connect while it has no result
-yet); each slot is one task at the round's version. The round closes,
-combining its results into one outer step (a ``mean`` weights each by its
-task's rows: FedAvg), when
+yet); each slot is one task at the round's version (a round with a slot per
+shard keeps each holder on a shard it holds). The round closes, combining its
+results into one outer step (a ``mean`` weights each shard by its rows, split
+among the tasks that visited it: FedAvg, stratified by shard), when
 
 - every slot has a result, or
 - the round deadline passes and at least ``ceil(quorum × target)`` slots have
@@ -28,7 +29,7 @@ import enum
 import logging
 import math
 from abc import abstractmethod
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,8 @@ class RoundStrategy(Strategy):
         self.reissue: deque[Task] = deque()
         #: sub-model results' subnets, by task id (absent: the whole model)
         self.subnets: dict[int, Subnet] = {}
+        #: this round's tasks planned per shard
+        self.visits: Counter[int] = Counter()
 
     @abstractmethod
     def direction(
@@ -131,6 +134,7 @@ class RoundStrategy(Strategy):
         self.subnets = {}
         self.round_tasks = {}
         self.reissue.clear()
+        self.visits.clear()
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
         if self.phase is RoundPhase.IDLE:
@@ -164,9 +168,38 @@ class RoundStrategy(Strategy):
             # no version, so its next download is the whole model).
             self.target = client.connected
         if self.planned < self.target:
+            plan = self.new_plan(client, round=self.round, shard=self._shard_for(client))
             self.planned += 1
-            return self.new_plan(client, round=self.round)
+            self.visits[plan.shard] += 1
+            return plan
         return None
+
+    def _shard_for(self, client: ClientView) -> int | None:
+        """This round's shard for ``client``, where the round has a slot for every
+        shard; None: the cursor's (ShardCursor.next).
+
+        A round that large visits every shard by itself, so a client that holds
+        shards trains on the one of them this round has visited least, however far
+        its shard runs ahead of others across rounds; only the round's last slots go
+        to shards it has not visited yet, fetched if need be. The cursor's bound on
+        running ahead would, with a crowd holding shards unevenly (700 players on 64
+        shards: 11 holders for most, 10 for some), stall a round on a whole batch of
+        shard fetches every dozen rounds. The mean undoes the uneven visits
+        (``shard_weights``)."""
+        shards = self.cursor.shards
+        if self.target < shards:
+            return None  # rounds this small cover the shards across rounds: cycles
+        held = [s for s in client.held if 0 <= s < shards]
+        unvisited = shards - len(self.visits)
+        if unvisited and self.target - self.planned <= unvisited:
+            mine = [s for s in held if not self.visits[s]]
+            if mine:
+                return mine[0]
+            missing = [s for s in range(shards) if not self.visits[s]]
+            return missing[int(self.rng.integers(len(missing)))]
+        if not held:
+            return None
+        return min(held, key=self.visits.__getitem__)  # newest first among equals
 
     def on_task_created(self, task: Task) -> None:
         if task.round == self.round:
@@ -216,7 +249,7 @@ class RoundStrategy(Strategy):
     def _close(self, now: float) -> StepReport:
         ids = sorted(self.results)
         updates = [self.results[i] for i in ids]
-        weights = [self.weights.get(i, 1.0) for i in ids]
+        weights = self.shard_weights(ids)
         subnets = [self.subnets.get(i) for i in ids]
         direction = self.direction(updates, weights, subnets)
         scale = self.step_scale()
@@ -240,6 +273,18 @@ class RoundStrategy(Strategy):
         self.reissue.clear()
         self.deadline = None
         return StepReport(stepped=report.stepped, merged=report.merged, dropped=dropped)
+
+    def shard_weights(self, ids: list[int]) -> list[float]:
+        """The results' weights in the round's mean: each one's sample weight over
+        the number of results from its shard. So each shard weighs its rows however
+        many tasks visited it (a stratified mean): a crowd holding shards unevenly
+        does not tilt the model toward the shards with more holders. A result whose
+        task is not known (restored from a checkpoint) counts alone."""
+        tasks = self.round_tasks
+        count = Counter(tasks[i].shard for i in ids if i in tasks)
+        return [
+            self.weights.get(i, 1.0) / (count[tasks[i].shard] if i in tasks else 1) for i in ids
+        ]
 
     def _auto_lr(
         self,
@@ -307,6 +352,7 @@ class RoundStrategy(Strategy):
         }
         self.round_tasks = {}
         self.reissue.clear()
+        self.visits.clear()
         self.planned = len(self.results)
         self.deadline = None
         self.phase = RoundPhase.COLLECTING if self.results else RoundPhase.IDLE
