@@ -1,30 +1,29 @@
 """Synchronous rounds, shared by central-sync and decentral-sync.
 
-Theory of operation. A round is opened by the first idle client that asks for
-work. It has ``target`` slots (``clients_per_round``, or the number of clients
-connected when it opens, grown by clients that connect while it has no result
-yet); each slot is one task at the round's version (a round with a slot per
-shard keeps each holder on a shard it holds). The round closes, combining its
-results into one outer step (a ``mean`` weights each shard by its rows, split
-among the tasks that visited it: FedAvg, stratified by shard), when
+Theory of operation. The first idle client that asks for work opens a round of
+``target`` slots (``clients_per_round``, or the clients connected when it opens,
+grown by clients that connect while it has no result yet); each slot is one task
+at the round's version (a round with a slot per shard keeps each holder on a
+shard it holds). The round closes, combining its results into one outer step (a
+``mean`` weighs each shard by its rows, split among the tasks that visited it:
+FedAvg, stratified by shard), when
 
 - every slot has a result, or
 - the round deadline passes and at least ``ceil(quorum × target)`` slots have
-  results; the round's other tasks are dropped (late results are stale).
-  ``quorum_grace`` g: a quorum reached t s after opening moves the deadline to t (1 + g) if sooner.
+  results (other tasks are dropped: late results are stale); ``quorum_grace`` g:
+  a quorum reached t s after opening moves the deadline to t (1 + g) if sooner.
 
 If the deadline passes below quorum, the round's unfinished tasks are leased
 again to whoever is idle (replication, BOINC-style: the first result wins) and
 the deadline is extended, so a straggler is never waited on forever. A task
 whose lease is lost is leased again at once.
 
-Phases::
-
-    IDLE --task_for--> COLLECTING --all slots done | deadline with quorum--> IDLE
+Phases: IDLE --task_for--> COLLECTING --all slots done | deadline with quorum--> IDLE.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import logging
 import math
@@ -90,6 +89,9 @@ class RoundStrategy(Strategy):
         self.subnets: dict[int, Subnet] = {}
         #: this round's tasks planned per shard
         self.visits: Counter[int] = Counter()
+        #: the shards this round has not visited, ascending, kept once its last
+        #: slots must go to them (None before)
+        self.unvisited: list[int] | None = None
 
     @abstractmethod
     def direction(
@@ -135,6 +137,7 @@ class RoundStrategy(Strategy):
         self.round_tasks = {}
         self.reissue.clear()
         self.visits.clear()
+        self.unvisited = None
 
     def task_for(self, client: ClientView, now: float) -> TaskPlan | None:
         if self.phase is RoundPhase.IDLE:
@@ -171,6 +174,8 @@ class RoundStrategy(Strategy):
             plan = self.new_plan(client, round=self.round, shard=self._shard_for(client))
             self.planned += 1
             self.visits[plan.shard] += 1
+            if self.unvisited is not None and self.visits[plan.shard] == 1:
+                del self.unvisited[bisect.bisect_left(self.unvisited, plan.shard)]
             return plan
         return None
 
@@ -195,8 +200,9 @@ class RoundStrategy(Strategy):
             mine = [s for s in held if not self.visits[s]]
             if mine:
                 return mine[0]
-            missing = [s for s in range(shards) if not self.visits[s]]
-            return missing[int(self.rng.integers(len(missing)))]
+            if self.unvisited is None:
+                self.unvisited = [s for s in range(shards) if not self.visits[s]]
+            return self.unvisited[int(self.rng.integers(len(self.unvisited)))]
         if not held:
             return None
         return min(held, key=self.visits.__getitem__)  # newest first among equals
@@ -353,6 +359,7 @@ class RoundStrategy(Strategy):
         self.round_tasks = {}
         self.reissue.clear()
         self.visits.clear()
+        self.unvisited = None
         self.planned = len(self.results)
         self.deadline = None
         self.phase = RoundPhase.COLLECTING if self.results else RoundPhase.IDLE
