@@ -24,6 +24,9 @@ PUBLISHED = {
     "s20-strat-churn-q05g05-64": ([227, 261, 286, 404, 551], 0.909),
     "s20-strat-8": ([354, 386, 431, 611, 895], 0.881),
     "s20-default-8": ([384, 473, 519, 850, None], 0.855),
+    "s20-mom002-64": ([141, 169, 190, 256, 338], 0.924),
+    "s20-mom004-64": ([415, 803, None, None, None], 0.783),
+    "s20-adam001-64": ([147, 240, None, None, None], 0.798),
 }
 #: tag: (results, MB per volunteer-hour)
 COUNTS = {
