@@ -22,7 +22,7 @@ from compression import CodecId
 from coordinator.core.config import JobConfig
 from coordinator.core.handshake import offers_prefetch
 from coordinator.core.linkcodecs import choose, delta_versions
-from coordinator.core.strategies import serves_prefetch
+from coordinator.core.strategies import in_rounds, serves_prefetch
 from coordinator.core.submodel import encoded_bytes
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits
@@ -134,10 +134,8 @@ def job_bytes_per_param(job: JobConfig, limits: LinkLimits, workers: int = 1) ->
     a client's two tasks, one per result) stay within the versions kept."""
     codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
     down = codecs.model_bytes
-    if codecs.delta is not None:
-        held = job.strategy.name.endswith("-sync") or workers <= delta_versions(job)
-        if held:
-            down = encoded_bytes(job.spec, codecs.delta)
+    if codecs.delta is not None and (in_rounds(job) or workers <= delta_versions(job)):
+        down = encoded_bytes(job.spec, codecs.delta)
     return (down + codecs.update_bytes) / 2 / job.spec.num_params
 
 

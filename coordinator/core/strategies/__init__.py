@@ -8,7 +8,12 @@ from coordinator.core.strategies.base import (
     StepReport,
     Strategy,
 )
-from coordinator.core.strategies.factory import STRATEGIES, make_strategy, serves_prefetch
+from coordinator.core.strategies.factory import (
+    STRATEGIES,
+    in_rounds,
+    make_strategy,
+    serves_prefetch,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -18,6 +23,7 @@ __all__ = [
     "ShardCursor",
     "StepReport",
     "Strategy",
+    "in_rounds",
     "make_strategy",
     "serves_prefetch",
 ]

@@ -12,6 +12,7 @@ from coordinator.core.strategies.central_sync import CentralSync
 from coordinator.core.strategies.decentral_async import DecentralAsync
 from coordinator.core.strategies.decentral_sync import DecentralSync
 from coordinator.core.strategies.layer_split import LayerSplit
+from coordinator.core.strategies.rounds import RoundStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (CentralSync, CentralAsync, DecentralSync, DecentralAsync)
@@ -24,6 +25,12 @@ def serves_prefetch(job: JobConfig) -> bool:
     handshake.offers_prefetch) and its strategy has a next task while one computes
     (``Strategy.pipelined``)."""
     return job.lease.prefetch is not False and STRATEGIES[job.strategy.name].pipelined
+
+
+def in_rounds(job: JobConfig) -> bool:
+    """The job's strategy runs synchronous rounds: every volunteer of a round
+    starts from the version the last one made (rounds.py)."""
+    return issubclass(STRATEGIES[job.strategy.name], RoundStrategy)
 
 
 def make_strategy(

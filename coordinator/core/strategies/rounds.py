@@ -186,11 +186,10 @@ class RoundStrategy(Strategy):
         A round that large visits every shard by itself, so a client that holds
         shards trains on the one of them this round has visited least, however far
         its shard runs ahead of others across rounds; only the round's last slots go
-        to shards it has not visited yet, fetched if need be. The cursor's bound on
-        running ahead would, with a crowd holding shards unevenly (700 players on 64
-        shards: 11 holders for most, 10 for some), stall a round on a whole batch of
-        shard fetches every dozen rounds. The mean undoes the uneven visits
-        (``shard_weights``)."""
+        to shards it has not visited yet, fetched if need be. Under the cursor's
+        bound on running ahead, a crowd holding shards unevenly stalled whole rounds
+        on shard fetches (docs/coordinator.md, shard affinity). The mean undoes the
+        uneven visits (``shard_weights``)."""
         shards = self.cursor.shards
         if self.target < shards:
             return None  # rounds this small cover the shards across rounds: cycles

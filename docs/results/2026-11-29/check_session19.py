@@ -10,9 +10,8 @@ machine's seeded times. From the repository root:
 import json
 import sys
 
-from published import HERE, check, load_runs
+from published import HERE, check, load_runs, mb_per_volunteer_hour, ratios
 
-MACHINE = {"0.75": 718.0, "0.78": 938.0, "0.8": 1250.0, "0.85": 2095.0}
 #: tag: (seconds to each of THRESHOLDS, best), as docs/performance.md prints them
 PUBLISHED = {
     "s19-m95-64": ([200, 243, 272, 400, 656], 0.889),
@@ -38,12 +37,8 @@ runs = load_runs("roblox-screens-session19.json")
 check(runs, PUBLISHED)
 for tag in PUBLISHED:
     run = runs[tag]
-    ratios = " / ".join(
-        "—" if run["to"][t] is None else f"{MACHINE[t] / run['to'][t]:.2f}x" for t in MACHINE
-    )
-    hours = run["players"] * run["curve"][-1][0] / 3600
-    rate = run["bytes"] / 1e6 / hours
-    sys.stdout.write(f"{tag}: {ratios} the machine; {rate:.0f} MB per volunteer-hour\n")
+    rate = mb_per_volunteer_hour(run)
+    sys.stdout.write(f"{tag}: {ratios(run)} the machine; {rate:.0f} MB per volunteer-hour\n")
 
 # The default's table: results and MB moved, as printed (MB rounded).
 COUNTS = {
@@ -65,7 +60,7 @@ for tag, (results, mb) in COUNTS.items():
         bad += 1
 for tag, rate in RATES.items():
     run = runs[tag]
-    got = run["bytes"] / 1e6 / (run["players"] * run["curve"][-1][0] / 3600)
+    got = mb_per_volunteer_hour(run)
     if round(got) != rate:
         sys.stdout.write(f"MISMATCH {tag}: {got:.1f} MB per volunteer-hour, published {rate}\n")
         bad += 1
@@ -76,7 +71,7 @@ LARGE = {
     "large-8-defaults-int4.json": ([171, 355, 355], [0.18, 0.14, 0.27], 0.0229),
     "large-8-defaults-int4-deltas.json": ([150, 291, 292], [0.20, 0.17, 0.33], 0.0216),
 }
-for name, (seconds, ratios, loss) in LARGE.items():
+for name, (seconds, speedups, loss) in LARGE.items():
     row = next(
         r
         for r in json.loads((HERE / name).read_text())["speedup"]["rows"]
@@ -88,7 +83,7 @@ for name, (seconds, ratios, loss) in LARGE.items():
         [round(v["speedup"], 2) for v in eq.values()],
         round(row["loss"], 4),
     )
-    if got != (seconds, ratios, loss):
+    if got != (seconds, speedups, loss):
         sys.stdout.write(f"MISMATCH {name}: {got}\n")
         bad += 1
 

@@ -12,9 +12,8 @@ import json
 import re
 import sys
 
-from published import HERE, check, load_runs
+from published import HERE, check, load_runs, mb_per_volunteer_hour, ratios
 
-MACHINE = {"0.75": 718.0, "0.78": 938.0, "0.8": 1250.0, "0.85": 2095.0}
 #: tag: (seconds to each of THRESHOLDS, best), as docs/performance.md prints them
 PUBLISHED = {
     "s20-strat-700": ([136, 163, 179, 234, 289], 0.911),
@@ -56,17 +55,12 @@ runs = load_runs("roblox-screens-session20.json")
 bad = check(runs, PUBLISHED)
 for tag, (results, rate) in COUNTS.items():
     run = runs[tag]
-    hours = run["players"] * run["curve"][-1][0] / 3600
-    got = (run["results"], round(run["bytes"] / 1e6 / hours))
+    got = (run["results"], round(mb_per_volunteer_hour(run)))
     if got != (results, rate):
         sys.stdout.write(f"MISMATCH {tag}: results, MB/h {got}, published {(results, rate)}\n")
         bad += 1
 for tag in PUBLISHED:
-    run = runs[tag]
-    ratios = " / ".join(
-        "—" if run["to"][t] is None else f"{MACHINE[t] / run['to'][t]:.2f}x" for t in MACHINE
-    )
-    sys.stdout.write(f"{tag}: {ratios} the machine\n")
+    sys.stdout.write(f"{tag}: {ratios(runs[tag])} the machine\n")
 for name, want in LOGS.items():
     times = [float(t) for t in re.findall(r" t=([0-9.]+)", (HERE / name).read_text())]
     lengths = [b - a for a, b in itertools.pairwise(times)]

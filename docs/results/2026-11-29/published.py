@@ -1,4 +1,4 @@
-"""What the session checks (check_session18.py, check_session19.py) share: the
+"""What the session checks (check_session18-20.py) share: the
 screens' JSON lines by tag, and each published row compared with its line."""
 
 import json
@@ -7,6 +7,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 THRESHOLDS = ("0.75", "0.78", "0.8", "0.85", "0.88")
+#: the one machine's seeded virtual seconds to each accuracy (sessions 17-20)
+MACHINE = {"0.75": 718.0, "0.78": 938.0, "0.8": 1250.0, "0.85": 2095.0}
 
 
 def load_runs(*names: str) -> dict[str, dict]:
@@ -17,6 +19,18 @@ def load_runs(*names: str) -> dict[str, dict]:
             run = json.loads(line)
             runs[run["tag"]] = run
     return runs
+
+
+def ratios(run: dict) -> str:
+    """The machine's seconds over the run's, per MACHINE threshold ("—": not reached)."""
+    return " / ".join(
+        "—" if run["to"][t] is None else f"{MACHINE[t] / run['to'][t]:.2f}x" for t in MACHINE
+    )
+
+
+def mb_per_volunteer_hour(run: dict) -> float:
+    """Bytes both ways over the players' hours in the run (to its last sample)."""
+    return run["bytes"] / 1e6 / (run["players"] * run["curve"][-1][0] / 3600)
 
 
 def check(runs: dict[str, dict], published: dict[str, tuple[list, float]]) -> int:
