@@ -44,6 +44,7 @@ class CodecId(enum.IntEnum):
     TOPK_INT8 = 5
     INT8_CHUNK = 6
     INT4_CHUNK = 7
+    INT2 = 8
 
 
 class Codec(ABC):
@@ -210,7 +211,7 @@ def get(name_or_id: str | int) -> Codec:
     if codec is None:
         raise CodecError(
             f"unknown codec {name_or_id!r}; known: {sorted(_REGISTRY)} "
-            "or topk:FRACTION[+int8][-sr], int8|int4[-chunk][-sr]"
+            "or topk:FRACTION[+int8][-sr], int8|int4[-chunk][-sr], int2[-sr]"
         )
     return codec
 

@@ -1,9 +1,10 @@
-"""Uniform integer codecs: int8 and int4 with a per-row or per-chunk scale.
+"""Uniform integer codecs: int8, int4 and int2 with a per-row or per-chunk scale.
 
 A symmetric quantiser, exact so that every client writes the same bytes (docs/protocol.md
-§11.1 states it to the bit): ``scale = max|x| / L`` (L = 127 for int8, 7 for int4) and ``q =
-round(x / scale)``, both IEEE float32 divisions, ties to even (``np.rint``), clamped to ``[-L,
-L]``; a scale of 0 (an all-zero row) gives q = 0; decoding is ``q * scale``. Stochastic
+§11.1 states it to the bit): ``scale = max|x| / L`` (L = 127 for int8, 7 for int4, 1 for
+int2) and ``q = round(x / scale)``, both IEEE float32 divisions, ties to even (``np.rint``),
+clamped to ``[-L, L]``; a scale of 0 (an all-zero row) gives q = 0; decoding is ``q *
+scale``. Stochastic
 rounding (``-sr``, unbiased) is ``q = floor(float32(x / scale + u))`` with one uniform float32
 ``u`` per value in row-major order from the caller's generator (a client passes the portable
 one of its task, §12.1). Per-row scales (``int8``, ``int4``) follow the neuron rows of a W
@@ -14,10 +15,12 @@ number of values):
 
 * ``int8`` / ``int8-chunk``: ``<{rows}f`` scales / ``<f`` scale, then ``<{n}b`` in [-127, 127]
 * ``int4`` / ``int4-chunk``: ``<{rows}f`` scales / ``<f`` scale, then ``<{ceil(n/2)}B`` nibbles
+* ``int2``: ``<{rows}f`` scales, then ``<{ceil(n/4)}B`` crumbs
 
 A nibble holds ``q + 8`` (1..15), value ``2i`` in the low nibble of byte ``i`` and ``2i+1`` in
-the high one; the pad nibble of an odd ``n`` is 0. A value of -128, a nibble of 0, a nonzero
-pad, or a negative or non-finite scale is a corrupt payload.
+the high one; a crumb (2 bits) holds ``q + 2`` (1..3), value ``4i + j`` in bits ``2j, 2j+1``
+of byte ``i``; pad nibbles and crumbs are 0. A value of -128, a nibble or crumb of 0, a
+nonzero pad, or a negative or non-finite scale is a corrupt payload.
 """
 
 from __future__ import annotations
@@ -79,6 +82,27 @@ def pack_nibbles(q: np.ndarray) -> bytes:
     return (u[0::2] | (u[1::2] << 4)).tobytes()
 
 
+def pack_crumbs(q: np.ndarray) -> bytes:
+    """Pack int2 values in [-1, 1] four per byte (layout in the module docstring)."""
+    u = (q.reshape(-1).astype(np.int16) + 2).astype(np.uint8)
+    u = np.concatenate([u, np.zeros(-u.size % 4, np.uint8)]).reshape(-1, 4)
+    return (u[:, 0] | (u[:, 1] << 2) | (u[:, 2] << 4) | (u[:, 3] << 6)).tobytes()
+
+
+def unpack_crumbs(buf: bytes | memoryview, n: int, codec: str) -> np.ndarray:
+    packed = np.frombuffer(buf, dtype=np.uint8)
+    u = np.empty((packed.size, 4), np.uint8)
+    for j in range(4):
+        u[:, j] = (packed >> (2 * j)) & 0x03
+    u = u.reshape(-1)
+    if u[n:].any():
+        raise CodecError(f"{codec}: nonzero pad crumb")
+    u = u[:n]
+    if n and u.min() == 0:
+        raise CodecError(f"{codec}: crumb 0 is not a valid int2 value")
+    return u.astype(np.int8) - np.int8(2)
+
+
 def unpack_nibbles(buf: bytes | memoryview, n: int, codec: str) -> np.ndarray:
     packed = np.frombuffer(buf, dtype=np.uint8)
     u = np.empty(2 * packed.size, np.uint8)
@@ -92,23 +116,27 @@ def unpack_nibbles(buf: bytes | memoryview, n: int, codec: str) -> np.ndarray:
     return u.astype(np.int8) - np.int8(8)
 
 
+_LEVELS = {8: 127, 4: 7, 2: 1}
+_PACK = {8: lambda q: q.tobytes(), 4: pack_nibbles, 2: pack_crumbs}
+
+
 class UniformCodec(Codec):
-    """Symmetric int8/int4 codec; see the module docstring for the layouts."""
+    """Symmetric int8/int4/int2 codec; see the module docstring for the layouts."""
 
     def __init__(
         self, *, codec_id: CodecId, name: str, bits: int, per_row: bool, stochastic: bool = False
     ) -> None:
-        if bits not in (4, 8):
-            raise ValueError(f"uniform codec: bits must be 4 or 8, got {bits}")
+        if bits not in _LEVELS:
+            raise ValueError(f"uniform codec: bits must be 2, 4 or 8, got {bits}")
         self.id = codec_id
         self.name = name
         self.bits = bits
-        self.levels = 127 if bits == 8 else 7
+        self.levels = _LEVELS[bits]
         self.per_row = per_row
         self.stochastic = stochastic
 
     def _value_bytes(self, n: int) -> int:
-        return n if self.bits == 8 else (n + 1) // 2
+        return -(-n * self.bits // 8)
 
     def _num_scales(self, shape: tuple[int, ...]) -> int:
         return block_rows(shape) if self.per_row else 1
@@ -126,7 +154,7 @@ class UniformCodec(Codec):
         else:
             x2d = x.reshape(1, -1)
         q, scales = quantize(x2d, self.levels, stochastic=self.stochastic, rng=rng)
-        body = q.tobytes() if self.bits == 8 else pack_nibbles(q)
+        body = _PACK[self.bits](q)
         return scales.astype("<f4").tobytes() + body
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
@@ -145,7 +173,7 @@ class UniformCodec(Codec):
             if n and q.min() == -128:
                 raise CodecError(f"{self.name}: value -128 is outside the symmetric range")
         else:
-            q = unpack_nibbles(body, n, self.name)
+            q = (unpack_nibbles if self.bits == 4 else unpack_crumbs)(body, n, self.name)
         q2d = q.reshape(ns, -1) if n else q.reshape(ns, 0)
         return (q2d.astype(np.float32) * scales[:, None]).reshape(shape)
 
@@ -155,12 +183,13 @@ _VARIANTS = {
     "int8-chunk": (CodecId.INT8_CHUNK, 8, False),
     "int4": (CodecId.INT4, 4, True),
     "int4-chunk": (CodecId.INT4_CHUNK, 4, False),
+    "int2": (CodecId.INT2, 2, True),
 }
 
 for _name, (_id, _bits, _per_row) in _VARIANTS.items():
     register(UniformCodec(codec_id=_id, name=_name, bits=_bits, per_row=_per_row))
 
-_SR = re.compile(r"^(int8|int8-chunk|int4|int4-chunk)-sr$")
+_SR = re.compile(r"^(int8|int8-chunk|int4|int4-chunk|int2)-sr$")
 
 
 def _parse(name: str) -> Codec | None:

@@ -279,7 +279,8 @@ class TaskIssuer:
         # A queued task starts when the one in front is done: about one task later.
         compute_s = flops / rec.rate() * (2 if queued else 1)
         # the update up: a whole model's in the link's codec, else the slice's in fp32
-        up_bytes = conn.codecs.update_bytes if trained is self.spec else trained.nbytes
+        codec, up_bytes = conn.codecs.update_for(self.strategy.averaged_with())
+        up_bytes = up_bytes if trained is self.spec else trained.nbytes
         lease_s = lease_seconds(
             compute_s=compute_s,
             nbytes=model_bytes + data_bytes + up_bytes,
@@ -295,7 +296,7 @@ class TaskIssuer:
             queued=queued,
             holder=rec.resume_id,
         )
-        lease.upload_codec = conn.codecs.update
+        lease.upload_codec = codec
         msg = self.tasks.message(
             task,
             dl,
@@ -305,7 +306,7 @@ class TaskIssuer:
             init_crc=self.v0_crc,
             part=part,
             boundary=self.split.cut if part is not None and task.block == LOWER else None,
-            upload_codec=conn.codecs.update,
+            upload_codec=codec,
         )
         task_bytes = self.connections.queue(conn, msg)
         self.connections.queue_frames(conn, zip(dl.chunks, dl.frames, strict=True))

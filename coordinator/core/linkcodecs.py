@@ -7,7 +7,9 @@ asks for, and every byte saved is training time: such a client gets the job's
 ``codecs.slow_link`` codecs for its full models, its deltas and its updates. Under
 ``auto`` that is int8 models and unbiased int4 (``int4-sr``) updates and deltas: a
 model is used as it arrives, while an update or a delta is a step whose rounding
-averages out over the crowd and the rounds. Every other client keeps the job's
+averages out over the crowd and the rounds. A result averaged in a round of at least
+CROWD_MIN results goes up in ``int2-sr`` instead: its larger rounding noise shrinks
+with the round. Every other client keeps the job's
 codecs, so a job on a fast link is unchanged. Each direction falls back to the slow
 model codec, and the whole link to the job's codecs, where the client's hello does
 not list it (it is never refused for it). Deltas go where the job names a delta
@@ -17,7 +19,7 @@ keeps (``delta_versions``): a round's volunteer always does.
 The choice is made once a connection, from the link the handshake granted; the
 lease remembers the update codec its task named, so a result is checked against
 what its own task asked for. Measured in docs/performance.md ("Session 13",
-"Session 19").
+"Session 19", "Session 21").
 """
 
 from __future__ import annotations
@@ -38,14 +40,21 @@ class SlowCodecs:
     model: str
     update: str
     delta: str
+    #: the update codec of a result averaged with at least CROWD_MIN others
+    crowd: str | None = None
 
     def names(self) -> tuple[str, ...]:
         """Each codec once: what a client must list to be given them all."""
-        return tuple(dict.fromkeys((self.model, self.update, self.delta)))
+        named = (self.model, self.update, self.delta, self.crowd)
+        return tuple(dict.fromkeys(c for c in named if c is not None))
 
 
 #: what ``codecs.slow_link = "auto"`` means where the job allows it
-AUTO_SLOW = SlowCodecs(model="int8", update="int4-sr", delta="int4-sr")
+AUTO_SLOW = SlowCodecs(model="int8", update="int4-sr", delta="int4-sr", crowd="int2-sr")
+#: the fewest results a round may close with for its updates to come in ``crowd``:
+#: at 700 players int2-sr rounds reach 0.85 in as many rounds as int4-sr, at 256
+#: they need 3 more (as many seconds), at 64 they need 7 more (docs/performance.md)
+CROWD_MIN = 512
 #: what the versions kept for ``auto``'s deltas may take, all together
 AUTO_DELTA_BYTES = 256 << 20
 
@@ -59,10 +68,30 @@ class LinkCodecs:
     delta: str | None
     model_bytes: int
     update_bytes: int
+    #: the update codec in a round of at least CROWD_MIN results (None: ``update``)
+    crowd: str | None = None
+    crowd_bytes: int = 0
 
     @classmethod
-    def of(cls, spec: ModelSpec, model: str, update: str, delta: str | None) -> LinkCodecs:
-        return cls(model, update, delta, encoded_bytes(spec, model), encoded_bytes(spec, update))
+    def of(
+        cls, spec: ModelSpec, model: str, update: str, delta: str | None, crowd: str | None = None
+    ) -> LinkCodecs:
+        return cls(
+            model,
+            update,
+            delta,
+            encoded_bytes(spec, model),
+            encoded_bytes(spec, update),
+            crowd,
+            encoded_bytes(spec, crowd) if crowd is not None else 0,
+        )
+
+    def update_for(self, averaged_with: int) -> tuple[str, int]:
+        """The update codec of a task whose result is averaged with at least
+        ``averaged_with`` results (Strategy.averaged_with), and a whole model's bytes in it."""
+        if self.crowd is not None and averaged_with >= CROWD_MIN:
+            return self.crowd, self.crowd_bytes
+        return self.update, self.update_bytes
 
     @property
     def round_trip_bytes(self) -> int:
@@ -126,10 +155,11 @@ def choose(job: JobConfig, spec: ModelSpec, limits: LinkLimits, offered: set[int
     if not link_bound(job, own.round_trip_bytes, limits):
         return own
     update = slow.update if listed(slow.update, offered) else slow.model
+    crowd = slow.crowd if slow.crowd is not None and listed(slow.crowd, offered) else None
     delta = None
     if sends_deltas(job):
         delta = slow.delta if listed(slow.delta, offered) else slow.model
-    return LinkCodecs.of(spec, slow.model, update, delta)
+    return LinkCodecs.of(spec, slow.model, update, delta, crowd)
 
 
 def listed(codec: str, offered: set[int]) -> bool:

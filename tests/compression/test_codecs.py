@@ -18,6 +18,7 @@ ALL = [
     "int8-chunk-sr",
     "int4-sr",
     "int4-chunk-sr",
+    "int2-sr",
     "topk:0.1",
     "topk:0.5",
     "topk:1",
@@ -70,7 +71,7 @@ def test_round_trip_size_and_error_bound(name: str, x: np.ndarray) -> None:
     elif name == "fp16":
         assert (err <= np.maximum(np.abs(x) * 2.0**-11, 2.0**-25)).all()
     elif name.startswith("int"):
-        levels = 127 if name.startswith("int8") else 7
+        levels = {"int8": 127, "int4": 7, "int2": 1}[name[:4]]
         per_row = "-chunk" not in name
         if x.size:
             rows = x.reshape(x.shape[0], -1) if (per_row and x.ndim == 2) else x.reshape(1, -1)
@@ -139,6 +140,14 @@ def test_specific_corruptions() -> None:
     p[-1] |= 0xF0  # nonzero pad nibble
     with pytest.raises(CodecError, match="pad"):
         get("int4").decode(bytes(p), (9,))
+    p = bytearray(get("int2").encode(x[:9]))
+    p[-1] |= 0x0C  # nonzero pad crumb (value 9 of 12)
+    with pytest.raises(CodecError, match="pad"):
+        get("int2").decode(bytes(p), (9,))
+    p = bytearray(get("int2").encode(x[:8]))
+    p[-1] &= 0xF3  # crumb 0 where value 5 was
+    with pytest.raises(CodecError, match="crumb 0"):
+        get("int2").decode(bytes(p), (8,))
     t = get("topk:0.3")
     p = bytearray(t.encode(x))
     p[4:8], p[8:12] = p[8:12], p[4:8]  # indices out of order
@@ -162,18 +171,19 @@ def test_encoder_rejects_bad_input() -> None:
         get("int8").encode(np.zeros((2, 2, 2), np.float32))
 
 
-def test_stochastic_rounding_is_unbiased_and_seeded() -> None:
+@pytest.mark.parametrize(("name", "levels"), [("int4-chunk-sr", 7), ("int2-sr", 1)])
+def test_stochastic_rounding_is_unbiased_and_seeded(name: str, levels: int) -> None:
     rng = np.random.default_rng(3)
     x = rng.standard_normal(1000).astype(np.float32)
-    codec = get("int4-chunk-sr")
+    codec = get(name)
     mean = np.mean([codec.decode(codec.encode(x, rng=rng), x.shape) for _ in range(400)], axis=0)
-    scale = np.abs(x).max() / 7
+    scale = np.abs(x).max() / levels
     # deterministic rounding would leave errors up to scale/2; the average shrinks them
     assert np.abs(mean - x).max() < 0.2 * scale
     a = codec.encode(x, rng=np.random.default_rng(5))
     assert a == codec.encode(x, rng=np.random.default_rng(5))
     assert codec.encode(x) == codec.encode(x)  # no rng: seeded by the block itself
-    assert a != get("int4-chunk").encode(x)
+    assert a != get(name[:-3]).encode(x)
 
 
 def test_compression_ratios_on_a_large_block() -> None:
@@ -182,5 +192,6 @@ def test_compression_ratios_on_a_large_block() -> None:
     assert fp32 / get("fp16").encoded_size(shape) == 2
     assert fp32 / get("int8").encoded_size(shape) > 3.98
     assert fp32 / get("int4").encoded_size(shape) > 7.9
+    assert fp32 / get("int2").encoded_size(shape) > 15.7
     assert fp32 / get("topk:0.01").encoded_size(shape) > 49
     assert fp32 / get("topk:0.01+int8").encoded_size(shape) > 79

@@ -10,6 +10,7 @@ from compression import CodecId
 from coordinator.core.config import JobConfigError, parse_job
 from coordinator.core.linkcodecs import (
     AUTO_DELTA_BYTES,
+    CROWD_MIN,
     SlowCodecs,
     choose,
     delta_versions,
@@ -33,6 +34,7 @@ from tests.coordinator.coord_helpers import (
 )
 
 SLOW = {int(CodecId.INT8), int(CodecId.INT4), int(CodecId.FP32)}
+CROWD = SLOW | {int(CodecId.INT2)}
 INT8 = {int(CodecId.INT8), int(CodecId.FP32)}
 FP32_ONLY = {int(CodecId.FP32)}
 
@@ -83,7 +85,7 @@ def test_the_link_is_slow_when_its_round_trip_outlasts_the_task_it_asks_for() ->
 @pytest.mark.parametrize(
     ("sections", "expected"),
     [
-        ({}, SlowCodecs("int8", "int4-sr", "int4-sr")),
+        ({}, SlowCodecs("int8", "int4-sr", "int4-sr", crowd="int2-sr")),
         ({"codecs": {"slow_link": "off"}}, None),
         ({"codecs": {"slow_link": "fp16"}}, SlowCodecs("fp16", "fp16", "fp16")),
         ({"codecs": {"update": "int8"}}, None),  # the operator chose its codecs
@@ -196,3 +198,36 @@ def test_auto_deltas_keep_as_many_versions_as_fit_their_budget() -> None:
     assert delta_versions(make_job("decentral-sync", model=huge)) == 0
     named = make_job("decentral-sync", model=huge, codecs={"delta": "fp32", "delta_versions": 2})
     assert delta_versions(named) == 2
+
+
+def test_a_round_of_at_least_crowd_min_results_asks_a_slow_client_for_int2() -> None:
+    """int2-sr's rounding noise is about 40x int4-sr's per value, and a round's mean
+    divides it by the results it averages: a round that may close with CROWD_MIN
+    results or more asks a slow client that lists int2 for int2-sr (and merges it),
+    a smaller one, an asynchronous job or a client without int2 for int4-sr."""
+    job = make_job("decentral-sync")
+    slow = choose(job, job.spec, profile("roblox"), CROWD)
+    assert slow.crowd == "int2-sr"
+    assert slow.update_for(CROWD_MIN) == ("int2-sr", encoded_bytes(job.spec, "int2-sr"))
+    assert slow.update_for(CROWD_MIN - 1) == ("int4-sr", slow.update_bytes)
+    assert slow.crowd_bytes < slow.update_bytes * 0.6  # a scale a row: 0.51 on big models
+    assert choose(job, job.spec, profile("roblox"), SLOW).crowd is None
+    assert choose(job, job.spec, profile("lan"), CROWD).crowd is None
+
+    def codec(name: str = "decentral-sync", codecs=("fp32", "int8", "int4", "int2"), **st):
+        core = make_core(name, strategy=st, link={"profile": "roblox"})
+        return core, task_of(core.connect("a", hello("a", codecs=codecs), 0.0), "a")
+
+    core, task = codec(clients_per_round=CROWD_MIN, quorum=1.0)
+    assert task.upload_codec == "int2-sr"
+    v = core.model.version
+    got = deliver(core, "a", result_messages(task, codec="int2-sr"), 1.0)
+    assert acks(got, "a") == [(task.task_id, True, "")]
+    assert core.strategy.pending() == 1 and core.model.version == v  # in the round
+    assert codec(clients_per_round=CROWD_MIN - 1, quorum=1.0)[1].upload_codec == "int4-sr"
+    # a round that may close with 3/4 of its target (the default quorum)
+    assert codec(clients_per_round=CROWD_MIN)[1].upload_codec == "int4-sr"
+    assert codec(clients_per_round=700)[1].upload_codec == "int2-sr"
+    no_int2 = ("fp32", "int8", "int4")
+    assert codec(clients_per_round=700, codecs=no_int2)[1].upload_codec == "int4-sr"
+    assert codec("decentral-async")[1].upload_codec == "int4-sr"

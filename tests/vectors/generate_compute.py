@@ -155,7 +155,7 @@ BLOCK = np.array(
     ],
     np.float32,
 )
-VECTOR = np.array([0.3, -0.7, 0.0, 1.5, -1.5], np.float32)  # odd n: a pad nibble
+VECTOR = np.array([0.3, -0.7, 0.0, 1.5, -1.5], np.float32)  # odd n: pad nibble, crumbs
 CODECS = [
     "fp32",
     "fp16",
@@ -165,8 +165,9 @@ CODECS = [
     "int4-chunk",
     "topk:0.25",
     "topk:0.25+int8",
+    "int2",
 ]
-SR_CODECS = ["int8-sr", "topk:0.25+int8-sr"]
+SR_CODECS = ["int8-sr", "topk:0.25+int8-sr", "int2-sr"]
 
 
 def codec_vectors() -> dict[str, Any]:

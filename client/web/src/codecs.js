@@ -23,6 +23,7 @@ export const CodecId = Object.freeze({
   TOPK_INT8: 5,
   INT8_CHUNK: 6,
   INT4_CHUNK: 7,
+  INT2: 8,
 });
 
 /** A codec name that does not parse, or an input an encoder refuses (NaN, inf,
@@ -57,8 +58,12 @@ const FIXED = {
   int4: { id: 3, kind: "int", bits: 4, perRow: true },
   "int8-chunk": { id: 6, kind: "int", bits: 8, perRow: false },
   "int4-chunk": { id: 7, kind: "int", bits: 4, perRow: false },
+  int2: { id: 8, kind: "int", bits: 2, perRow: true },
 };
-const UNIFORM_SR = /^(int8|int4|int8-chunk|int4-chunk)-sr$/;
+const UNIFORM_SR = /^(int8|int4|int8-chunk|int4-chunk|int2)-sr$/;
+/** Symmetric levels L of each integer width (§11.1: scale = max|x| / L).
+ *  @type {Record<number, number>} */
+const LEVELS = { 8: 127, 4: 7, 2: 1 };
 const TOPK_NAME = /^topk:([0-9.eE+-]+?)(\+int8)?(-sr)?$/;
 
 /** @param {string} name @param {CodecBase} base @param {Partial<Codec>} extra
@@ -69,7 +74,7 @@ function describe(name, base, extra = {}) {
     id: base.id,
     kind: base.kind,
     bits: base.bits ?? 0,
-    levels: base.bits === 8 ? 127 : base.bits === 4 ? 7 : 0,
+    levels: LEVELS[base.bits ?? 0] ?? 0,
     perRow: base.perRow ?? false,
     fraction: 0,
     quantized: false,
@@ -83,7 +88,7 @@ function describe(name, base, extra = {}) {
 /** @type {Map<string, Codec>} */
 const PARSED = new Map();
 
-/** The codec named `name` (§11: fp32, fp16, int8, int4, int8-chunk, int4-chunk,
+/** The codec named `name` (§11: fp32, fp16, int8, int4, int8-chunk, int4-chunk, int2,
  *  topk:<frac>, topk:<frac>+int8, and the -sr variants of the integer ones), as a
  *  frozen descriptor {name, id, kind, bits, levels, perRow, fraction, quantized,
  *  stochastic, lossless}. Throws CodecError for a name it does not know.
@@ -101,8 +106,8 @@ export function parseCodec(name) {
     const m = TOPK_NAME.exec(name);
     if (m === null) {
       throw new CodecError(
-        `unknown codec '${name}'; known: fp32, fp16, int8, int4, int8-chunk, int4-chunk ` +
-          "or topk:FRACTION[+int8][-sr], int8|int4[-chunk][-sr]",
+        `unknown codec '${name}'; known: fp32, fp16, int8, int4, int8-chunk, int4-chunk, int2 ` +
+          "or topk:FRACTION[+int8][-sr], int8|int4[-chunk][-sr], int2[-sr]",
       );
     }
     // Number() reads a decimal as the nearest float64, as §11 asks.
@@ -123,7 +128,7 @@ export function parseCodec(name) {
 /** A decoder for every wire id: the parameters do not travel, any instance of an
  *  id decodes every variant of it. */
 const BY_ID = [
-  "fp32", "fp16", "int8", "int4", "topk:0.01", "topk:0.01+int8", "int8-chunk", "int4-chunk",
+  "fp32", "fp16", "int8", "int4", "topk:0.01", "topk:0.01+int8", "int8-chunk", "int4-chunk", "int2",
 ].map(parseCodec);
 
 /** Whether `id` is a codec wire id this client decodes. */
@@ -161,7 +166,7 @@ export function encodedSize(codec, rows, n) {
     case "fp16":
       return 2 * n;
     case "int":
-      return 4 * (c.perRow ? rows : 1) + (c.bits === 8 ? n : (n + 1) >> 1);
+      return 4 * (c.perRow ? rows : 1) + Math.ceil((n * c.bits) / 8);
     default:
       return topkBytes(c.quantized, topkCount(n, c.fraction));
   }
@@ -224,6 +229,12 @@ function packNibbles(q, out, at) {
   for (let i = 0; i < q.length; i++) out[at + (i >> 1)] |= (q[i] + 8) << ((i & 1) * 4);
 }
 
+/** int2: q + 2 in the 2 bits 2j of byte i for value 4i + j (§11). */
+/** @param {Int8Array} q @param {Uint8Array} out @param {number} at */
+function packCrumbs(q, out, at) {
+  for (let i = 0; i < q.length; i++) out[at + (i >> 2)] |= (q[i] + 2) << ((i & 3) * 2);
+}
+
 /** @param {Codec} c @param {Float32Array} x @param {number} rows @param {WordSource | null} rand */
 function encodeUniform(c, x, rows, rand) {
   const n = x.length;
@@ -238,7 +249,8 @@ function encodeUniform(c, x, rows, rand) {
   const out = new Uint8Array(encodedSize(c, rows, n));
   out.set(bytesLE(scales), 0);
   if (c.bits === 8) out.set(new Uint8Array(q.buffer), 4 * ns);
-  else packNibbles(q, out, 4 * ns);
+  else if (c.bits === 4) packNibbles(q, out, 4 * ns);
+  else packCrumbs(q, out, 4 * ns);
   return out;
 }
 
@@ -392,6 +404,16 @@ function decodeUniform(c, p, rows, n) {
         const b = p[at + i];
         if (b === 0x80) throw refuse(`${c.name}: value -128 is outside the symmetric range`);
         out[i] = ((b << 24) >> 24) * s;
+      }
+    }
+  } else if (c.bits === 2) {
+    if (n & 3 && p[at + (n >> 2)] >> ((n & 3) * 2)) throw refuse(`${c.name}: nonzero pad crumb`);
+    for (let r = 0, i = 0; r < ns; r++) {
+      const s = scales[r];
+      for (const end = i + cols; i < end; i++) {
+        const u = (p[at + (i >> 2)] >> ((i & 3) * 2)) & 3;
+        if (u === 0) throw refuse(`${c.name}: crumb 0 is not a valid int2 value`);
+        out[i] = (u - 2) * s;
       }
     }
   } else {

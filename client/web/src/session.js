@@ -74,9 +74,9 @@ const ROUNDING_STREAM = 1;
 /** Every codec name this client encodes and decodes (a parameterised name
  *  stands for its whole wire id). */
 export const CODECS = [
-  "fp32", "fp16", "int8", "int4", "int8-chunk", "int4-chunk",
+  "fp32", "fp16", "int8", "int4", "int8-chunk", "int4-chunk", "int2",
   "topk:0.01", "topk:0.01+int8",
-  "int8-sr", "int4-sr", "int8-chunk-sr", "int4-chunk-sr", "topk:0.01+int8-sr",
+  "int8-sr", "int4-sr", "int8-chunk-sr", "int4-chunk-sr", "int2-sr", "topk:0.01+int8-sr",
 ];
 
 /** @type {Record<Phase, Phase[]>} */

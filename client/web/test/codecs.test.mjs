@@ -108,6 +108,7 @@ test("parseCodec: names, ids and refusals", () => {
   const ids = {
     fp32: 0, fp16: 1, int8: 2, int4: 3, "topk:0.01": 4, "topk:0.01+int8": 5, "int8-chunk": 6, "int4-chunk": 7,
     "int8-sr": 2, "int4-sr": 3, "int8-chunk-sr": 6, "int4-chunk-sr": 7, "topk:0.25+int8-sr": 5, "topk:1": 4,
+    int2: 8, "int2-sr": 8,
     "topk:1e-3": 4, "topk:.5": 4,
   };
   for (const [name, id] of Object.entries(ids)) {
@@ -120,13 +121,14 @@ test("parseCodec: names, ids and refusals", () => {
   assert.equal(parseCodec("fp32").lossless, true);
   assert.equal(parseCodec("int4-chunk").perRow, false);
   assert.equal(parseCodec("int4").levels, 7);
-  for (const bad of ["", "fp64", "int16", "fp32-sr", "fp16-sr", "topk", "topk:", "topk:0", "topk:1.5", "topk:-0.1",
+  assert.equal(parseCodec("int2-sr").levels, 1);
+  for (const bad of ["", "fp64", "int16", "int2-chunk", "fp32-sr", "fp16-sr", "topk", "topk:", "topk:0", "topk:1.5", "topk:-0.1",
     "topk:0.1-sr", "topk:abc", "topk:1e", "INT8", " int8"]) {
     assert.throws(() => parseCodec(bad), CodecError, JSON.stringify(bad));
   }
   assert.throws(() => parseCodec(3), CodecError);
-  assert.equal(isKnownWireId(7), true);
-  assert.equal(isKnownWireId(8), false);
+  assert.equal(isKnownWireId(8), true);
+  assert.equal(isKnownWireId(9), false);
   assert.equal(isKnownWireId(-1), false);
 });
 
@@ -216,12 +218,17 @@ test("stochastic rounding: one word per value, zero rows included; unbiased", ()
     decodePiece(CodecId.INT4_CHUNK, encodePiece("int4-chunk-sr", x, 1, { rand: g }), 1, 4).forEach((v, j) => (sum[j] += v));
   }
   sum.forEach((s, j) => assert.ok(Math.abs(s / 4000 - x[j]) < 0.01, `mean of value ${j}: ${s / 4000}`));
+  sum.fill(0); // int2's three levels are unbiased too, with a larger spread
+  for (let i = 0; i < 4000; i++) {
+    decodePiece(CodecId.INT2, encodePiece("int2-sr", x, 1, { rand: g }), 1, 4).forEach((v, j) => (sum[j] += v));
+  }
+  sum.forEach((s, j) => assert.ok(Math.abs(s / 4000 - x[j]) < 0.05, `int2 mean of value ${j}: ${s / 4000}`));
 });
 
 test("every codec: round trips within its error, sizes as announced", () => {
   const g = new Xoshiro(2, 0);
   for (const name of ["fp32", "fp16", "int8", "int4", "int8-chunk", "int4-chunk", "topk:0.3", "topk:0.3+int8",
-    "int8-sr", "int4-sr", "int8-chunk-sr", "int4-chunk-sr", "topk:0.3+int8-sr"]) {
+    "int8-sr", "int4-sr", "int8-chunk-sr", "int4-chunk-sr", "topk:0.3+int8-sr", "int2", "int2-sr"]) {
     const c = parseCodec(name);
     for (const [rows, n] of [[1, 1], [1, 7], [3, 21], [4, 4], [5, 35]]) {
       const x = Float32Array.from({ length: n }, () => (g.nextU32() / 2 ** 32 - 0.5) * 10);
@@ -252,8 +259,8 @@ function payload(parts) {
 }
 
 test("decoding refuses a wrong length for every codec", () => {
-  for (const id of [0, 1, 2, 3, 6, 7]) {
-    const c = ["fp32", "fp16", "int8", "int4", null, null, "int8-chunk", "int4-chunk"][id];
+  for (const id of [0, 1, 2, 3, 6, 7, 8]) {
+    const c = ["fp32", "fp16", "int8", "int4", null, null, "int8-chunk", "int4-chunk", "int2"][id];
     const good = encodePiece(c, Float32Array.of(1, 2, 3, 4, 5, 6), 2);
     assert.equal(decodePiece(id, good, 2, 6).length, 6);
     badChunk(() => decodePiece(id, good.subarray(1), 2, 6), "bytes");
@@ -264,6 +271,7 @@ test("decoding refuses a wrong length for every codec", () => {
   badChunk(() => decodePiece(4, Uint8Array.of(1, 0, 0), 1, 4), "no count");
   badChunk(() => pieceSize(4, Uint8Array.of(1, 0, 0), 1, 4), "no count");
   badChunk(() => decodePiece(9, new Uint8Array(4), 1, 1), "unknown codec id 9");
+  badChunk(() => decodePiece(8, Uint8Array.of(0, 0, 0x80, 0x3f, 0x2a), 2, 6), "bytes"); // 2 rows need 2 scales
 });
 
 test("decoding refuses bad scales: negative, non-finite, too large", () => {
@@ -288,6 +296,11 @@ test("decoding refuses int8 -128, int4 nibble 0 and a nonzero pad nibble", () =>
   badChunk(() => decodePiece(3, payload([["f", 1], ["b", [0x80]]]), 1, 2), "nibble 0");
   badChunk(() => decodePiece(7, payload([["f", 1], ["b", [0x99, 0x19]]]), 1, 3), "pad");
   assert.deepStrictEqual(f32list(decodePiece(7, payload([["f", 1], ["b", [0x99, 0x09]]]), 1, 3)), [1, 1, 1]);
+  // int2: q + 2 in 2-bit crumbs, value 4i + j in bits 2j of byte i; 0 and a set pad refused
+  assert.deepStrictEqual(f32list(decodePiece(8, payload([["f", 2], ["b", [0b11101011]]]), 1, 4)), [2, 0, 0, 2]);
+  assert.deepStrictEqual(f32list(decodePiece(8, payload([["f", 1], ["b", [0b00110110]]]), 1, 3)), [0, -1, 1]);
+  badChunk(() => decodePiece(8, payload([["f", 1], ["b", [0b10110010]]]), 1, 4), "crumb 0");
+  badChunk(() => decodePiece(8, payload([["f", 1], ["b", [0b01110110]]]), 1, 3), "pad");
 });
 
 test("decoding refuses top-k counts above n and indices that do not increase below n", () => {

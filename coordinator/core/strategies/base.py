@@ -234,6 +234,12 @@ class Strategy(ABC):
         """The outer lr of the last round (decentral-sync); None where there is none."""
         return None
 
+    def averaged_with(self) -> int:
+        """How many results, at least, a result of a task issued now is averaged with
+        before it moves the model (1: merged on its own). Its rounding noise shrinks
+        with that count, which is what lets linkcodecs ask for fewer bits."""
+        return 1
+
     def next_deadline(self) -> float | None:
         """When ``on_tick`` next has something to do (a round's deadline); None: never
         by itself. The core's ``next_wakeup`` takes the minimum of every timer owner's."""

@@ -320,6 +320,10 @@ class RoundStrategy(Strategy):
     def round_outer_lr(self) -> float | None:
         return self.last_outer_lr
 
+    def averaged_with(self) -> int:
+        """The fewest results this round may close with (its quorum of the target)."""
+        return max(1, math.ceil(self.config.quorum * self.target))
+
     def pending(self) -> int:
         return len(self.results)
 
