@@ -131,12 +131,17 @@ def job_bytes_per_param(job: JobConfig, limits: LinkLimits, workers: int = 1) ->
     The model comes down as a delta where the link gets deltas and the client still
     holds a version the coordinator keeps: always in rounds, whose volunteers hold
     the round's version; asynchronously while ``workers`` (about the merges between
-    a client's two tasks, one per result) stay within the versions kept."""
+    a client's two tasks, one per result) stay within the versions kept. A round
+    that may close with CROWD_MIN results or more (its quorum of ``clients_per_round``,
+    or of ``workers``) takes its updates in the crowd codec."""
     codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
-    down = codecs.model_bytes
+    down, up = codecs.model_bytes, codecs.update_bytes
     if codecs.delta is not None and (in_rounds(job) or workers <= delta_versions(job)):
         down = encoded_bytes(job.spec, codecs.delta)
-    return (down + codecs.update_bytes) / 2 / job.spec.num_params
+    if in_rounds(job):
+        target = job.strategy.clients_per_round or workers
+        _, up = codecs.update_for(math.ceil(job.strategy.quorum * target))
+    return (down + up) / 2 / job.spec.num_params
 
 
 def job_prefetches(job: JobConfig, limits: LinkLimits) -> bool:
