@@ -4,11 +4,10 @@ A symmetric quantiser, exact so that every client writes the same bytes (docs/pr
 §11.1 states it to the bit): ``scale = max|x| / L`` (L = 127 for int8, 7 for int4, 1 for
 int2) and ``q = round(x / scale)``, both IEEE float32 divisions, ties to even (``np.rint``),
 clamped to ``[-L, L]``; a scale of 0 (an all-zero row) gives q = 0; decoding is ``q *
-scale``. Stochastic
-rounding (``-sr``, unbiased) is ``q = floor(float32(x / scale + u))`` with one uniform float32
-``u`` per value in row-major order from the caller's generator (a client passes the portable
-one of its task, §12.1). Per-row scales (``int8``, ``int4``) follow the neuron rows of a W
-block; per-chunk (``-chunk``) spends only one float.
+scale``. Stochastic rounding (``-sr``, unbiased) is ``q = floor(float32(x / scale + u))``
+with one uniform float32 ``u`` per value in row-major order from the caller's generator (a
+client passes the portable one of its task, §12.1). Per-row scales (``int8``, ``int4``,
+``int2``) follow the neuron rows of a W block; per-chunk (``-chunk``) spends only one float.
 
 Byte layouts (little-endian; ``rows`` = first dimension of a 2-D block, 1 for 1-D; ``n`` =
 number of values):

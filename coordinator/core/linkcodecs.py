@@ -9,8 +9,8 @@ asks for, and every byte saved is training time: such a client gets the job's
 model is used as it arrives, while an update or a delta is a step whose rounding
 averages out over the crowd and the rounds. A result averaged in a round of at least
 CROWD_MIN results goes up in ``int2-sr`` instead: its larger rounding noise shrinks
-with the round. Every other client keeps the job's
-codecs, so a job on a fast link is unchanged. Each direction falls back to the slow
+with the round. Every other client keeps the job's codecs, so a job on a fast link is
+unchanged. Each direction falls back to the slow
 model codec, and the whole link to the job's codecs, where the client's hello does
 not list it (it is never refused for it). Deltas go where the job names a delta
 codec and, under ``auto``, to every slow client that holds a version the core still
@@ -40,7 +40,7 @@ class SlowCodecs:
     model: str
     update: str
     delta: str
-    #: the update codec of a result averaged with at least CROWD_MIN others
+    #: the update codec of a result averaged in a round of at least CROWD_MIN results
     crowd: str | None = None
 
     def names(self) -> tuple[str, ...]:

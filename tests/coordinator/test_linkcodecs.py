@@ -201,10 +201,11 @@ def test_auto_deltas_keep_as_many_versions_as_fit_their_budget() -> None:
 
 
 def test_a_round_of_at_least_crowd_min_results_asks_a_slow_client_for_int2() -> None:
-    """int2-sr's rounding noise is about 40x int4-sr's per value, and a round's mean
+    """int2-sr's rounding variance is about 45x int4-sr's per value, and a round's mean
     divides it by the results it averages: a round that may close with CROWD_MIN
     results or more asks a slow client that lists int2 for int2-sr (and merges it),
-    a smaller one, an asynchronous job or a client without int2 for int4-sr."""
+    a smaller one, a robust aggregator's, an asynchronous job or a client without int2
+    for int4-sr."""
     job = make_job("decentral-sync")
     slow = choose(job, job.spec, profile("roblox"), CROWD)
     assert slow.crowd == "int2-sr"
@@ -231,3 +232,5 @@ def test_a_round_of_at_least_crowd_min_results_asks_a_slow_client_for_int2() -> 
     no_int2 = ("fp32", "int8", "int4")
     assert codec(clients_per_round=700, codecs=no_int2)[1].upload_codec == "int4-sr"
     assert codec("decentral-async")[1].upload_codec == "int4-sr"
+    # a median keeps the rounding of one result, not the mean of many
+    assert codec(clients_per_round=700, aggregator="median")[1].upload_codec == "int4-sr"

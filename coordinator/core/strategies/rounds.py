@@ -321,7 +321,10 @@ class RoundStrategy(Strategy):
         return self.last_outer_lr
 
     def averaged_with(self) -> int:
-        """The fewest results this round may close with (its quorum of the target)."""
+        """The fewest results this round may close with (its quorum of the target);
+        1 under a robust aggregator: a median or a trim keeps rounding, not its mean."""
+        if self.config.aggregator != "mean":
+            return 1
         return max(1, math.ceil(self.config.quorum * self.target))
 
     def pending(self) -> int:
