@@ -12,7 +12,7 @@ import json
 import re
 import sys
 
-from published import HERE, check, load_runs, mb_per_volunteer_hour, ratios
+from published import HERE, check, check_counts, load_runs, write_ratios
 
 #: tag: (seconds to each of THRESHOLDS, best), as docs/performance.md prints them
 PUBLISHED = {
@@ -52,15 +52,8 @@ OVERLAP = {
 }
 
 runs = load_runs("roblox-screens-session20.json")
-bad = check(runs, PUBLISHED)
-for tag, (results, rate) in COUNTS.items():
-    run = runs[tag]
-    got = (run["results"], round(mb_per_volunteer_hour(run)))
-    if got != (results, rate):
-        sys.stdout.write(f"MISMATCH {tag}: results, MB/h {got}, published {(results, rate)}\n")
-        bad += 1
-for tag in PUBLISHED:
-    sys.stdout.write(f"{tag}: {ratios(runs[tag])} the machine\n")
+bad = check(runs, PUBLISHED) + check_counts(runs, COUNTS)
+write_ratios(runs, list(PUBLISHED))
 for name, want in LOGS.items():
     times = [float(t) for t in re.findall(r" t=([0-9.]+)", (HERE / name).read_text())]
     lengths = [b - a for a, b in itertools.pairwise(times)]

@@ -1,4 +1,4 @@
-"""What the session checks (check_session18-20.py) share: the
+"""What the session checks (check_session18-21.py) share: the
 screens' JSON lines by tag, and each published row compared with its line."""
 
 import json
@@ -45,3 +45,21 @@ def check(runs: dict[str, dict], published: dict[str, tuple[list, float]]) -> in
             bad += 1
     sys.stdout.write(f"{len(published)} rows checked, {bad} mismatched\n")
     return bad
+
+
+def check_counts(runs: dict[str, dict], counts: dict[str, tuple[int, int]]) -> int:
+    """Write each run whose (results, MB per volunteer-hour) differ from ``counts``;
+    returns the number mismatched."""
+    bad = 0
+    for tag, (results, rate) in counts.items():
+        run = runs[tag]
+        got = (run["results"], round(mb_per_volunteer_hour(run)))
+        if got != (results, rate):
+            sys.stdout.write(f"MISMATCH {tag}: results, MB/h {got}, published {(results, rate)}\n")
+            bad += 1
+    return bad
+
+
+def write_ratios(runs: dict[str, dict], tags: list[str]) -> None:
+    for tag in tags:
+        sys.stdout.write(f"{tag}: {ratios(runs[tag])} the machine\n")
