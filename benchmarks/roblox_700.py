@@ -13,7 +13,9 @@ step over that rate.
 * **crowd**: the simulator with real numerics, ``--virtual-s`` virtual s, the
   job's defaults except ``data.shards`` (``--shards``: a first-time player
   fetches its shard over the link, and one pass over it caps a task) and an
-  evaluation every ``--eval-every`` versions on 5,000 held-out rows.
+  evaluation every ``--eval-every`` versions on 5,000 held-out rows. With
+  ``--rounds`` its strategy is the tuned DiLoCo rounds instead (ROUNDS, a job
+  setting: docs/performance.md, sessions 18-21), evaluated every round.
 * **machine**: the same numerics, batch 16, SGD at each ``--lr`` (its best per
   threshold), evaluated every 250 steps.
 * **ideal data parallelism**: one model taking a batch of N x 16 rows a step (N
@@ -24,6 +26,7 @@ Reported per accuracy threshold: each one's virtual seconds, the crowd's speedup
 (machine / crowd), ideal data parallelism's, and the crowd's share of it.
 
     python benchmarks/roblox_700.py [--players 700] [--virtual-s 600] [--json]
+    python benchmarks/roblox_700.py --rounds --shards 128 --virtual-s 460 --json
 """
 
 from __future__ import annotations
@@ -54,21 +57,37 @@ BATCH = 16
 #: accuracies timed; the low ones are where a 700-player crowd on these links is
 #: within its first 900 virtual s (docs/performance.md, session 9)
 THRESHOLDS = (0.5, 0.6, 0.7, 0.75, 0.78, 0.80, 0.85, 0.88, 0.90)
+#: ``--rounds``: synchronous DiLoCo, outer Nesterov at the lr each round picks
+ROUNDS = {
+    "name": "decentral-sync",
+    "outer_optimizer": "nesterov",
+    "outer_lr": "auto",
+    "lr": 0.2,
+    "tau": 104,
+}
 
 
 def scenario(
-    virtual_s: float, flops: float, shards: int, eval_every: int, players: int = PLAYERS
+    virtual_s: float,
+    flops: float,
+    shards: int,
+    eval_every: int,
+    players: int = PLAYERS,
+    rounds: bool = False,
 ) -> dict[str, Any]:
+    job: dict[str, Any] = {
+        "model": {"widths": list(WIDTHS)},
+        "data": {"dataset": f"classify:{ROWS}", "batch": BATCH, "shards": shards},
+        "link": {"profile": "roblox"},
+        "stop": {"max_time_s": virtual_s},
+        "eval": {"every_versions": 1 if rounds else eval_every, "max_samples": 5000},
+    }
+    if rounds:
+        job["strategy"] = dict(ROUNDS)
     return {
         "name": f"generated-{players}-roblox",
         "seed": 1,
-        "job": {
-            "model": {"widths": list(WIDTHS)},
-            "data": {"dataset": f"classify:{ROWS}", "batch": BATCH, "shards": shards},
-            "link": {"profile": "roblox"},
-            "stop": {"max_time_s": virtual_s},
-            "eval": {"every_versions": eval_every, "max_samples": 5000},
-        },
+        "job": job,
         "clients": {"count": players, "compute": flops, "latency": 0.05},
         "server": {"compute": flops},
         "run": {"mode": "numeric", "sample_every_s": 1.0},
@@ -76,9 +95,15 @@ def scenario(
 
 
 def crowd(
-    virtual_s: float, flops: float, shards: int, eval_every: int, players: int = PLAYERS
+    virtual_s: float,
+    flops: float,
+    shards: int,
+    eval_every: int,
+    players: int = PLAYERS,
+    rounds: bool = False,
 ) -> dict[str, Any]:
-    sim = Simulation(parse_scenario(scenario(virtual_s, flops, shards, eval_every, players)))
+    raw = scenario(virtual_s, flops, shards, eval_every, players, rounds)
+    sim = Simulation(parse_scenario(raw))
     t0 = time.perf_counter()
     r = sim.run()
     curve = [(x.t, x.accuracy) for x in r.series if x.accuracy is not None]
@@ -129,6 +154,9 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=150_000, help="the machine's")
     ap.add_argument("--dp-max-steps", type=int, default=2_000, help="ideal data parallelism's")
     ap.add_argument("--skip-crowd", action="store_true", help="the anchors only")
+    ap.add_argument(
+        "--rounds", action="store_true", help="the crowd in DiLoCo rounds (ROUNDS), not the default"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:
@@ -152,7 +180,10 @@ def main() -> None:
     out["machine"] = one_model(ds, lrs, 1, args.max_steps, 250, step_s)
     out["data_parallel"] = one_model(ds, dp_lrs, args.players, args.dp_max_steps, 25, step_s)
     if not args.skip_crowd:
-        out["crowd"] = crowd(args.virtual_s, args.flops, args.shards, args.eval_every, args.players)
+        out["crowd"] = crowd(
+            args.virtual_s, args.flops, args.shards, args.eval_every, args.players, args.rounds
+        )
+    out["strategy"] = dict(ROUNDS) if args.rounds else "the job's default"
     table = []
     for t in map(str, THRESHOLDS):
         m, dp = out["machine"]["best"][t], out["data_parallel"]["best"][t]

@@ -20,6 +20,16 @@ def test_the_scenario_is_700_players_on_roblox_links_at_the_machines_rate() -> N
     assert sc.server.compute == 2.4e8
     small = parse_scenario(bench.scenario(60.0, 2.4e8, 64, 20, players=8))
     assert small.clients.count == 8 and small.name == "generated-8-roblox"
+    # --rounds: the tuned DiLoCo rounds, evaluated every round
+    rounds = parse_scenario(bench.scenario(60.0, 2.4e8, 128, 20, rounds=True))
+    st = rounds.job.strategy
+    assert (st.name, st.outer_optimizer, st.outer_lr, st.tau) == (
+        "decentral-sync",
+        "nesterov",
+        "auto",
+        104,
+    )
+    assert rounds.job.eval.every_versions == 1 and rounds.job.data.shards == 128
 
 
 def test_each_threshold_takes_the_lr_that_reached_it_in_the_fewest_steps(
