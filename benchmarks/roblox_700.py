@@ -26,7 +26,7 @@ Reported per accuracy threshold: each one's virtual seconds, the crowd's speedup
 (machine / crowd), ideal data parallelism's, and the crowd's share of it.
 
     python benchmarks/roblox_700.py [--players 700] [--virtual-s 600] [--json]
-    python benchmarks/roblox_700.py --rounds --shards 128 --virtual-s 460 --json
+    python benchmarks/roblox_700.py --rounds --shards 128 --virtual-s 460 [--seed 2] --json
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def scenario(
     eval_every: int,
     players: int = PLAYERS,
     rounds: bool = False,
+    seed: int = 1,
 ) -> dict[str, Any]:
     job: dict[str, Any] = {
         "model": {"widths": list(WIDTHS)},
@@ -86,7 +87,7 @@ def scenario(
         job["strategy"] = dict(ROUNDS)
     return {
         "name": f"generated-{players}-roblox",
-        "seed": 1,
+        "seed": seed,
         "job": job,
         "clients": {"count": players, "compute": flops, "latency": 0.05},
         "server": {"compute": flops},
@@ -101,8 +102,9 @@ def crowd(
     eval_every: int,
     players: int = PLAYERS,
     rounds: bool = False,
+    seed: int = 1,
 ) -> dict[str, Any]:
-    raw = scenario(virtual_s, flops, shards, eval_every, players, rounds)
+    raw = scenario(virtual_s, flops, shards, eval_every, players, rounds, seed)
     sim = Simulation(parse_scenario(raw))
     t0 = time.perf_counter()
     r = sim.run()
@@ -157,6 +159,7 @@ def main() -> None:
     ap.add_argument(
         "--rounds", action="store_true", help="the crowd in DiLoCo rounds (ROUNDS), not the default"
     )
+    ap.add_argument("--seed", type=int, default=1, help="the crowd's scenario seed")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:
@@ -169,6 +172,8 @@ def main() -> None:
     if min(lrs + dp_lrs) <= 0:
         ap.error("--lr, --dp-lr: every lr must be positive")
     names = ("players", "virtual_s", "flops", "shards", "eval_every", "max_steps", "dp_max_steps")
+    if args.seed < 0:
+        ap.error("--seed: expected a number >= 0")
     for name in names:
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')}: expected a positive number")
@@ -176,12 +181,19 @@ def main() -> None:
     spec = ModelSpec(widths=WIDTHS)
     step_s = spec.flops_per_sample(train=True) * BATCH / args.flops
     out: dict[str, Any] = {"players": args.players, "flops": args.flops, "step_s": step_s}
+    out["seed"] = args.seed
     ds = classification_task(ROWS, seed=0)
     out["machine"] = one_model(ds, lrs, 1, args.max_steps, 250, step_s)
     out["data_parallel"] = one_model(ds, dp_lrs, args.players, args.dp_max_steps, 25, step_s)
     if not args.skip_crowd:
         out["crowd"] = crowd(
-            args.virtual_s, args.flops, args.shards, args.eval_every, args.players, args.rounds
+            args.virtual_s,
+            args.flops,
+            args.shards,
+            args.eval_every,
+            args.players,
+            args.rounds,
+            args.seed,
         )
     out["strategy"] = dict(ROUNDS) if args.rounds else "the job's default"
     table = []

@@ -30,6 +30,7 @@ def test_the_scenario_is_700_players_on_roblox_links_at_the_machines_rate() -> N
         104,
     )
     assert rounds.job.eval.every_versions == 1 and rounds.job.data.shards == 128
+    assert parse_scenario(bench.scenario(60.0, 2.4e8, 64, 20, seed=2)).seed == 2
 
 
 def test_each_threshold_takes_the_lr_that_reached_it_in_the_fewest_steps(
