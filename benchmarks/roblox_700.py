@@ -95,16 +95,8 @@ def scenario(
     }
 
 
-def crowd(
-    virtual_s: float,
-    flops: float,
-    shards: int,
-    eval_every: int,
-    players: int = PLAYERS,
-    rounds: bool = False,
-    seed: int = 1,
-) -> dict[str, Any]:
-    raw = scenario(virtual_s, flops, shards, eval_every, players, rounds, seed)
+def crowd(raw: dict[str, Any]) -> dict[str, Any]:
+    """The crowd of ``raw`` (a ``scenario``) run, and its accuracy curve."""
     sim = Simulation(parse_scenario(raw))
     t0 = time.perf_counter()
     r = sim.run()
@@ -186,7 +178,7 @@ def main() -> None:
     out["machine"] = one_model(ds, lrs, 1, args.max_steps, 250, step_s)
     out["data_parallel"] = one_model(ds, dp_lrs, args.players, args.dp_max_steps, 25, step_s)
     if not args.skip_crowd:
-        out["crowd"] = crowd(
+        raw = scenario(
             args.virtual_s,
             args.flops,
             args.shards,
@@ -195,6 +187,7 @@ def main() -> None:
             args.rounds,
             args.seed,
         )
+        out["crowd"] = crowd(raw)
     out["strategy"] = dict(ROUNDS) if args.rounds else "the job's default"
     table = []
     for t in map(str, THRESHOLDS):
