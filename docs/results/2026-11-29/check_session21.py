@@ -1,7 +1,8 @@
 """Check docs/performance.md's session 21 figures against the files they came from:
 each 700-player screen's times to threshold, best accuracy, results and MB per
 volunteer-hour; that the 64-player rounds repeat session 20's curve; the replica
-experiment's rounds and modelled seconds to 0.85; the huge preset's int2 screen.
+experiment's rounds and modelled seconds to 0.85; the huge preset's int2 screen; the
+same-run benchmark's machine and crowd seconds and speedups.
 Prints the mismatches (none expected) and the ratios to the machine's seeded times.
 From the repository root:
 
@@ -64,6 +65,20 @@ REPLICAS = {
     (64, "int4-sr", "chain:int4-sr", 104, 0.2, 16, 0.8, 16): (39, 233.3),
 }
 
+#: benchmarks/roblox_700.py --rounds --shards 128 --virtual-s 460 [--seed N] --json: file ->
+#: accuracy -> (the machine's s, the crowd's s, speedup to 2 places)
+BENCH = {
+    "roblox-700-rounds-shards128-session21.json": {
+        "0.75": (692.7, 114.0, 6.08),
+        "0.8": (1115.1, 144.0, 7.74),
+        "0.85": (2145.8, 210.0, 10.22),
+    },
+    "roblox-700-rounds-shards128-seed2-session21.json": {
+        "0.75": (692.7, 114.0, 6.08),
+        "0.8": (1115.1, 149.0, 7.48),
+        "0.85": (2145.8, 200.0, 10.73),
+    },
+}
 #: the huge preset's screen: (results, seconds to loss 0.1, final loss to 3 places)
 HUGE = {"h21-up2sr": (2176, 380.0, 0.061)}
 
@@ -94,6 +109,14 @@ for tag, want in HUGE.items():
     if got != want:
         sys.stdout.write(f"MISMATCH {tag}: {got}, published {want}\n")
         bad += 1
+for name, rows in BENCH.items():
+    table = {str(r["accuracy"]): r for r in json.loads((HERE / name).read_text())["table"]}
+    for t, want in rows.items():
+        r = table[t]
+        got = (round(r["machine_s"], 1), r["crowd_s"], round(r["speedup"], 2))
+        if got != want:
+            sys.stdout.write(f"MISMATCH {name} at {t}: {got}, published {want}\n")
+            bad += 1
 sys.stdout.write(f"counts, the 64-player curve and {len(seen)} replica runs checked: ")
 sys.stdout.write(f"{bad} mismatched in all\n")
 sys.exit(1 if bad else 0)
