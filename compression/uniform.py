@@ -117,6 +117,7 @@ def unpack_nibbles(buf: bytes | memoryview, n: int, codec: str) -> np.ndarray:
 
 _LEVELS = {8: 127, 4: 7, 2: 1}
 _PACK = {8: lambda q: q.tobytes(), 4: pack_nibbles, 2: pack_crumbs}
+_UNPACK = {4: unpack_nibbles, 2: unpack_crumbs}
 
 
 class UniformCodec(Codec):
@@ -172,7 +173,7 @@ class UniformCodec(Codec):
             if n and q.min() == -128:
                 raise CodecError(f"{self.name}: value -128 is outside the symmetric range")
         else:
-            q = (unpack_nibbles if self.bits == 4 else unpack_crumbs)(body, n, self.name)
+            q = _UNPACK[self.bits](body, n, self.name)
         q2d = q.reshape(ns, -1) if n else q.reshape(ns, 0)
         return (q2d.astype(np.float32) * scales[:, None]).reshape(shape)
 

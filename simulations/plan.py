@@ -22,7 +22,7 @@ from compression import CodecId
 from coordinator.core.config import JobConfig
 from coordinator.core.handshake import offers_prefetch
 from coordinator.core.linkcodecs import choose, delta_versions
-from coordinator.core.strategies import in_rounds, serves_prefetch
+from coordinator.core.strategies import averaged_in_rounds, in_rounds, serves_prefetch
 from coordinator.core.submodel import encoded_bytes
 from nn.spec import ModelSpec
 from protocol.limits import LinkLimits
@@ -131,16 +131,13 @@ def job_bytes_per_param(job: JobConfig, limits: LinkLimits, workers: int = 1) ->
     The model comes down as a delta where the link gets deltas and the client still
     holds a version the coordinator keeps: always in rounds, whose volunteers hold
     the round's version; asynchronously while ``workers`` (about the merges between
-    a client's two tasks, one per result) stay within the versions kept. A round
-    that may close with CROWD_MIN results or more (its quorum of ``clients_per_round``,
-    or of ``workers``) takes its updates in the crowd codec."""
+    a client's two tasks, one per result) stay within the versions kept. The update
+    goes up in the codec the coordinator asks of such a round (averaged_in_rounds)."""
     codecs = choose(job, job.spec, limits, {int(c) for c in CodecId})
-    down, up = codecs.model_bytes, codecs.update_bytes
+    down = codecs.model_bytes
     if codecs.delta is not None and (in_rounds(job) or workers <= delta_versions(job)):
         down = encoded_bytes(job.spec, codecs.delta)
-    if in_rounds(job):
-        target = job.strategy.clients_per_round or workers
-        _, up = codecs.update_for(math.ceil(job.strategy.quorum * target))
+    _, up = codecs.update_for(averaged_in_rounds(job, workers))
     return (down + up) / 2 / job.spec.num_params
 
 

@@ -10,6 +10,7 @@ from coordinator.core.strategies.base import (
 )
 from coordinator.core.strategies.factory import (
     STRATEGIES,
+    averaged_in_rounds,
     in_rounds,
     make_strategy,
     serves_prefetch,
@@ -23,6 +24,7 @@ __all__ = [
     "ShardCursor",
     "StepReport",
     "Strategy",
+    "averaged_in_rounds",
     "in_rounds",
     "make_strategy",
     "serves_prefetch",

@@ -12,7 +12,7 @@ from coordinator.core.strategies.central_sync import CentralSync
 from coordinator.core.strategies.decentral_async import DecentralAsync
 from coordinator.core.strategies.decentral_sync import DecentralSync
 from coordinator.core.strategies.layer_split import LayerSplit
-from coordinator.core.strategies.rounds import RoundStrategy
+from coordinator.core.strategies.rounds import RoundStrategy, fewest_averaged
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (CentralSync, CentralAsync, DecentralSync, DecentralAsync)
@@ -31,6 +31,15 @@ def in_rounds(job: JobConfig) -> bool:
     """The job's strategy runs synchronous rounds: every volunteer of a round
     starts from the version the last one made (rounds.py)."""
     return issubclass(STRATEGIES[job.strategy.name], RoundStrategy)
+
+
+def averaged_in_rounds(job: JobConfig, workers: int) -> int:
+    """What ``Strategy.averaged_with`` says for a task of this job with ``workers``
+    connected: a round's fewest averaged results (its ``clients_per_round`` or every
+    worker), 1 for a job that merges each result on its own."""
+    if not in_rounds(job):
+        return 1
+    return fewest_averaged(job.strategy, job.strategy.clients_per_round or workers)
 
 
 def make_strategy(

@@ -54,6 +54,14 @@ ROUND_TRANSITIONS: dict[RoundPhase, frozenset[RoundPhase]] = {
 }
 
 
+def fewest_averaged(config: StrategySection, target: int) -> int:
+    """The fewest results a round of ``target`` slots averages (its quorum of them);
+    1 under a robust aggregator: a median or a trim keeps rounding, not its mean."""
+    if config.aggregator != "mean":
+        return 1
+    return max(1, math.ceil(config.quorum * target))
+
+
 class RoundStrategy(Strategy):
     """Round bookkeeping; subclasses say how results combine into a direction."""
 
@@ -321,11 +329,7 @@ class RoundStrategy(Strategy):
         return self.last_outer_lr
 
     def averaged_with(self) -> int:
-        """The fewest results this round may close with (its quorum of the target);
-        1 under a robust aggregator: a median or a trim keeps rounding, not its mean."""
-        if self.config.aggregator != "mean":
-            return 1
-        return max(1, math.ceil(self.config.quorum * self.target))
+        return fewest_averaged(self.config, self.target)
 
     def pending(self) -> int:
         return len(self.results)

@@ -109,6 +109,7 @@ def coded(codec, params, delta_flat, rng, residual=None):
 
 def run(k: int, h: int, max_rounds: int) -> dict:
     from coordinator.core.strategies.aggregate import OuterLrScale, OuterOptimizer
+    from coordinator.core.submodel import encoded_bytes
     from nn.data import classification_task, shard
     from nn.optim import Optimizer, OptState
     from nn.spec import ModelSpec
@@ -136,7 +137,7 @@ def run(k: int, h: int, max_rounds: int) -> dict:
     up = None if up_name == "fp32" else codec_of(up_name)
     mode, _, down_name = down.partition(":")
     dcodec = codec_of(down_name) if down_name else None
-    full_int8 = sum(Real("int8").size(b.shape) for b in blocks(model))
+    full_int8 = encoded_bytes(spec, "int8")
     held = model.data.copy()  # the model every volunteer holds
     residuals = [np.zeros_like(model.data) for _ in range(k)] if up_ef else [None] * k
     replica = model.copy()
