@@ -171,7 +171,7 @@ class TaskIssuer:
         return dataclasses.replace(
             plan,
             steps=steps,
-            lr_scale=self.strategy.lr_scale(),
+            lr_scale=self.strategy.lr_scale(steps),
             work=task_work(steps, round_steps),
         )
 

@@ -128,6 +128,15 @@ class StrategySection(_Section):
     # it with 14 lan clients and 8 roblox players, whose K stays under 16 and so
     # keep 4; 16 lost everywhere (docs/performance.md, "Session 14"). 1: linear only
     lr_scale_crowd_max: float = Field(default=8.0, ge=1, le=100, allow_inf_nan=False)
+    # "auto": a task's crowd multiplier is at most max_scaled_steps / its local steps
+    # (never below 1). A delta of a few steps is one step of a K-times batch, which
+    # the scaling rule is for; a long task's delta is a trajectory, and scaled it
+    # moves the model further per merge than later deltas can correct. Binds only
+    # for fast clients with long tasks: 14 lan clients (2,100 steps) take 1.95x
+    # instead of 4x and reach 0.9594 at 21.0 s instead of 31.0 s, best 0.972
+    # against 0.965 (simulated); roblox tasks (50-100 steps) keep 4x-8x
+    # (docs/performance.md, "Session 22")
+    max_scaled_steps: int = Field(default=4096, ge=1)
     # decentral-async: the tasks' lr halves (plateau_factor) each time the
     # held-out loss has not reached a new best for plateau_patience evaluations,
     # down to plateau_min of it; 0 patience: never (a constant lr overfits and

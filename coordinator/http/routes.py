@@ -105,7 +105,8 @@ def status(crowd: CrowdServer) -> dict[str, Any]:
 
 def lr_now(strategy: Strategy) -> dict[str, Any]:
     """The next local task's lr multiplier and its parts: the crowd's scaling by
-    its concurrency, the plateau cut, the cap from tasks that diverged. Read from
+    its concurrency, the plateau cut, the cap from tasks that diverged (a task
+    longer than ``max_scaled_steps / multiplier`` steps gets less). Read from
     the HTTP thread: plain numbers, each a moment old at worst."""
     cap = strategy.divergence.cap
     return {

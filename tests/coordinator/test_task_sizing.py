@@ -157,6 +157,38 @@ def test_a_large_crowd_scales_its_lr_by_sqrt_past_the_linear_bound():
     assert scale(700, lr_scaling="linear") == 4.0
 
 
+def test_a_long_task_takes_at_most_max_scaled_steps_over_its_steps_of_the_crowds_lr():
+    """Under "auto" a task's crowd multiplier is at most max_scaled_steps (4096)
+    over its local steps, never below 1: a roblox player's 75-step task keeps the
+    crowd's 4x, a lan client's 2,048-step one takes 2x (docs/performance.md,
+    "Session 22"). The plateau cut still multiplies it; a rule the job names
+    ("linear", "sqrt") is the job's own and is not capped."""
+    core = make_core(strategy={"tau": 2048})
+    for _ in range(200):
+        core.strategy.observe_concurrency(13)  # K = 14: the linear rule's 4x
+    strategy = core.strategy
+    assert strategy.lr_scale() == pytest.approx(4.0)
+    assert strategy.lr_scale(75) == pytest.approx(4.0)
+    assert strategy.lr_scale(1024) == pytest.approx(4.0)
+    assert strategy.lr_scale(2048) == pytest.approx(2.0)
+    assert strategy.lr_scale(100_000) == 1.0
+    task = task_of(core.connect("a", hello("a"), 0.0), "a")
+    assert task.steps == 2048
+    assert task.optimizer["lr"] == pytest.approx(2.0 * core.job.strategy.lr)
+    strategy.plateau.decay = 0.25
+    assert strategy.lr_scale(2048) == pytest.approx(0.5)
+    tight = make_core(strategy={"max_scaled_steps": 512})
+    for _ in range(200):
+        tight.strategy.observe_concurrency(13)
+    assert tight.strategy.lr_scale(256) == pytest.approx(2.0)
+    linear = make_core(strategy={"lr_scaling": "linear"})
+    for _ in range(200):
+        linear.strategy.observe_concurrency(13)
+    assert linear.strategy.lr_scale(100_000) == pytest.approx(4.0)
+    with pytest.raises(JobConfigError, match=r"strategy\.max_scaled_steps"):
+        parse_job({"strategy": {"max_scaled_steps": 0}})
+
+
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_momentum_and_adam_tasks_keep_the_jobs_lr_unless_the_job_scales_them(optimizer):
     """By default ("auto") only plain SGD tasks take the crowd's larger lr: a

@@ -329,14 +329,15 @@ class Strategy(ABC):
         """The tasks' lr multiplier from held-out plateaus."""
         return self.plateau.decay
 
-    def lr_scale(self) -> float:
+    def lr_scale(self, steps: int | None = None) -> float:
         """The next local task's lr multiplier: for decentral-async (``lr_scaling``)
         K or sqrt(K), up to ``lr_scale_max``, where K deltas are merged at about
         1/K each and their noise averages out ("auto": for SGD tasks K up to
         ``lr_scale_max``, or sqrt(K) up to ``lr_scale_crowd_max`` where that is
-        more; 1 for momentum and Adam ones), times the plateau decay; for every local task, at
-        most the cap from diverged tasks (divergence.py); 1 for gradient tasks,
-        which take no step of their own."""
+        more, and for a task of ``steps`` local steps at most ``max_scaled_steps /
+        steps``, not below 1; 1 for momentum and Adam ones), times the plateau
+        decay; for every local task, at most the cap from diverged tasks
+        (divergence.py); 1 for gradient tasks, which take no step of their own."""
         c = self.config
         if self.task_kind != "local":
             return 1.0
@@ -351,6 +352,8 @@ class Strategy(ABC):
         k = max(1.0, self.concurrency)
         if rule == "auto":  # linear, then sqrt once the crowd outgrows it
             scaled = max(min(k, c.lr_scale_max), min(math.sqrt(k), c.lr_scale_crowd_max))
+            if steps:  # a long task's delta is a trajectory, not a big batch's step
+                scaled = min(scaled, max(1.0, c.max_scaled_steps / steps))
         else:
             scaled = min(c.lr_scale_max, k if rule == "linear" else math.sqrt(k))
         return min(cap, self.lr_decay * scaled)
