@@ -10,7 +10,7 @@ Prints the mismatches (none expected). From the repository root:
 import json
 import sys
 
-from published import HERE
+from published import HERE, load_runs
 
 sys.path.insert(0, str(HERE.parents[2]))
 from crowdgrad.anchor import time_to
@@ -99,10 +99,7 @@ for prefix, ratios in RATIOS.items():
     if got != ratios:
         mismatch(f"ratios {prefix}", got, ratios)
 
-sims = {}
-for line in (HERE / "lan16-screens-session22.json").read_text().splitlines():
-    run = json.loads(line)
-    sims[run["tag"]] = run
+sims = load_runs("lan16-screens-session22.json")
 for tag, (seconds, best, ended) in SIM.items():
     run = sims[tag]
     got = [run["to"][k] for k in ("0.85", "0.9", "0.94", "0.95", "0.9594", "0.9662")]
@@ -140,10 +137,7 @@ for n, (tag, percents) in CALIBRATION.items():
     if got != percents:
         mismatch(f"calibration at {n} clients", got, percents)
 
-runs = {}
-for line in (HERE / "roblox-screens-session22.json").read_text().splitlines():
-    run = json.loads(line)
-    runs[run["tag"]] = run
+runs = load_runs("roblox-screens-session22.json")
 for tag, t75 in ROBLOX.items():
     if runs[tag]["to"]["0.75"] != t75:
         mismatch(tag, runs[tag]["to"]["0.75"], t75)
