@@ -172,8 +172,12 @@ def main() -> None:
     set_threads(1)
     spec = ModelSpec(widths=WIDTHS)
     step_s = spec.flops_per_sample(train=True) * BATCH / args.flops
-    out: dict[str, Any] = {"players": args.players, "flops": args.flops, "step_s": step_s}
-    out["seed"] = args.seed
+    out: dict[str, Any] = {
+        "players": args.players,
+        "flops": args.flops,
+        "step_s": step_s,
+        "seed": args.seed,
+    }
     ds = classification_task(ROWS, seed=0)
     out["machine"] = one_model(ds, lrs, 1, args.max_steps, 250, step_s)
     out["data_parallel"] = one_model(ds, dp_lrs, args.players, args.dp_max_steps, 25, step_s)

@@ -69,15 +69,13 @@ def near(a: float | None, b: float | None, tol: float) -> bool:
     return (a is None) == (b is None) and (a is None or abs(a - b) <= tol)
 
 
-def rows(name: str) -> dict[str, dict]:
-    doc = json.loads((HERE / name).read_text())
-    return {r["run"]: r for r in doc["rows"]}
-
-
 def check_real(name: str, published: dict) -> dict[str, list]:
+    """Each published row of the real run ``name`` against its curve; the row's
+    seconds to THRESHOLDS, by run-name prefix."""
+    rows = json.loads((HERE / name).read_text())["rows"]
     times = {}
     for prefix, (seconds, best, ended) in published.items():
-        (run,) = [r for k, r in rows(name).items() if k.startswith(prefix)]
+        (run,) = [r for r in rows if r["run"].startswith(prefix)]
         got = [time_to([tuple(p) for p in run["curve"]], t) for t in THRESHOLDS]
         times[prefix] = got
         for t, g, s in zip(THRESHOLDS, got, seconds, strict=True):
@@ -92,7 +90,7 @@ def check_real(name: str, published: dict) -> dict[str, list]:
 
 
 first = check_real("crowd-generated-1m-16core-h200-session22.json", REAL)
-check_real("crowd-generated-1m-16core-h200-nogrid-session22.json", SECOND)
+second = check_real("crowd-generated-1m-16core-h200-nogrid-session22.json", SECOND)
 for prefix, ratios in RATIOS.items():
     got = [
         None if c is None else round(m / c, 2)
@@ -121,18 +119,10 @@ CALIBRATION = {
     14: ("s22-sim14", [-4, -7, -3, 25, None]),
 }
 for n, (tag, percents) in CALIBRATION.items():
-    real = [
-        r["curve"]
-        for name in (
-            "crowd-generated-1m-16core-h200-session22.json",
-            "crowd-generated-1m-16core-h200-nogrid-session22.json",
-        )
-        for k, r in rows(name).items()
-        if k.startswith(f"{n} client")
-    ]
+    real = [run[f"{n} client"] for run in (first, second) if f"{n} client" in run]
     got = []
-    for t in THRESHOLDS:
-        times = [x for c in real if (x := time_to([tuple(p) for p in c], t)) is not None]
+    for i, t in enumerate(THRESHOLDS):
+        times = [x[i] for x in real if x[i] is not None]
         simulated = sims[tag]["to"][str(t)]
         ok = times and simulated is not None
         got.append(round(100 * (simulated / (sum(times) / len(times)) - 1)) if ok else None)

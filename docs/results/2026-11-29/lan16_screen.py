@@ -12,56 +12,41 @@ From the repository root, for example:
 """
 
 import json
-import os
 import sys
 import time
 
-# one compute thread, so that screens run side by side (figures do not depend on it)
-os.environ.update(
-    {
-        v: os.environ.get(v, "1")
-        for v in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
-    }
-)
-
 sys.path.insert(0, ".")
 
+# first: lan_screen sets one compute thread before numba loads (screens run side by side)
+from lan_screen import overrides, raw_of, summary
+
 from simulations.driver import Simulation
-from simulations.scenario import _set_path, load_raw, parse_scenario, resolve
+from simulations.scenario import parse_scenario
 
 THRESHOLDS = (0.85, 0.9, 0.94, 0.95, 0.9594, 0.96, 0.9662)
-tag = sys.argv[1]
-sets = {"job.data.dataset": "classify:1000000", "job.stop.max_time_s": 60}
-sets |= {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in sys.argv[2:])}
-raw = load_raw(resolve("generated-crowd"))
-raw.pop("sweep", None)
-for k, v in sets.items():
-    _set_path(raw, k, v)
-t0 = time.time()
-sim = Simulation(parse_scenario(raw))
-lrs: list[list[float]] = []  # (t, the tasks' lr multiplier: plateau decay x crowd scaling)
-_sample = sim._sample
+#: benchmarks/crowd.py's generated-1m job, its 60-s budget
+JOB_1M = {"job.data.dataset": "classify:1000000", "job.stop.max_time_s": 60}
 
+if __name__ == "__main__":
+    sets = JOB_1M | overrides(sys.argv[2:])
+    t0 = time.time()
+    sim = Simulation(parse_scenario(raw_of(sets)))
+    lrs: list[list[float]] = []  # (t, the crowd's lr multiplier)
+    _sample = sim._sample
 
-def _sample_with_lr(reschedule: bool = True) -> None:
-    _sample(reschedule)
-    lrs.append([sim.engine.now, round(sim.core.strategy.lr_scale(), 4)])
+    def _sample_with_lr(reschedule: bool = True) -> None:
+        _sample(reschedule)
+        lrs.append([sim.engine.now, round(sim.core.strategy.lr_scale(), 4)])
 
-
-sim._sample = _sample_with_lr
-r = sim.run()
-curve = [(x.t, x.accuracy) for x in r.series if x.accuracy is not None]
-out = {
-    "tag": tag,
-    "set": sets,
-    "to": {str(t): next((x for x, a in curve if a >= t), None) for t in THRESHOLDS},
-    "best": max(a for _, a in curve),
-    "final": curve[-1][1],
-    "results": r.summary["results_accepted"],
-    "ended": sim.stop_reason,
-    "end_s": curve[-1][0],
-    "wall_s": round(time.time() - t0, 1),
-    "curve": [[t, a] for t, a in curve],
-    "lr_scale": [p for i, p in enumerate(lrs) if i == 0 or p[1] != lrs[i - 1][1]],
-}
-sys.stdout.write(json.dumps(out) + "\n")
+    sim._sample = _sample_with_lr
+    r = sim.run()
+    out = summary(sys.argv[1], sets, r, THRESHOLDS)
+    curve = [(x.t, x.accuracy) for x in r.series if x.accuracy is not None]
+    out |= {
+        "ended": sim.stop_reason,
+        "end_s": curve[-1][0],
+        "wall_s": round(time.time() - t0, 1),
+        "curve": [[t, a] for t, a in curve],
+        "lr_scale": [p for i, p in enumerate(lrs) if i == 0 or p[1] != lrs[i - 1][1]],
+    }
+    sys.stdout.write(json.dumps(out) + "\n")

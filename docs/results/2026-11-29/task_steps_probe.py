@@ -26,25 +26,19 @@ os.environ.update(
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 import roblox_700 as rb
+from lan16_screen import JOB_1M
+from lan_screen import raw_of
 
 from coordinator.core.issuing import TaskIssuer
 from simulations.driver import Simulation
-from simulations.scenario import _set_path, load_raw, parse_scenario, resolve
+from simulations.scenario import parse_scenario
 
 link, players, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 if link == "roblox":
     raw = rb.scenario(seconds, 2.4e8, 64, 20, players)
 else:
-    raw = load_raw(resolve("generated-crowd"))
-    raw.pop("sweep", None)
-    sets = {
-        "job.data.dataset": "classify:1000000",
-        "job.stop.max_time_s": seconds,
-        "clients.count": players,
-        "clients.join_over_s": 1.3,
-    }
-    for k, v in sets.items():
-        _set_path(raw, k, v)
+    sets = {"clients.count": players, "clients.join_over_s": 1.3}
+    raw = raw_of(JOB_1M | sets | {"job.stop.max_time_s": seconds})
 steps: collections.Counter = collections.Counter()
 scales: collections.Counter = collections.Counter()
 sized = TaskIssuer.sized
